@@ -1,0 +1,52 @@
+# winnow — one entry point for set-up, build, tests and serving.
+#   make          install system deps, configure and build (build/winnow)
+#   make test     everything above + model + Python venv, then unit and reference tests
+#   make serve    start the daemon on the default model
+SHELL := /bin/bash
+BUILD_DIR ?= build
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps build model venv test unit-test py-test serve bench clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+$(BUILD_DIR)/build.ninja: | deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja
+
+build: deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+model: $(MODEL)
+$(MODEL):
+	bash scripts/fetch-model.sh
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: tests/python/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r tests/python/requirements.txt
+	touch $@
+
+unit-test: build model
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+py-test: build model venv
+	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
+	  $(PY) -m pytest -q tests/python
+
+test: unit-test py-test
+
+serve: build model
+	$(BUILD_DIR)/winnow serve --model $(MODEL)
+
+bench: build model venv
+	$(PY) bench/engine_bench.py --model $(MODEL) --winnow-bin $(BUILD_DIR)/winnow
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,76 @@
+#include "cache/sequence_kv.h"
+
+#include <cstdlib>
+
+#include <cstdio>
+
+namespace winnow::cache {
+namespace {
+
+int32_t BlocksFor(int32_t slots, int32_t block_size) {
+  return (slots + block_size - 1) / block_size;
+}
+
+}  // namespace
+
+int32_t SequenceKv::num_blocks_held() const {
+  int32_t total = 0;
+  for (const Layer& layer : layers_) total += static_cast<int32_t>(layer.blocks.size());
+  return total;
+}
+
+int32_t SequenceKv::BlocksNeeded(int32_t extra_slots) const {
+  int32_t needed = 0;
+  for (const Layer& layer : layers_) {
+    const int32_t want = BlocksFor(layer.num_slots + extra_slots, block_size_);
+    const int32_t have = static_cast<int32_t>(layer.blocks.size());
+    if (want > have) needed += want - have;
+  }
+  return needed;
+}
+
+bool SequenceKv::Reserve(BlockPool& pool, int32_t extra_slots) {
+  std::vector<int32_t> fresh;
+  if (!pool.Allocate(BlocksNeeded(extra_slots), &fresh)) return false;
+  size_t next = 0;
+  for (Layer& layer : layers_) {
+    const int32_t want = BlocksFor(layer.num_slots + extra_slots, block_size_);
+    while (static_cast<int32_t>(layer.blocks.size()) < want) layer.blocks.push_back(fresh[next++]);
+  }
+  return true;
+}
+
+void SequenceKv::AppendSlots(int32_t layer, int32_t count) {
+  Layer& l = layers_[layer];
+  if (l.num_slots + count > capacity(layer)) {
+    // Writing past the reservation would scribble over another sequence's blocks.
+    std::fprintf(stderr, "KV slots appended beyond reserved capacity (layer %d)\n", layer);
+    std::abort();
+  }
+  l.num_slots += count;
+}
+
+void SequenceKv::ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_t num_slots) {
+  layers_[layer].blocks = std::move(blocks);
+  layers_[layer].num_slots = num_slots;
+}
+
+void SequenceKv::TrimUnused(BlockPool& pool) {
+  for (Layer& layer : layers_) {
+    const size_t keep = BlocksFor(layer.num_slots, block_size_);
+    if (layer.blocks.size() > keep) {
+      pool.Free(std::span<const int32_t>(layer.blocks).subspan(keep));
+      layer.blocks.resize(keep);
+    }
+  }
+}
+
+void SequenceKv::Release(BlockPool& pool) {
+  for (Layer& layer : layers_) {
+    pool.Free(layer.blocks);
+    layer.blocks.clear();
+    layer.num_slots = 0;
+  }
+}
+
+}  // namespace winnow::cache

@@ -1,0 +1,59 @@
+// The KV cache of one sequence: for each layer, a block table and the number of filled slots.
+// Slots are filled front to back; slot i of a layer lives in block_table[i / block_size] at
+// offset i % block_size. After compression, slot order is still the tokens' causal order.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/block_pool.h"
+
+namespace winnow::cache {
+
+class SequenceKv {
+ public:
+  SequenceKv(int32_t num_layers, int32_t block_size)
+      : block_size_(block_size), layers_(num_layers) {}
+  SequenceKv(const SequenceKv&) = delete;
+  SequenceKv& operator=(const SequenceKv&) = delete;
+  SequenceKv(SequenceKv&&) = default;
+  SequenceKv& operator=(SequenceKv&&) = default;
+  ~SequenceKv() = default;  // blocks must be returned with Release() before destruction
+
+  int32_t num_layers() const { return static_cast<int32_t>(layers_.size()); }
+  int32_t num_slots(int32_t layer) const { return layers_[layer].num_slots; }
+  std::span<const int32_t> block_table(int32_t layer) const { return layers_[layer].blocks; }
+  int32_t block_size() const { return block_size_; }
+  int32_t num_blocks_held() const;
+  // Slots the reserved blocks of `layer` can hold.
+  int32_t capacity(int32_t layer) const {
+    return static_cast<int32_t>(layers_[layer].blocks.size()) * block_size_;
+  }
+
+  // Blocks that must be allocated so that every layer can take `extra_slots` more slots.
+  int32_t BlocksNeeded(int32_t extra_slots) const;
+  // Allocates those blocks: all or nothing. Returns false (and changes nothing) when the pool
+  // has too few free blocks.
+  bool Reserve(BlockPool& pool, int32_t extra_slots);
+  // Records that `count` slots were written after the existing ones in `layer` (the forward
+  // pass calls this once it has stored the new K/V). Capacity must have been reserved.
+  void AppendSlots(int32_t layer, int32_t count);
+  // Replaces a layer's table after compaction. The caller has already freed the old blocks
+  // that are not in `blocks`.
+  void ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_t num_slots);
+  // Frees blocks beyond what the filled slots need (e.g. a reservation that was not used).
+  void TrimUnused(BlockPool& pool);
+  // Returns every block to the pool; the cache is then empty.
+  void Release(BlockPool& pool);
+
+ private:
+  int32_t block_size_;
+  struct Layer {
+    std::vector<int32_t> blocks;
+    int32_t num_slots = 0;
+  };
+  std::vector<Layer> layers_;
+};
+
+}  // namespace winnow::cache

@@ -1,0 +1,52 @@
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+
+namespace winnow::kernels {
+
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  // Accumulate in double: the reference computes the mean in float32, and a double sum is at
+  // least as accurate while staying independent of vector width.
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += double{x[i]} * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(sum_sq / n + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void ApplyRope(float* heads, int32_t num_heads, int32_t head_dim, int32_t rope_dim,
+               int32_t position, const float* inv_freq, float attn_factor, RopeLayout layout) {
+  const int32_t half = rope_dim / 2;
+  // cos/sin once per token, shared by all heads. rope_dim is at most a few hundred.
+  float cos_table[512];
+  float sin_table[512];
+  for (int32_t i = 0; i < half; ++i) {
+    // Angles in double: positions reach 10^5+, where float angles lose the low bits.
+    const double angle = static_cast<double>(position) * inv_freq[i];
+    cos_table[i] = static_cast<float>(std::cos(angle)) * attn_factor;
+    sin_table[i] = static_cast<float>(std::sin(angle)) * attn_factor;
+  }
+  for (int32_t h = 0; h < num_heads; ++h) {
+    float* v = heads + static_cast<int64_t>(h) * head_dim;
+    for (int32_t i = 0; i < half; ++i) {
+      const int32_t a = layout == RopeLayout::kAdjacent ? 2 * i : i;
+      const int32_t b = layout == RopeLayout::kAdjacent ? 2 * i + 1 : i + half;
+      const float x0 = v[a];
+      const float x1 = v[b];
+      v[a] = x0 * cos_table[i] - x1 * sin_table[i];
+      v[b] = x0 * sin_table[i] + x1 * cos_table[i];
+    }
+  }
+}
+
+}  // namespace winnow::kernels

@@ -1,0 +1,45 @@
+// Chat templates recognised from the model's tokenizer.chat_template metadata. Only known
+// families are rendered (no Jinja interpreter): ChatML (SmolLM2, Qwen) and Llama-3.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/gguf.h"
+
+namespace winnow::model {
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant"
+  std::string content;
+};
+
+enum class ChatTemplateKind { kChatMl, kLlama3 };
+
+class ChatTemplate {
+ public:
+  // Recognises the family from tokenizer.chat_template. A missing or unrecognised template is
+  // FailedPrecondition with a message asking for a raw prompt instead.
+  static absl::StatusOr<ChatTemplate> FromGguf(const GgufFile& file);
+  static absl::StatusOr<ChatTemplate> FromTemplateText(const std::string& jinja_text);
+
+  ChatTemplateKind kind() const { return kind_; }
+  // Renders the conversation exactly as the model's Jinja template would, ending with the
+  // assistant header when add_generation_prompt is set. Unknown roles are InvalidArgument.
+  absl::StatusOr<std::string> Apply(const std::vector<ChatMessage>& messages,
+                                    bool add_generation_prompt) const;
+
+ private:
+  ChatTemplateKind kind_ = ChatTemplateKind::kChatMl;
+  std::string default_system_;  // ChatML templates that insert a system turn (SmolLM2) do so
+  // Qwen2.5 emits its default system turn before the message loop, so even for no messages;
+  // SmolLM2 does it inside the loop.
+  bool system_outside_loop_ = false;
+  std::string bos_text_ = "<|begin_of_text|>";  // Llama-3's bos_token
+  // Llama-3.1/3.2 always open with a system turn carrying these dates.
+  bool llama31_system_ = false;
+  std::string date_string_;
+};
+
+}  // namespace winnow::model

@@ -1,0 +1,402 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+
+namespace winnow::model {
+
+using kernels::WeightMatrix;
+
+struct LayerWeights {
+  std::vector<float> attn_norm;
+  WeightMatrix wq, wk, wv, wo;
+  std::vector<float> bq, bk, bv;  // empty unless the model has QKV biases (qwen2)
+  std::vector<float> ffn_norm;
+  WeightMatrix w_gate, w_up, w_down;
+};
+
+struct Model::Weights {
+  WeightMatrix token_embd;
+  WeightMatrix output;  // token_embd when tied
+  std::vector<float> output_norm;
+  std::vector<LayerWeights> layers;
+};
+
+// Activations of one forward, grown to the largest batch seen and reused.
+struct Model::Scratch {
+  std::vector<float> x, xn, q, k, v, attn, proj, gate, up;
+  std::vector<float> final_rows;
+  std::vector<int32_t> positions;
+};
+
+namespace {
+
+// Looks a tensor up and checks its shape, naming it in errors.
+absl::StatusOr<const GgufTensor*> Tensor(const GgufFile& file, const std::string& name,
+                                         std::vector<int64_t> dims) {
+  const GgufTensor* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+  if (t->dims != dims) {
+    auto fmt = [](const std::vector<int64_t>& d) {
+      std::string s = "[";
+      for (size_t i = 0; i < d.size(); ++i) absl::StrAppend(&s, i ? ", " : "", d[i]);
+      return s + "]";
+    };
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ", fmt(t->dims),
+                                                   ", expected ", fmt(dims)));
+  }
+  if (!kernels::CanDequantize(t->type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", name, " has unsupported type ",
+        std::string(kernels::TraitsOf(t->type).name)));
+  }
+  return t;
+}
+
+absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::string& name,
+                                          int64_t n) {
+  absl::StatusOr<const GgufTensor*> t = Tensor(file, name, {n});
+  if (!t.ok()) return t.status();
+  std::vector<float> out(n);
+  if (absl::Status s = kernels::DequantizeRow((*t)->type, (*t)->data, n, out.data()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", s.message()));
+  }
+  return out;
+}
+
+absl::StatusOr<WeightMatrix> Matrix(const GgufFile& file, const std::string& name, int64_t cols,
+                                    int64_t rows) {
+  absl::StatusOr<const GgufTensor*> t = Tensor(file, name, {cols, rows});
+  if (!t.ok()) return t.status();
+  if (cols % kernels::TraitsOf((*t)->type).block_elements != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, ": row length ", cols, " is not a multiple of the ",
+                     std::string(kernels::TraitsOf((*t)->type).name), " block size"));
+  }
+  return (*t)->AsMatrix();
+}
+
+#define WINNOW_ASSIGN_OR_RETURN(lhs, expr) \
+  {                                        \
+    auto _v = (expr);                      \
+    if (!_v.ok()) return _v.status();      \
+    lhs = std::move(*_v);                  \
+  }
+
+// Per-pair inverse frequencies with rope scaling folded in, so the kernel only multiplies by the
+// position. Mirrors ggml's rope (and transformers' rope_init functions).
+std::vector<float> RopeInverseFrequencies(const ModelConfig& c,
+                                          const std::vector<float>& freq_factors,
+                                          float* attn_factor) {
+  const int32_t half = c.rope_dim / 2;
+  std::vector<float> inv_freq(half);
+  *attn_factor = 1.0f;
+  const RopeScaling& rs = c.rope_scaling;
+  // YaRN correction range: dims that rotate fewer than beta_fast (more than beta_slow) times
+  // over the original context are extrapolated (interpolated).
+  auto corr_dim = [&](float rotations) {
+    return c.rope_dim *
+           std::log(rs.original_context_length / (rotations * 2.0 * std::numbers::pi)) /
+           (2.0 * std::log(static_cast<double>(c.rope_theta)));
+  };
+  double yarn_low = 0, yarn_high = 0;
+  if (rs.type == RopeScalingType::kYarn) {
+    yarn_low = std::max(0.0, std::floor(corr_dim(rs.yarn_beta_fast)));
+    yarn_high = std::min(c.rope_dim - 1.0, std::ceil(corr_dim(rs.yarn_beta_slow)));
+    *attn_factor = static_cast<float>(0.1 * std::log(rs.factor) + 1.0);
+  }
+  for (int32_t i = 0; i < half; ++i) {
+    double f = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim);
+    if (!freq_factors.empty()) f /= freq_factors[i];
+    switch (rs.type) {
+      case RopeScalingType::kNone:
+      case RopeScalingType::kLlama3:
+        break;
+      case RopeScalingType::kLinear:
+        f /= rs.factor;
+        break;
+      case RopeScalingType::kYarn: {
+        const double ramp = (i - yarn_low) / std::max(0.001, yarn_high - yarn_low);
+        const double extrapolate = 1.0 - std::clamp(ramp, 0.0, 1.0);
+        f = f / rs.factor * (1.0 - extrapolate) + f * extrapolate;
+        break;
+      }
+    }
+    inv_freq[i] = static_cast<float>(f);
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
+                                                   const ModelOptions& options) {
+  std::unique_ptr<Model> m(new Model());
+  WINNOW_ASSIGN_OR_RETURN(m->file_, GgufFile::Open(path));
+  const GgufFile& f = *m->file_;
+  WINNOW_ASSIGN_OR_RETURN(m->config_, ModelConfig::FromGguf(f));
+  ModelConfig& c = m->config_;
+  WINNOW_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(f));
+  if (m->tokenizer_->vocab_size() != c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", m->tokenizer_->vocab_size(),
+                                                   " tokens but vocab_size is ", c.vocab_size));
+  }
+  m->chat_template_ = ChatTemplate::FromGguf(f);
+
+  auto w = std::make_unique<Weights>();
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  WINNOW_ASSIGN_OR_RETURN(w->token_embd, Matrix(f, "token_embd.weight", hidden, c.vocab_size));
+  WINNOW_ASSIGN_OR_RETURN(w->output_norm, Vector(f, "output_norm.weight", hidden));
+  c.tied_embeddings = f.FindTensor("output.weight") == nullptr;
+  if (c.tied_embeddings) {
+    w->output = w->token_embd;
+  } else {
+    WINNOW_ASSIGN_OR_RETURN(w->output, Matrix(f, "output.weight", hidden, c.vocab_size));
+  }
+  c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  w->layers.resize(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights& L = w->layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    WINNOW_ASSIGN_OR_RETURN(L.attn_norm, Vector(f, p + "attn_norm.weight", hidden));
+    WINNOW_ASSIGN_OR_RETURN(L.wq, Matrix(f, p + "attn_q.weight", hidden, q_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.wk, Matrix(f, p + "attn_k.weight", hidden, kv_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.wv, Matrix(f, p + "attn_v.weight", hidden, kv_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.wo, Matrix(f, p + "attn_output.weight", q_dim, hidden));
+    if (c.qkv_bias) {
+      WINNOW_ASSIGN_OR_RETURN(L.bq, Vector(f, p + "attn_q.bias", q_dim));
+      WINNOW_ASSIGN_OR_RETURN(L.bk, Vector(f, p + "attn_k.bias", kv_dim));
+      WINNOW_ASSIGN_OR_RETURN(L.bv, Vector(f, p + "attn_v.bias", kv_dim));
+    }
+    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, Vector(f, p + "ffn_norm.weight", hidden));
+    WINNOW_ASSIGN_OR_RETURN(L.w_gate, Matrix(f, p + "ffn_gate.weight", hidden, c.ffn_size));
+    WINNOW_ASSIGN_OR_RETURN(L.w_up, Matrix(f, p + "ffn_up.weight", hidden, c.ffn_size));
+    WINNOW_ASSIGN_OR_RETURN(L.w_down, Matrix(f, p + "ffn_down.weight", c.ffn_size, hidden));
+  }
+  std::vector<float> freq_factors;
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    WINNOW_ASSIGN_OR_RETURN(freq_factors, Vector(f, "rope_freqs.weight", c.rope_dim / 2));
+    c.rope_scaling.type = RopeScalingType::kLlama3;
+  }
+  m->rope_inv_freq_ = RopeInverseFrequencies(c, freq_factors, &m->rope_attn_factor_);
+  m->weights_ = std::move(w);
+  m->scratch_ = std::make_unique<Scratch>();
+  m->pool_ = std::make_unique<kernels::ThreadPool>(options.num_threads);
+  return m;
+}
+
+cache::KvLayout Model::KvLayoutFor(int32_t block_size) const {
+  return cache::KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size};
+}
+
+absl::Status Model::ValidateBatch(std::span<const BatchEntry> batch,
+                                  const cache::BlockPool& pool) const {
+  const cache::KvLayout& layout = pool.layout();
+  if (layout.num_layers != config_.num_layers || layout.num_kv_heads != config_.num_kv_heads ||
+      layout.head_dim != config_.head_dim) {
+    return absl::InvalidArgumentError("KV pool layout does not match the model");
+  }
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& entry = batch[e];
+    const int64_t n = static_cast<int64_t>(entry.tokens.size());
+    if (entry.kv == nullptr || n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("batch entry ", e, " has no KV or tokens"));
+    }
+    if (entry.kv->block_size() != layout.block_size ||
+        entry.kv->num_layers() != config_.num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch entry ", e, ": KV cache does not match the pool"));
+    }
+    if (entry.start_position < 0 || entry.start_position + n > config_.context_length) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "batch entry ", e, ": positions ", entry.start_position, "..",
+          entry.start_position + n - 1, " exceed the context length ", config_.context_length));
+    }
+    int64_t embedding_rows = 0;
+    for (int32_t id : entry.tokens) {
+      if (id == kEmbeddingInput) {
+        ++embedding_rows;
+      } else if (id < 0 || id >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary"));
+      }
+    }
+    if (static_cast<int64_t>(entry.embeddings.size()) != embedding_rows * config_.hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch entry ", e, ": ", embedding_rows, " embedding positions need ",
+          embedding_rows * config_.hidden_size, " floats, got ", entry.embeddings.size()));
+    }
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      if (entry.kv->num_slots(l) + n > entry.kv->capacity(l)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("batch entry ", e, ": KV capacity not reserved for ", n, " tokens"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
+                            ForwardOutput* out) {
+  if (absl::Status s = ValidateBatch(batch, pool); !s.ok()) return s;
+  const ModelConfig& c = config_;
+  const Weights& w = *weights_;
+  Scratch& s = *scratch_;
+  kernels::ThreadPool& threads = *pool_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+
+  int64_t rows = 0;
+  std::vector<int32_t> first_row(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    first_row[e] = static_cast<int32_t>(rows);
+    rows += static_cast<int64_t>(batch[e].tokens.size());
+  }
+  s.x.resize(rows * hidden);
+  s.xn.resize(rows * hidden);
+  s.q.resize(rows * q_dim);
+  s.k.resize(rows * kv_dim);
+  s.v.resize(rows * kv_dim);
+  s.attn.resize(rows * q_dim);
+  s.proj.resize(rows * hidden);
+  s.gate.resize(rows * c.ffn_size);
+  s.up.resize(rows * c.ffn_size);
+  s.positions.resize(rows);
+
+  // Token embeddings (or the caller's embedding rows) and absolute positions.
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const BatchEntry& entry = batch[e];
+    int64_t next_embedding = 0;
+    for (size_t i = 0; i < entry.tokens.size(); ++i) {
+      const int64_t row = first_row[e] + static_cast<int64_t>(i);
+      float* dst = s.x.data() + row * hidden;
+      if (entry.tokens[i] == kEmbeddingInput) {
+        std::memcpy(dst, entry.embeddings.data() + next_embedding++ * hidden,
+                    hidden * sizeof(float));
+      } else if (absl::Status st = kernels::GetRow(w.token_embd, entry.tokens[i], dst); !st.ok()) {
+        return st;
+      }
+      s.positions[row] = entry.start_position + static_cast<int32_t>(i);
+    }
+  }
+
+  const kernels::RopeLayout rope_layout = c.architecture == "qwen2"
+                                              ? kernels::RopeLayout::kHalves
+                                              : kernels::RopeLayout::kAdjacent;
+  const cache::KvLayout& layout = pool.layout();
+  const kernels::PagedKvView kv_view{pool.arena(), layout.floats_per_block(), layout.block_size,
+                                     layout.num_kv_heads, layout.head_dim};
+  std::vector<kernels::AttentionSequence> attention_seqs(batch.size());
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  auto norm_rows = [&](const std::vector<float>& weight) {
+    threads.ParallelFor(rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        kernels::RmsNorm(s.x.data() + r * hidden, weight.data(), hidden, c.rms_norm_eps,
+                         s.xn.data() + r * hidden);
+      }
+    });
+  };
+  auto add_bias = [&](std::vector<float>& m, const std::vector<float>& bias) {
+    if (bias.empty()) return;
+    const int64_t n = static_cast<int64_t>(bias.size());
+    for (int64_t r = 0; r < rows; ++r) kernels::AddInPlace(m.data() + r * n, bias.data(), n);
+  };
+#define WINNOW_RETURN_IF_ERROR(expr)          \
+  if (absl::Status _st = (expr); !_st.ok()) { \
+    return _st;                               \
+  }
+
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    norm_rows(L.attn_norm);
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wq, s.xn.data(), rows, s.q.data(), threads));
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wk, s.xn.data(), rows, s.k.data(), threads));
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wv, s.xn.data(), rows, s.v.data(), threads));
+    add_bias(s.q, L.bq);
+    add_bias(s.k, L.bk);
+    add_bias(s.v, L.bv);
+    threads.ParallelFor(rows, 4, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        kernels::ApplyRope(s.q.data() + r * q_dim, c.num_heads, c.head_dim, c.rope_dim,
+                           s.positions[r], rope_inv_freq_.data(), rope_attn_factor_, rope_layout);
+        kernels::ApplyRope(s.k.data() + r * kv_dim, c.num_kv_heads, c.head_dim, c.rope_dim,
+                           s.positions[r], rope_inv_freq_.data(), rope_attn_factor_, rope_layout);
+      }
+    });
+
+    // Store the new tokens' K/V after each sequence's existing slots in this layer.
+    for (size_t e = 0; e < batch.size(); ++e) {
+      const BatchEntry& entry = batch[e];
+      const int32_t n = static_cast<int32_t>(entry.tokens.size());
+      const int32_t past = entry.kv->num_slots(l);
+      std::span<const int32_t> table = entry.kv->block_table(l);
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t slot = past + i;
+        const int32_t block = table[slot / layout.block_size];
+        const int64_t offset = int64_t{slot % layout.block_size} * c.head_dim;
+        const int64_t row = first_row[e] + i;
+        for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+          std::memcpy(pool.Keys(block, h) + offset, s.k.data() + row * kv_dim + h * c.head_dim,
+                      c.head_dim * sizeof(float));
+          std::memcpy(pool.Values(block, h) + offset, s.v.data() + row * kv_dim + h * c.head_dim,
+                      c.head_dim * sizeof(float));
+        }
+      }
+      entry.kv->AppendSlots(l, n);
+      attention_seqs[e] = {table.data(), entry.kv->num_slots(l), n, first_row[e]};
+    }
+    kernels::PagedAttention(kv_view, attention_seqs, s.q.data(), c.num_heads, attn_scale,
+                            s.attn.data(), threads);
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wo, s.attn.data(), rows, s.proj.data(), threads));
+    kernels::AddInPlace(s.x.data(), s.proj.data(), rows * hidden);
+
+    norm_rows(L.ffn_norm);
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.w_gate, s.xn.data(), rows, s.gate.data(), threads));
+    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.w_up, s.xn.data(), rows, s.up.data(), threads));
+    kernels::SiluMul(s.gate.data(), s.up.data(), rows * c.ffn_size, s.gate.data());
+    WINNOW_RETURN_IF_ERROR(
+        kernels::MatMul(L.w_down, s.gate.data(), rows, s.proj.data(), threads));
+    kernels::AddInPlace(s.x.data(), s.proj.data(), rows * hidden);
+  }
+
+  // Final norm and the output head, only for the rows whose logits were asked for.
+  out->vocab_size = c.vocab_size;
+  out->first_row.assign(batch.size(), -1);
+  out->num_rows.assign(batch.size(), 0);
+  std::vector<int64_t> source_rows;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int64_t n = static_cast<int64_t>(batch[e].tokens.size());
+    if (batch[e].logits == LogitsMode::kNone) continue;
+    out->first_row[e] = static_cast<int32_t>(source_rows.size());
+    const int64_t from = batch[e].logits == LogitsMode::kAll ? 0 : n - 1;
+    for (int64_t i = from; i < n; ++i) source_rows.push_back(first_row[e] + i);
+    out->num_rows[e] = static_cast<int32_t>(n - from);
+  }
+  const int64_t out_rows = static_cast<int64_t>(source_rows.size());
+  s.final_rows.resize(out_rows * hidden);
+  for (int64_t r = 0; r < out_rows; ++r) {
+    kernels::RmsNorm(s.x.data() + source_rows[r] * hidden, w.output_norm.data(), hidden,
+                     c.rms_norm_eps, s.final_rows.data() + r * hidden);
+  }
+  out->logits.resize(out_rows * c.vocab_size);
+  if (out_rows > 0) {
+    WINNOW_RETURN_IF_ERROR(
+        kernels::MatMul(w.output, s.final_rows.data(), out_rows, out->logits.data(), threads));
+  }
+#undef WINNOW_RETURN_IF_ERROR
+  return absl::OkStatus();
+}
+
+}  // namespace winnow::model

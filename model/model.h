@@ -1,0 +1,98 @@
+// A loaded Llama-family model (weights, tokenizer, chat template) and its varlen batched
+// forward pass over the paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "cache/sequence_kv.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+
+namespace winnow::model {
+
+// A token id that means "take this position's input from the embeddings rows".
+inline constexpr int32_t kEmbeddingInput = -1;
+
+enum class LogitsMode {
+  kNone,  // no logits (an intermediate prefill chunk)
+  kLast,  // logits of the last new token only (decode, last prefill chunk)
+  kAll,   // logits of every new token (scoring)
+};
+
+// One sequence's share of a batch: `tokens.size()` new tokens at absolute positions
+// start_position, start_position + 1, ...  They attend to everything already in `kv` plus the
+// earlier new tokens (causal). The caller must have reserved capacity for them in every layer.
+struct BatchEntry {
+  cache::SequenceKv* kv = nullptr;
+  std::span<const int32_t> tokens;
+  // Rows of hidden_size floats, one per token whose id is kEmbeddingInput, in order.
+  std::span<const float> embeddings;
+  int32_t start_position = 0;
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+struct ForwardOutput {
+  int32_t vocab_size = 0;
+  std::vector<float> logits;           // rows x vocab_size, entries in batch order
+  std::vector<int32_t> first_row;      // per entry: its first logits row, -1 when none
+  std::vector<int32_t> num_rows;       // per entry: how many rows
+
+  std::span<const float> Row(int32_t row) const {
+    return std::span<const float>(logits).subspan(int64_t{row} * vocab_size, vocab_size);
+  }
+};
+
+struct ModelOptions {
+  int32_t num_threads = 0;  // 0: one per hardware thread
+};
+
+class Model {
+ public:
+  // Loads and validates the GGUF: architecture, hyper-parameters, every tensor's presence, type
+  // and shape, and the tokenizer. Errors name the key or tensor at fault.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const ModelOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Not every model has a recognised chat template.
+  const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
+  const GgufFile& gguf() const { return *file_; }
+  cache::KvLayout KvLayoutFor(int32_t block_size) const;
+
+  // One forward over a varlen batch (prefill chunks and decode tokens mixed). Writes the new
+  // tokens' K/V into their sequences' blocks and advances their slot counts. Not thread-safe:
+  // one engine thread owns the model.
+  absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
+                       ForwardOutput* out);
+
+ private:
+  struct Weights;
+  struct Scratch;
+  Model() = default;
+  absl::Status ValidateBatch(std::span<const BatchEntry> batch,
+                             const cache::BlockPool& pool) const;
+
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  absl::StatusOr<ChatTemplate> chat_template_ = absl::UnknownError("not loaded");
+  std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
+  std::vector<float> rope_inv_freq_;
+  float rope_attn_factor_ = 1.0f;
+};
+
+}  // namespace winnow::model

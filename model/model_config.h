@@ -1,0 +1,49 @@
+// Hyper-parameters of a Llama-family model, read from GGUF metadata.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/gguf.h"
+
+namespace winnow::model {
+
+enum class RopeScalingType { kNone, kLinear, kYarn, kLlama3 };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;
+  int32_t original_context_length = 0;
+  // Llama-3.1 style frequency-dependent scaling.
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  // YaRN.
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  float yarn_attn_factor = 1.0f;
+};
+
+struct ModelConfig {
+  std::string architecture;  // "llama" or "qwen2"
+  std::string name;
+  int32_t num_layers = 0;
+  int32_t hidden_size = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t ffn_size = 0;
+  int32_t vocab_size = 0;
+  int32_t context_length = 0;
+  float rms_norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  int32_t rope_dim = 0;  // leading dims of each head that RoPE rotates
+  RopeScaling rope_scaling;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;
+
+  // Reads and validates the `<arch>.*` keys; errors name the key.
+  static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
+};
+
+}  // namespace winnow::model

@@ -1,0 +1,158 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace winnow::model {
+namespace {
+
+constexpr int32_t kMaxTopLogprobs = 20;
+
+absl::Status OutOfRange(const std::string& field, double value, const std::string& rule) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sampling.", field, " = ", value, " is invalid: must be ", rule));
+}
+
+// Uniform double in [0, 1) from the top 53 bits: the same on every standard library, unlike
+// std::uniform_real_distribution.
+double UniformUnit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+absl::Status SamplingParams::Validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return OutOfRange("temperature", temperature, "a finite number >= 0");
+  }
+  if (top_k < 0) return OutOfRange("top_k", top_k, ">= 0 (0 disables it)");
+  if (!std::isfinite(top_p) || top_p <= 0.0f || top_p > 1.0f) {
+    return OutOfRange("top_p", top_p, "in (0, 1]");
+  }
+  if (!std::isfinite(min_p) || min_p < 0.0f || min_p > 1.0f) {
+    return OutOfRange("min_p", min_p, "in [0, 1]");
+  }
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f) {
+    return OutOfRange("repetition_penalty", repetition_penalty, "a finite number > 0");
+  }
+  if (!std::isfinite(frequency_penalty) || std::abs(frequency_penalty) > 2.0f) {
+    return OutOfRange("frequency_penalty", frequency_penalty, "in [-2, 2]");
+  }
+  if (!std::isfinite(presence_penalty) || std::abs(presence_penalty) > 2.0f) {
+    return OutOfRange("presence_penalty", presence_penalty, "in [-2, 2]");
+  }
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return OutOfRange("top_logprobs", top_logprobs, absl::StrCat("in [0, ", kMaxTopLogprobs, "]"));
+  }
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) ++prompt_counts_[t];
+}
+
+SampledToken Sampler::Sample(std::span<const float> logits) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  work_.assign(logits.begin(), logits.end());
+
+  // Penalties: repetition (CTRL-style) over prompt and output, as transformers and vLLM do;
+  // frequency and presence (OpenAI-style) over output tokens only.
+  if (params_.repetition_penalty != 1.0f) {
+    auto penalize = [&](int32_t id) {
+      float& v = work_[id];
+      v = v > 0.0f ? v / params_.repetition_penalty : v * params_.repetition_penalty;
+    };
+    for (const auto& [id, count] : prompt_counts_) penalize(id);
+    for (const auto& [id, count] : output_counts_) {
+      if (!prompt_counts_.contains(id)) penalize(id);
+    }
+  }
+  if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f) {
+    for (const auto& [id, count] : output_counts_) {
+      work_[id] -= params_.frequency_penalty * count + params_.presence_penalty;
+    }
+  }
+
+  int32_t chosen = 0;
+  if (params_.temperature == 0.0f) {
+    // Greedy; ties go to the lowest id so the choice never depends on iteration order.
+    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else {
+    for (float& v : work_) v /= params_.temperature;
+    order_.resize(vocab);
+    std::iota(order_.begin(), order_.end(), 0);
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return work_[a] > work_[b] || (work_[a] == work_[b] && a < b);
+    };
+    int32_t keep = vocab;
+    if (params_.top_k > 0 && params_.top_k < vocab) {
+      keep = params_.top_k;
+      std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
+    } else {
+      std::sort(order_.begin(), order_.end(), by_logit);
+    }
+    // Probabilities of the kept candidates, highest first.
+    const float max_logit = work_[order_[0]];
+    std::vector<double> probs(keep);
+    double total = 0.0;
+    for (int32_t i = 0; i < keep; ++i) {
+      probs[i] = std::exp(static_cast<double>(work_[order_[i]]) - max_logit);
+      total += probs[i];
+    }
+    if (params_.top_p < 1.0f) {
+      double cumulative = 0.0;
+      for (int32_t i = 0; i < keep; ++i) {
+        cumulative += probs[i] / total;
+        if (cumulative >= params_.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (params_.min_p > 0.0f) {
+      // probs[0] is the largest; keep those at least min_p times as likely.
+      int32_t n = 1;
+      while (n < keep && probs[n] >= params_.min_p * probs[0]) ++n;
+      keep = n;
+    }
+    double kept_total = 0.0;
+    for (int32_t i = 0; i < keep; ++i) kept_total += probs[i];
+    double target = UniformUnit(rng_) * kept_total;
+    chosen = order_[keep - 1];
+    for (int32_t i = 0; i < keep; ++i) {
+      target -= probs[i];
+      if (target < 0.0) {
+        chosen = order_[i];
+        break;
+      }
+    }
+  }
+
+  // Log-probabilities are reported under the model's own distribution (before penalties and
+  // temperature), as vLLM reports raw logprobs.
+  const float max_raw = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - max_raw);
+  const float log_norm = max_raw + static_cast<float>(std::log(sum));
+  SampledToken result;
+  result.id = chosen;
+  result.logprob = logits[chosen] - log_norm;
+  if (params_.top_logprobs > 0) {
+    const int32_t n = std::min(params_.top_logprobs, vocab);
+    order_.resize(vocab);
+    std::iota(order_.begin(), order_.end(), 0);
+    std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int32_t i = 0; i < n; ++i) {
+      result.top_logprobs.emplace_back(order_[i], logits[order_[i]] - log_norm);
+    }
+  }
+  ++output_counts_[chosen];
+  return result;
+}
+
+}  // namespace winnow::model

@@ -1,0 +1,55 @@
+// Token selection from logits: greedy, temperature, top-k, top-p, min-p, and repetition,
+// frequency and presence penalties; seeded, so a seed makes sampling deterministic.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+
+namespace winnow::model {
+
+struct SamplingParams {
+  float temperature = 0.0f;        // 0: greedy
+  int32_t top_k = 0;               // 0: off
+  float top_p = 1.0f;              // 1: off
+  float min_p = 0.0f;              // 0: off
+  float repetition_penalty = 1.0f; // 1: off; applies to prompt and generated tokens
+  float frequency_penalty = 0.0f;  // applies to generated tokens
+  float presence_penalty = 0.0f;   // applies to generated tokens
+  uint64_t seed = 0;
+  int32_t top_logprobs = 0;        // how many top log-probabilities to report per token
+
+  // InvalidArgument naming the field for NaN, negative or out-of-range values.
+  absl::Status Validate() const;
+};
+
+struct SampledToken {
+  int32_t id = -1;
+  float logprob = 0.0f;  // log-probability of `id` under the unmodified distribution
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // highest first
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // Registers prompt tokens (seen by the repetition penalty).
+  void AddPromptTokens(std::span<const int32_t> tokens);
+  // Picks the next token from `logits` (vocab_size floats) and records it as generated.
+  SampledToken Sample(std::span<const float> logits);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  absl::flat_hash_map<int32_t, int32_t> prompt_counts_;
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;
+  std::vector<float> work_;
+  std::vector<int32_t> order_;
+};
+
+}  // namespace winnow::model

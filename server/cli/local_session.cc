@@ -1,0 +1,52 @@
+#include "server/cli/local_session.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace winnow::cli {
+
+absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(model::Model& model,
+                                                                   int32_t max_tokens,
+                                                                   int32_t block_size) {
+  const cache::KvLayout layout = model.KvLayoutFor(block_size);
+  const int32_t blocks = layout.num_layers * ((max_tokens + block_size - 1) / block_size);
+  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool = cache::BlockPool::Create(layout, blocks);
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<LocalSession>(new LocalSession(model, std::move(*pool)));
+}
+
+LocalSession::LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool> pool)
+    : model_(model), pool_(std::move(pool)),
+      kv_(model.config().num_layers, pool_->layout().block_size) {}
+
+LocalSession::~LocalSession() { kv_.Release(*pool_); }
+
+absl::StatusOr<std::vector<float>> LocalSession::Feed(std::span<const int32_t> tokens,
+                                                      int32_t chunk_size,
+                                                      model::LogitsMode mode) {
+  std::vector<float> logits;
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  for (int64_t start = 0; start < total; start += chunk_size) {
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(chunk_size, total - start));
+    if (!kv_.Reserve(*pool_, n)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV pool too small for position ", position_ + n));
+    }
+    const bool last_chunk = start + n == total;
+    model::BatchEntry entry;
+    entry.kv = &kv_;
+    entry.tokens = tokens.subspan(start, n);
+    entry.start_position = position_;
+    entry.logits = mode == model::LogitsMode::kAll ? mode
+                   : last_chunk                    ? mode
+                                                   : model::LogitsMode::kNone;
+    model::ForwardOutput out;
+    if (absl::Status s = model_.Forward({&entry, 1}, *pool_, &out); !s.ok()) return s;
+    logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+    position_ += n;
+  }
+  return logits;
+}
+
+}  // namespace winnow::cli

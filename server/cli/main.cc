@@ -1,0 +1,54 @@
+// Entry point of the `winnow` binary: dispatches to a subcommand.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: winnow <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate  --prompt TEXT [--chat] [--max-tokens N] [sampling flags]  stream a completion\n"
+    "  tokenize  --text TEXT [--no-special] [--no-parse-special]         print token ids (JSON)\n"
+    "  score     --tokens-file F                                         logits/logprobs (JSON)\n"
+    "  inspect   [--tensors] [--dump-tensor NAME]                         GGUF metadata/tensors\n"
+    "  serve     [--port 50051] [--metrics-port 9090] ... (serve --help)  gRPC inference daemon\n"
+    "\n"
+    "every command takes --model PATH (default: $WINNOW_MODEL or\n"
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf) and --threads N.\n";
+
+}  // namespace
+
+namespace winnow::cli {
+
+std::string DefaultModelPath() {
+  if (const char* env = std::getenv("WINNOW_MODEL"); env != nullptr && *env != '\0') return env;
+  return "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+}  // namespace winnow::cli
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  std::string_view command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return winnow::cli::RunGenerate(args);
+  if (command == "tokenize") return winnow::cli::RunTokenize(args);
+  if (command == "score") return winnow::cli::RunScore(args);
+  if (command == "inspect") return winnow::cli::RunInspect(args);
+  if (command == "serve") return winnow::cli::RunServe(args);
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "winnow: unknown command '%s'\n\n%s", argv[1], kUsage);
+  return 2;
+}

@@ -1,0 +1,110 @@
+// `winnow score`: runs a token sequence through the model and prints, as one JSON object, the
+// argmax at every position, the log-probability of each next token, and the last logits.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "model/model.h"
+#include "server/cli/args.h"
+#include "server/cli/commands.h"
+#include "server/cli/local_session.h"
+
+namespace winnow::cli {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "winnow score: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<std::vector<int32_t>> ReadTokens(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot open --tokens-file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_array()) {
+    return absl::InvalidArgumentError("--tokens-file must hold a JSON array of token ids");
+  }
+  std::vector<int32_t> tokens;
+  for (const auto& item : json) {
+    if (!item.is_number_integer()) {
+      return absl::InvalidArgumentError("--tokens-file must hold only integer token ids");
+    }
+    tokens.push_back(item.get<int32_t>());
+  }
+  return tokens;
+}
+
+}  // namespace
+
+int RunScore(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, {"model", "tokens-file", "threads", "chunk-size"}, {});
+  if (!args.ok()) return Fail(args.status());
+  if (!args->Has("tokens-file")) return Fail(absl::InvalidArgumentError("--tokens-file is required"));
+  absl::StatusOr<std::vector<int32_t>> tokens = ReadTokens(args->GetString("tokens-file"));
+  if (!tokens.ok()) return Fail(tokens.status());
+  if (tokens->empty()) return Fail(absl::InvalidArgumentError("--tokens-file holds no tokens"));
+  absl::StatusOr<int64_t> threads = args->GetInt("threads", 0);
+  if (!threads.ok()) return Fail(threads.status());
+  absl::StatusOr<int64_t> chunk = args->GetInt("chunk-size", static_cast<int64_t>(tokens->size()));
+  if (!chunk.ok()) return Fail(chunk.status());
+  if (*chunk <= 0) return Fail(absl::InvalidArgumentError("--chunk-size must be > 0"));
+
+  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(
+      args->GetString("model", DefaultModelPath()), {.num_threads = static_cast<int32_t>(*threads)});
+  if (!model.ok()) return Fail(model.status());
+  const int32_t vocab = (*model)->config().vocab_size;
+  for (int32_t id : *tokens) {
+    if (id < 0 || id >= vocab) {
+      return Fail(absl::InvalidArgumentError("token id " + std::to_string(id) +
+                                             " is outside the vocabulary"));
+    }
+  }
+  if (static_cast<int64_t>(tokens->size()) > (*model)->config().context_length) {
+    return Fail(absl::InvalidArgumentError("more tokens than the context length"));
+  }
+  absl::StatusOr<std::unique_ptr<LocalSession>> session =
+      LocalSession::Create(**model, static_cast<int32_t>(tokens->size()));
+  if (!session.ok()) return Fail(session.status());
+  absl::StatusOr<std::vector<float>> logits =
+      (*session)->Feed(*tokens, static_cast<int32_t>(*chunk), model::LogitsMode::kAll);
+  if (!logits.ok()) return Fail(logits.status());
+
+  const size_t n = tokens->size();
+  std::vector<int32_t> argmax(n);
+  std::vector<double> logprob_next;
+  for (size_t i = 0; i < n; ++i) {
+    const float* row = logits->data() + i * vocab;
+    int32_t best = 0;
+    double max_v = row[0];
+    for (int32_t j = 1; j < vocab; ++j) {
+      if (row[j] > max_v) {
+        max_v = row[j];
+        best = j;
+      }
+    }
+    argmax[i] = best;
+    if (i + 1 < n) {
+      double sum = 0.0;
+      for (int32_t j = 0; j < vocab; ++j) sum += std::exp(row[j] - max_v);
+      logprob_next.push_back(row[(*tokens)[i + 1]] - max_v - std::log(sum));
+    }
+  }
+  const float* last = logits->data() + (n - 1) * vocab;
+  nlohmann::json out;
+  out["argmax"] = argmax;
+  out["logprob_next"] = logprob_next;
+  out["last_logits"] = std::vector<float>(last, last + vocab);
+  std::string dumped = out.dump();
+  std::fwrite(dumped.data(), 1, dumped.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace winnow::cli

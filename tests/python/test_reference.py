@@ -1,0 +1,125 @@
+"""winnow's forward pass against transformers loading the same GGUF in float32.
+
+Checks: argmax identical at every position and next-token log-probabilities within 1e-2 on
+8 prompts (one over 1000 tokens); greedy 64-token continuations identical; chunked prefill
+(7, 64, 512) equal to one-shot prefill.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_winnow_json
+
+LOGPROB_TOLERANCE = 1e-2
+
+PROMPTS = {
+    "fact": "The capital of France is",
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:",
+    "chat": "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n"
+            "<|im_start|>assistant\n",
+    "numbers": "1, 2, 3, 5, 8, 13, 21, 34, 55,",
+    "multilingual": "Bonjour! Wie geht's? ¿Qué tal? 日本語のテキストも少し。 Ελληνικά και русский.",
+    "list": "Shopping list:\n- eggs\n- milk\n- flour\n-",
+    "story": "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "long": None,  # built below: over 1000 tokens
+}
+
+
+def long_document() -> str:
+    topics = ["astronomy", "baking bread", "the history of Rome", "sailing", "chess openings",
+              "volcanoes", "machine learning", "gardening", "jazz music", "mountain climbing"]
+    paragraphs = []
+    for i in range(40):
+        topic = topics[i % len(topics)]
+        paragraphs.append(
+            f"Section {i + 1}. This part of the report covers {topic}. Experts in {topic} note "
+            f"that careful practice over {i + 3} years makes a difference, and that beginners "
+            f"often underestimate how much patience {topic} requires.")
+    return "\n\n".join(paragraphs) + "\n\nIn summary, the report covered"
+
+
+PROMPTS["long"] = long_document()
+
+
+def reference_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+def score(winnow_bin, model_path, tmp_path, ids, chunk=None):
+    tokens_file = tmp_path / "tokens.json"
+    tokens_file.write_text(json.dumps(ids))
+    args = ["score", "--model", str(model_path), "--tokens-file", str(tokens_file)]
+    if chunk is not None:
+        args += ["--chunk-size", str(chunk)]
+    return run_winnow_json(winnow_bin, *args)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(hf_tokenizer):
+    ids = {name: hf_tokenizer(text, add_special_tokens=False).input_ids
+           for name, text in PROMPTS.items()}
+    assert len(ids["long"]) > 1000
+    return ids
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_logits_match_reference(name, prompt_ids, hf_model, winnow_bin, model_path, tmp_path):
+    ids = prompt_ids[name]
+    ours = score(winnow_bin, model_path, tmp_path, ids)
+    logits = reference_logits(hf_model, ids)
+    logprobs = torch.log_softmax(logits.double(), dim=-1)
+
+    ref_argmax = logits.argmax(dim=-1).tolist()
+    mismatches = [i for i, (a, b) in enumerate(zip(ours["argmax"], ref_argmax)) if a != b]
+    assert not mismatches, f"argmax differs at positions {mismatches[:10]}"
+
+    ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    delta = np.abs(np.array(ours["logprob_next"]) - ref_next)
+    assert delta.max() <= LOGPROB_TOLERANCE, f"max |Δ logprob| = {delta.max():.3g}"
+
+    last = np.array(ours["last_logits"])
+    ref_last = logits[-1].numpy()
+    assert np.abs(last - ref_last).max() <= 5e-2
+
+
+def reference_greedy(hf_model, ids: list[int], steps: int) -> list[int]:
+    """Greedy decoding with the reference's own KV cache; never stops early."""
+    out = []
+    with torch.no_grad():
+        result = hf_model(torch.tensor([ids]), use_cache=True)
+        for _ in range(steps):
+            token = int(result.logits[0, -1].argmax())
+            out.append(token)
+            result = hf_model(torch.tensor([[token]]), past_key_values=result.past_key_values,
+                              use_cache=True)
+    return out
+
+
+@pytest.mark.parametrize("prompt,chat", [
+    ("The capital of France is", False),
+    ("Write a haiku about the sea.", True),
+    ("def quicksort(items):", False),
+    ("List three primary colours.", True),
+])
+def test_greedy_continuation_matches_reference(prompt, chat, hf_model, winnow_bin, model_path):
+    args = ["generate", "--model", str(model_path), "--prompt", prompt, "--max-tokens", "64",
+            "--ignore-eos", "--json", "--quiet"]
+    if chat:
+        args.append("--chat")
+    ours = run_winnow_json(winnow_bin, *args)
+    assert len(ours["token_ids"]) == 64
+    assert ours["token_ids"] == reference_greedy(hf_model, ours["prompt_token_ids"], 64)
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 512])
+def test_chunked_prefill_equals_one_shot(chunk, prompt_ids, winnow_bin, model_path, tmp_path):
+    ids = prompt_ids["long"]
+    whole = score(winnow_bin, model_path, tmp_path, ids)
+    chunked = score(winnow_bin, model_path, tmp_path, ids, chunk=chunk)
+    assert chunked["argmax"] == whole["argmax"]
+    np.testing.assert_allclose(chunked["logprob_next"], whole["logprob_next"], atol=1e-4)
+    np.testing.assert_allclose(chunked["last_logits"], whole["last_logits"], atol=1e-4)
