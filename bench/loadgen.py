@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Load generator for the winnow daemon (gRPC Generate streams).
+
+Two arrival modes:
+  --mode concurrency  N clients, each sending its next request as soon as the last finished
+                      (closed loop; measures capacity at a fixed load).
+  --mode rate         requests arrive as a Poisson process at --rate per second (open loop;
+                      measures latency at an offered load, queueing included).
+
+Prompt and output lengths come from distributions: fixed:N, uniform:LO:HI, normal:MEAN:STD,
+lognormal:MEDIAN:SIGMA (all clipped to >= 1). Prompts are exact token counts, cut from a
+tokenized text corpus so the model sees ordinary text; outputs are forced to their drawn length
+with ignore_eos unless --no-ignore-eos.
+
+Reports throughput and TTFT / TPOT / ITL / E2E percentiles as a table, and writes everything
+(config, per-request records, summary) as JSON. Never asserts on times.
+
+    python bench/loadgen.py --target localhost:50051 --mode concurrency --concurrency 8 \\
+        --num-requests 64 --prompt-len uniform:32:512 --output-len fixed:64
+    python bench/loadgen.py --mode rate --rate 2 --num-requests 100 --json-out run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "clients" / "python"))
+
+import grpc  # noqa: E402
+
+from winnow_client import WinnowClient, pb2  # noqa: E402
+
+CORPUS = (
+    "A paged key-value cache splits each sequence's attention state into fixed-size blocks, so "
+    "that memory is allocated on demand and returned the moment a request finishes. Continuous "
+    "batching schedules work one iteration at a time: new requests join the running batch as "
+    "soon as their first prefill chunk fits, and finished ones leave without waiting for the "
+    "rest. When the pool runs out, the scheduler preempts the least important sequence and "
+    "recomputes it later. Compression policies keep only the keys and values that matter for "
+    "future tokens, which frees blocks and lets more requests run at once. The quick brown fox "
+    "jumps over the lazy dog while the river flows past the old mill and the town sleeps. "
+)
+
+
+# ------------------------------------------------------------------------------------------
+# Length distributions
+
+
+class Dist:
+    def __init__(self, spec: str):
+        parts = spec.split(":")
+        self.kind, self.args = parts[0], [float(x) for x in parts[1:]]
+        need = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
+        if self.kind not in need or len(self.args) != need[self.kind]:
+            raise argparse.ArgumentTypeError(
+                f"bad distribution '{spec}': use fixed:N, uniform:LO:HI, normal:MEAN:STD or "
+                "lognormal:MEDIAN:SIGMA")
+        self.spec = spec
+
+    def sample(self, rng: random.Random) -> int:
+        a = self.args
+        if self.kind == "fixed":
+            v = a[0]
+        elif self.kind == "uniform":
+            v = rng.uniform(a[0], a[1])
+        elif self.kind == "normal":
+            v = rng.gauss(a[0], a[1])
+        else:
+            v = a[0] * math.exp(rng.gauss(0.0, a[1]))
+        return max(1, int(round(v)))
+
+
+# ------------------------------------------------------------------------------------------
+# One request
+
+
+@dataclass
+class Record:
+    index: int
+    prompt_tokens: int
+    max_tokens: int
+    start: float = 0.0
+    ttft: float | None = None
+    e2e: float | None = None
+    output_tokens: int = 0
+    itl: list = field(default_factory=list)  # seconds between tokens (per token)
+    status: str = "OK"
+    error: str = ""
+
+
+def run_request(client: WinnowClient, rec: Record, prompt_ids: list[int], ignore_eos: bool,
+                timeout: float, t0: float) -> Record:
+    req = WinnowClient.build_request(token_ids=prompt_ids, max_tokens=rec.max_tokens,
+                                     ignore_eos=ignore_eos, temperature=0.0,
+                                     request_id=f"loadgen-{rec.index}")
+    start = time.perf_counter()
+    rec.start = start - t0
+    last = None
+    try:
+        for msg in client.generate(request=req, timeout=timeout):
+            n = len(msg.token_ids)
+            if n == 0:
+                continue
+            now = time.perf_counter()
+            if rec.ttft is None:
+                rec.ttft = now - start
+                # Tokens that arrive together with the first count as 0-gap tokens.
+                rec.itl.extend([0.0] * (n - 1))
+            else:
+                gap = (now - last) / n
+                rec.itl.extend([gap] * n)
+            last = now
+            rec.output_tokens += n
+    except grpc.RpcError as e:
+        rec.status, rec.error = e.code().name, e.details() or ""
+    rec.e2e = time.perf_counter() - start
+    return rec
+
+
+# ------------------------------------------------------------------------------------------
+# Summary
+
+
+def percentiles(values: list[float], ps=(50, 90, 95, 99)) -> dict:
+    if not values:
+        return {"mean": None, **{f"p{p}": None for p in ps}}
+    s = sorted(values)
+    out = {"mean": statistics.fmean(s)}
+    for p in ps:
+        # Nearest-rank on the sorted sample, interpolated.
+        k = (len(s) - 1) * p / 100.0
+        lo, hi = math.floor(k), math.ceil(k)
+        out[f"p{p}"] = s[lo] + (s[hi] - s[lo]) * (k - lo)
+    return out
+
+
+def summarize(records: list[Record], wall: float) -> dict:
+    ok = [r for r in records if r.status == "OK"]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    e2e = [r.e2e for r in ok]
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok
+            if r.ttft is not None and r.output_tokens > 1]
+    itl = [x for r in ok for x in r.itl]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.status != "OK":
+            errors[r.status] = errors.get(r.status, 0) + 1
+    return {
+        "requests": len(records),
+        "completed": len(ok),
+        "errors": errors,
+        "wall_seconds": wall,
+        "request_throughput": len(ok) / wall if wall > 0 else 0.0,
+        "output_token_throughput": out_tokens / wall if wall > 0 else 0.0,
+        "total_token_throughput": (out_tokens + in_tokens) / wall if wall > 0 else 0.0,
+        "prompt_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "ttft_seconds": percentiles(ttft),
+        "tpot_seconds": percentiles(tpot),
+        "itl_seconds": percentiles(itl),
+        "e2e_seconds": percentiles(e2e),
+    }
+
+
+def format_table(summary: dict, config: dict) -> str:
+    lines = [
+        f"mode={config['mode']} "
+        + (f"concurrency={config['concurrency']}" if config["mode"] == "concurrency"
+           else f"rate={config['rate']}/s")
+        + f" prompt_len={config['prompt_len']} output_len={config['output_len']}",
+        f"requests: {summary['completed']}/{summary['requests']} ok"
+        + (f", errors {summary['errors']}" if summary["errors"] else "")
+        + f", wall {summary['wall_seconds']:.2f} s",
+        f"throughput: {summary['request_throughput']:.3f} req/s, "
+        f"{summary['output_token_throughput']:.1f} output tok/s, "
+        f"{summary['total_token_throughput']:.1f} total tok/s",
+        "",
+        f"{'metric (ms)':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}",
+    ]
+    for key, label in [("ttft_seconds", "TTFT"), ("tpot_seconds", "TPOT"),
+                       ("itl_seconds", "ITL"), ("e2e_seconds", "E2E")]:
+        p = summary[key]
+        cells = ["-" if p[k] is None else f"{p[k] * 1000:.1f}"
+                 for k in ("mean", "p50", "p90", "p95", "p99")]
+        lines.append(f"{label:<12}" + "".join(f"{c:>10}" for c in cells))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Drivers
+
+
+def corpus_tokens(client: WinnowClient, need: int) -> list[int]:
+    ids = client.tokenize(CORPUS, add_special_tokens=False)
+    if not ids:
+        raise RuntimeError("the daemon tokenized the corpus to nothing")
+    return (ids * (need // len(ids) + 1))[:need]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--target", default=os.environ.get("WINNOW_TARGET", "localhost:50051"))
+    ap.add_argument("--mode", choices=["concurrency", "rate"], default="concurrency")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=1.0, help="requests/s (rate mode)")
+    ap.add_argument("--max-in-flight", type=int, default=256,
+                    help="rate mode: cap on open streams (arrivals beyond it wait)")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
+    ap.add_argument("--prompt-len", type=Dist, default=Dist("uniform:32:256"))
+    ap.add_argument("--output-len", type=Dist, default=Dist("fixed:32"))
+    ap.add_argument("--no-ignore-eos", action="store_true")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per-request deadline (s)")
+    ap.add_argument("--max-duration", type=float, default=1800.0,
+                    help="stop issuing requests after this many seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", help="write config, summary and per-request records here")
+    ap.add_argument("--label", default="", help="free text stored in the JSON")
+    args = ap.parse_args(argv)
+    if args.num_requests < 1 or args.concurrency < 1 or args.rate <= 0:
+        ap.error("--num-requests and --concurrency must be >= 1, --rate > 0")
+
+    rng = random.Random(args.seed)
+    client = WinnowClient(args.target)
+    info = client.model_info()
+    limit = info.context_length
+    plans = []
+    for i in range(args.num_requests):
+        p = min(args.prompt_len.sample(rng), limit - 2)
+        o = min(args.output_len.sample(rng), limit - p)
+        plans.append((p, o))
+    corpus = corpus_tokens(client, max(p for p, _ in plans) + 1024)
+    ignore_eos = not args.no_ignore_eos
+
+    def prompt_for(i: int, n: int) -> list[int]:
+        # Different offsets per request so that no two prompts are identical.
+        off = (i * 97) % 1024
+        return corpus[off:off + n]
+
+    for w in range(args.warmup):
+        run_request(client, Record(-1 - w, 16, 4), prompt_for(w, 16), True, args.timeout,
+                    time.perf_counter())
+
+    records = [Record(i, p, o) for i, (p, o) in enumerate(plans)]
+    t0 = time.perf_counter()
+    stop_at = t0 + args.max_duration
+
+    if args.mode == "concurrency":
+        next_index = iter(range(len(records)))
+        lock = threading.Lock()
+
+        def worker():
+            c = WinnowClient(args.target)
+            try:
+                while time.perf_counter() < stop_at:
+                    with lock:
+                        i = next(next_index, None)
+                    if i is None:
+                        return
+                    r = records[i]
+                    run_request(c, r, prompt_for(i, r.prompt_tokens), ignore_eos,
+                                args.timeout, t0)
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        slots = threading.Semaphore(args.max_in_flight)
+        threads = []
+        shared = WinnowClient(args.target)  # one channel: streams multiplex over HTTP/2
+        arrival = 0.0
+        for r in records:
+            arrival += rng.expovariate(args.rate)
+            delay = t0 + arrival - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if time.perf_counter() >= stop_at:
+                r.status = "NOT_SENT"
+                continue
+            slots.acquire()
+
+            def go(r=r):
+                try:
+                    run_request(shared, r, prompt_for(r.index, r.prompt_tokens), ignore_eos,
+                                args.timeout, t0)
+                finally:
+                    slots.release()
+
+            t = threading.Thread(target=go)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        shared.close()
+    wall = time.perf_counter() - t0
+
+    summary = summarize([r for r in records if r.status != "NOT_SENT"], wall)
+    config = {
+        "target": args.target, "mode": args.mode, "concurrency": args.concurrency,
+        "rate": args.rate, "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len.spec, "output_len": args.output_len.spec,
+        "ignore_eos": ignore_eos, "seed": args.seed, "label": args.label,
+        "model": {"name": info.name, "architecture": info.architecture},
+        "server_limits": json.loads(json.dumps({
+            "max_batched_tokens": client.server_status().limits.max_batched_tokens,
+            "max_seqs": client.server_status().limits.max_seqs,
+            "kv_blocks_total": client.server_status().kv_blocks_total})),
+        "client_machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    client.close()
+    print(format_table(summary, config))
+    if args.json_out:
+        out = pathlib.Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"config": config, "summary": summary,
+                                   "requests": [asdict(r) for r in records]}, indent=1))
+        print(f"\nwrote {out}")
+    return 0 if summary["completed"] == summary["requests"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

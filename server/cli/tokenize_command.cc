@@ -1,0 +1,205 @@
+// `winnow tokenize`: token ids of a text as llama_tokenize(text, add_special, parse_special) would
+// give them, plus the batch and decode modes the tokenizer tests use.
+//
+//   --text TEXT | --text-file F      one JSON array of ids
+//   --jsonl F                        one JSON string per input line -> one JSON array per line
+//                                    (with --round-trip: {"ids": [...], "text": decoded})
+//   --decode-ids '[1,2,3]'           the decoded bytes, verbatim
+//   --chat F                         F holds messages (a JSON array, or {"messages": [...],
+//                                    "add_generation_prompt": bool}); prints {"prompt", "ids"}
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "server/cli/args.h"
+#include "server/cli/commands.h"
+
+namespace winnow::cli {
+namespace {
+
+using nlohmann::json;
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  if (path == "-") {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string IdsJson(const std::vector<int32_t>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ",";
+    absl::StrAppend(&out, ids[i]);
+  }
+  out += "]";
+  return out;
+}
+
+std::string DumpJson(const json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+}
+
+absl::Status RunJsonl(const model::Tokenizer& tok, const std::string& path, bool add_special,
+                      bool parse_special, bool round_trip) {
+  absl::StatusOr<std::string> data = ReadFile(path);
+  if (!data.ok()) return data.status();
+  std::istringstream lines(*data);
+  std::string line;
+  std::string out;
+  int line_no = 0;
+  while (std::getline(lines, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    json value = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!value.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_no, ": expected one JSON string per line"));
+    }
+    const std::string text = value.get<std::string>();
+    const std::vector<int32_t> ids = tok.Encode(text, add_special, parse_special);
+    if (round_trip) {
+      json obj;
+      obj["ids"] = ids;
+      obj["text"] = tok.Decode(ids, /*render_special=*/true);
+      out += DumpJson(obj);
+    } else {
+      out += IdsJson(ids);
+    }
+    out += "\n";
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return absl::OkStatus();
+}
+
+absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
+                     const std::string& path, bool add_special) {
+  absl::StatusOr<std::string> data = ReadFile(path);
+  if (!data.ok()) return data.status();
+  json doc = json::parse(*data, nullptr, /*allow_exceptions=*/false);
+  bool add_generation_prompt = true;
+  json messages = doc;
+  if (doc.is_object()) {
+    messages = doc.value("messages", json::array());
+    add_generation_prompt = doc.value("add_generation_prompt", true);
+  }
+  if (!messages.is_array()) return absl::InvalidArgumentError("--chat: expected a message list");
+  std::vector<model::ChatMessage> chat;
+  for (const json& m : messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        !m.contains("content") || !m["content"].is_string()) {
+      return absl::InvalidArgumentError("--chat: each message needs string role and content");
+    }
+    chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  absl::StatusOr<model::ChatTemplate> tmpl = model::ChatTemplate::FromGguf(file);
+  if (!tmpl.ok()) return tmpl.status();
+  absl::StatusOr<std::string> prompt = tmpl->Apply(chat, add_generation_prompt);
+  if (!prompt.ok()) return prompt.status();
+  // A template that writes bos_token itself must not get a second BOS from tokenisation (what
+  // llama.cpp's chat handling does by stripping the rendered BOS).
+  const bool template_has_bos = tok.bos_id() >= 0 && tok.add_bos() &&
+                                absl::StartsWith(*prompt, tok.TokenText(tok.bos_id()));
+  const std::vector<int32_t> ids =
+      tok.Encode(*prompt, add_special && !template_has_bos, /*parse_special=*/true);
+  json obj;
+  obj["prompt"] = *prompt;
+  obj["ids"] = ids;
+  std::string out = DumpJson(obj) + "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::vector<std::string>& argv) {
+  absl::StatusOr<Args> args = Args::Parse(
+      argv, {"model", "text", "text-file", "jsonl", "decode-ids", "chat", "threads"},
+      {"no-special", "no-parse-special", "round-trip", "render-special"});
+  if (!args.ok()) return args.status();
+  if (absl::StatusOr<int64_t> threads = args->GetInt("threads", 0); !threads.ok()) {
+    return threads.status();
+  }
+  int modes = 0;
+  for (const char* mode : {"text", "text-file", "jsonl", "decode-ids", "chat"}) {
+    modes += args->Has(mode) ? 1 : 0;
+  }
+  if (modes != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --text, --text-file, --jsonl, --decode-ids or --chat");
+  }
+  const bool add_special = !args->Has("no-special");
+  const bool parse_special = !args->Has("no-parse-special");
+
+  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
+      model::GgufFile::Open(args->GetString("model", DefaultModelPath()));
+  if (!file.ok()) return file.status();
+  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tok = model::Tokenizer::FromGguf(**file);
+  if (!tok.ok()) return tok.status();
+
+  if (args->Has("jsonl")) {
+    return RunJsonl(**tok, args->GetString("jsonl"), add_special, parse_special,
+                    args->Has("round-trip"));
+  }
+  if (args->Has("chat")) return RunChat(**file, **tok, args->GetString("chat"), add_special);
+  if (args->Has("decode-ids")) {
+    json ids = json::parse(args->GetString("decode-ids"), nullptr, /*allow_exceptions=*/false);
+    if (!ids.is_array()) return absl::InvalidArgumentError("--decode-ids: expected a JSON array");
+    std::vector<int32_t> values;
+    for (const json& v : ids) {
+      if (!v.is_number_integer()) {
+        return absl::InvalidArgumentError("--decode-ids: ids must be integers");
+      }
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= (*tok)->vocab_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--decode-ids: id ", id,
+                                                       " is outside the vocabulary of ",
+                                                       (*tok)->vocab_size()));
+      }
+      values.push_back(static_cast<int32_t>(id));
+    }
+    const std::string text = (*tok)->Decode(values, args->Has("render-special"));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return absl::OkStatus();
+  }
+  std::string text;
+  if (args->Has("text-file")) {
+    absl::StatusOr<std::string> data = ReadFile(args->GetString("text-file"));
+    if (!data.ok()) return data.status();
+    text = std::move(*data);
+  } else {
+    text = args->GetString("text");
+  }
+  const std::string out = IdsJson((*tok)->Encode(text, add_special, parse_special)) + "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunTokenize(const std::vector<std::string>& args) {
+  const absl::Status status = Run(args);
+  if (!status.ok()) {
+    std::fprintf(stderr, "winnow tokenize: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace winnow::cli

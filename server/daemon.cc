@@ -1,0 +1,226 @@
+#include "server/daemon.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cerrno>
+#include <ctime>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "server/inference_service.h"
+#include "server/logging.h"
+#include "server/metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace winnow::server {
+namespace {
+
+constexpr char kServiceName[] = "winnow.v1.Inference";
+
+// Waits for SIGTERM/SIGINT on its own thread (the signals are blocked everywhere else), so the
+// reaction is ordinary code rather than an async-signal-safe handler.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    // Must happen before any other thread starts, so that every thread inherits the mask.
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~SignalWatcher() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  // Blocks until at least `n` signals have arrived or `timeout` passes.
+  bool WaitFor(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return count_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+  int count() {
+    absl::MutexLock lock(&mu_);
+    return count_;
+  }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      timespec ts{0, 200 * 1000 * 1000};
+      int sig = sigtimedwait(&set_, nullptr, &ts);
+      if (sig < 0) continue;  // EAGAIN (timeout) or EINTR
+      int n;
+      {
+        absl::MutexLock lock(&mu_);
+        n = ++count_;
+      }
+      LogEvent(spdlog::level::warn, "signal received",
+               {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+                {"action", n == 1 ? "drain" : "cancel in-flight requests now"}});
+    }
+  }
+
+  sigset_t set_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+void SetHealth(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);  // "" (the whole server)
+  health->SetServingStatus(kServiceName, serving);
+}
+
+}  // namespace
+
+int RunDaemon(const ServeOptions& options) {
+  if (absl::Status st = ConfigureLogging(options.log_format, options.log_level); !st.ok()) {
+    std::fprintf(stderr, "winnow serve: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);  // a scraper hanging up must not kill the daemon
+  SignalWatcher signals;
+  LogEvent(spdlog::level::info, "starting", {{"options", options.DebugString()}});
+
+  ServingState state;
+  state.options = options;
+
+  // Metrics first: a probe or scrape during a slow model load should already see the daemon.
+  auto metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768);
+  metrics->SetServing(false);
+  if (options.metrics_port >= 0) {
+    if (absl::Status st = metrics->StartExposer(options.host, options.metrics_port); !st.ok()) {
+      spdlog::error("{}", std::string(st.message()));
+      return 1;
+    }
+  }
+  state.metrics = metrics.get();
+
+  InferenceService service(&state);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(HostPort(options.host, options.port),
+                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    spdlog::error("cannot listen for gRPC on {}", HostPort(options.host, options.port));
+    return 1;
+  }
+  SetHealth(server.get(), false);
+  LogEvent(spdlog::level::info, "listening",
+           {{"grpc", HostPort(options.host, grpc_port)},
+            {"metrics", options.metrics_port >= 0 ? HostPort(options.host, metrics->port())
+                                                  : "off"}});
+
+  // Load the model and start the engine; requests meanwhile get UNAVAILABLE.
+  absl::Time load_start = absl::Now();
+  model::ModelOptions model_options;
+  model_options.num_threads = options.threads;
+  auto loaded = model::Model::Load(options.model, model_options);
+  if (!loaded.ok()) {
+    spdlog::error("cannot load model '{}': {}", options.model,
+                  std::string(loaded.status().message()));
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    return 1;
+  }
+  std::unique_ptr<model::Model> model = std::move(*loaded);
+
+  scheduler::EngineOptions engine_options;
+  engine_options.max_batched_tokens = options.max_batched_tokens;
+  engine_options.max_seqs = options.max_seqs;
+  engine_options.max_queue = options.max_queue;
+  engine_options.block_size = options.block_size;
+  if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
+  engine_options.kv_blocks = options.kv_blocks;
+  engine_options.max_prompt_tokens = options.max_prompt_tokens;
+  engine_options.max_tokens_limit = options.max_tokens_limit;
+  RequestLogger request_logger;
+  FanoutObserver observer({metrics.get(), &request_logger});
+  auto created = scheduler::Engine::Create(model.get(), engine_options, &observer);
+  if (!created.ok()) {
+    spdlog::error("cannot start the engine: {}", std::string(created.status().message()));
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    return 1;
+  }
+  std::unique_ptr<scheduler::Engine> engine = std::move(*created);
+  const scheduler::EngineLimits& limits = engine->limits();
+  state.limits.max_prompt_tokens = limits.max_prompt_tokens;
+  state.limits.max_tokens_limit = limits.max_tokens_limit;
+  state.limits.context_length = limits.context_length;
+  state.model.store(model.get());
+  state.engine.store(engine.get());
+  state.phase.store(Phase::kServing);
+  SetHealth(server.get(), true);
+  metrics->SetServing(true);
+  LogEvent(spdlog::level::info, "serving",
+           {{"model", model->config().name},
+            {"architecture", model->config().architecture},
+            {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - load_start))},
+            {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
+            {"block_size", absl::StrCat(limits.block_size)},
+            {"max_tokens_in_pool", absl::StrCat(limits.max_tokens_in_pool)}});
+
+  signals.WaitFor(1, absl::InfiniteDuration());
+
+  // Drain. Health goes first so that load balancers stop routing before requests are refused.
+  state.phase.store(Phase::kDraining);
+  SetHealth(server.get(), false);
+  metrics->SetServing(false);
+  engine->BeginDrain();
+  scheduler::EngineSnapshot snap = engine->Snapshot();
+  LogEvent(spdlog::level::info, "draining",
+           {{"running", absl::StrCat(snap.running)},
+            {"waiting", absl::StrCat(snap.waiting)},
+            {"timeout", absl::FormatDuration(options.drain_timeout)}});
+  const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
+  bool idle = false;
+  while (!(idle = engine->WaitForIdle(absl::Milliseconds(100)))) {
+    if (absl::Now() >= drain_deadline || signals.count() >= 2) break;
+  }
+  if (!idle) {
+    snap = engine->Snapshot();
+    LogEvent(spdlog::level::warn, "drain incomplete; cancelling",
+             {{"running", absl::StrCat(snap.running)}, {"waiting", absl::StrCat(snap.waiting)}});
+  }
+  // Cancels whatever is left (their streams end with CANCELLED + UNAVAILABLE) and joins the
+  // engine thread.
+  engine->Shutdown();
+  // Let the final messages flush, then stop; anything still open after that is cut.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+  state.engine.store(nullptr);
+  state.model.store(nullptr);
+  engine.reset();
+  model.reset();
+  LogEvent(spdlog::level::info, "stopped", {{"drained", idle ? "true" : "false"}});
+  spdlog::default_logger()->flush();
+  return 0;
+}
+
+}  // namespace winnow::server

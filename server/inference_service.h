@@ -1,0 +1,57 @@
+// The winnow.v1.Inference gRPC service (callback API). Generate streams engine events back to
+// the client; a client that goes away or whose deadline passes has its request cancelled in the
+// engine, which frees its KV blocks within one iteration.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "server/metrics.h"
+#include "server/options.h"
+#include "server/request_builder.h"
+#include "winnow/v1/inference.grpc.pb.h"
+
+namespace winnow::server {
+
+enum class Phase : int { kLoading, kServing, kDraining };
+
+// What the service reads from the daemon. The daemon publishes the model and engine once they
+// are loaded and keeps them alive until the gRPC server has shut down.
+struct ServingState {
+  ServeOptions options;
+  Metrics* metrics = nullptr;
+  std::atomic<Phase> phase{Phase::kLoading};
+  std::atomic<const model::Model*> model{nullptr};
+  std::atomic<scheduler::Engine*> engine{nullptr};
+  RequestLimits limits;  // written before `engine` is published
+};
+
+class InferenceService final : public v1::Inference::CallbackService {
+ public:
+  explicit InferenceService(ServingState* state) : state_(state) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* GetServerStatus(grpc::CallbackServerContext* context,
+                                            const v1::GetServerStatusRequest* request,
+                                            v1::ServerStatus* response) override;
+
+ private:
+  ServingState* state_;
+};
+
+// absl -> gRPC status; the canonical codes share their numbers.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace winnow::server

@@ -1,0 +1,246 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace winnow::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using Buckets = prometheus::Histogram::BucketBoundaries;
+
+// Bucket boundaries follow vLLM's, so dashboards and SLO queries port over unchanged.
+const Buckets& TtftBuckets() {
+  static const Buckets b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                            1.0,   2.5,   5.0,  7.5,  10,   20,   40,   80,  160, 640, 2560};
+  return b;
+}
+const Buckets& ItlBuckets() {
+  static const Buckets b = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                            0.75, 1.0,   2.5,  5.0,   7.5, 10,   20,  40,  80};
+  return b;
+}
+const Buckets& RequestTimeBuckets() {
+  static const Buckets b = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,  10,   15,   20,
+                            30,  40,  50,  60,  120, 240, 480, 960, 1920, 7680};
+  return b;
+}
+// Queue time is often sub-second on a healthy server, so it starts lower than the e2e buckets.
+const Buckets& QueueTimeBuckets() {
+  static const Buckets b = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0,
+                            2.5,   5.0,   10,   15,    20,   30,  40,  50,  60,  120, 240, 480};
+  return b;
+}
+// 1, 2, 5, 10, 20, 50, ... up to `max` (vLLM's build_1_2_5_buckets).
+Buckets OneTwoFive(double max) {
+  Buckets b;
+  for (double scale = 1; scale <= max; scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * scale <= max) b.push_back(m * scale);
+    }
+  }
+  return b;
+}
+Buckets PowersOfTwo(double max) {
+  Buckets b;
+  for (double v = 1; v <= max; v *= 2) b.push_back(v);
+  return b;
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+Metrics::Metrics(int32_t max_request_tokens)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  running_ = &BuildGauge()
+                  .Name("winnow_requests_running")
+                  .Help("Requests holding KV blocks (prefilling or decoding).")
+                  .Register(r)
+                  .Add({});
+  waiting_ = &BuildGauge()
+                  .Name("winnow_requests_waiting")
+                  .Help("Requests queued: not admitted yet, or preempted and waiting to "
+                        "recompute.")
+                  .Register(r)
+                  .Add({});
+  kv_blocks_total_ = &BuildGauge()
+                          .Name("winnow_kv_blocks_total")
+                          .Help("KV blocks in the pool (one layer's K and V for block_size "
+                                "tokens each).")
+                          .Register(r)
+                          .Add({});
+  kv_blocks_used_ = &BuildGauge()
+                         .Name("winnow_kv_blocks_used")
+                         .Help("KV blocks held by sequences.")
+                         .Register(r)
+                         .Add({});
+  kv_usage_ratio_ = &BuildGauge()
+                         .Name("winnow_kv_cache_usage_ratio")
+                         .Help("Fraction of KV blocks in use, 0 to 1.")
+                         .Register(r)
+                         .Add({});
+  serving_ = &BuildGauge()
+                  .Name("winnow_serving")
+                  .Help("1 while the daemon accepts requests; 0 while loading or draining.")
+                  .Register(r)
+                  .Add({});
+  prompt_tokens_ = &BuildCounter()
+                        .Name("winnow_prompt_tokens_total")
+                        .Help("Prompt tokens of requests that started prefill.")
+                        .Register(r)
+                        .Add({});
+  generation_tokens_ = &BuildCounter()
+                            .Name("winnow_generation_tokens_total")
+                            .Help("Tokens generated.")
+                            .Register(r)
+                            .Add({});
+  preemptions_ = &BuildCounter()
+                      .Name("winnow_preemptions_total")
+                      .Help("Sequences preempted (KV freed, to be recomputed).")
+                      .Register(r)
+                      .Add({});
+  finished_ = &BuildCounter()
+                   .Name("winnow_requests_finished_total")
+                   .Help("Requests finished, by reason (stop, length, cancelled, deadline, "
+                         "error).")
+                   .Register(r);
+  // Pre-create each reason so rate() queries see a zero before the first event.
+  for (const char* reason : {"stop", "length", "cancelled", "deadline", "error"}) {
+    finished_->Add({{"reason", reason}});
+  }
+  rejected_ = &BuildCounter()
+                   .Name("winnow_requests_rejected_total")
+                   .Help("Generate calls refused before reaching the engine, by gRPC code.")
+                   .Register(r);
+  ttft_ = &BuildHistogram()
+               .Name("winnow_time_to_first_token_seconds")
+               .Help("Time from arrival to the first generated token.")
+               .Register(r)
+               .Add({}, TtftBuckets());
+  itl_ = &BuildHistogram()
+              .Name("winnow_inter_token_latency_seconds")
+              .Help("Time between consecutive generated tokens of a request.")
+              .Register(r)
+              .Add({}, ItlBuckets());
+  e2e_ = &BuildHistogram()
+              .Name("winnow_e2e_request_latency_seconds")
+              .Help("Time from arrival to finish.")
+              .Register(r)
+              .Add({}, RequestTimeBuckets());
+  queue_time_ = &BuildHistogram()
+                     .Name("winnow_request_queue_time_seconds")
+                     .Help("Time from arrival to the first scheduled prefill chunk.")
+                     .Register(r)
+                     .Add({}, QueueTimeBuckets());
+  double max_tokens = max_request_tokens > 0 ? max_request_tokens : 8192;
+  request_prompt_tokens_ = &BuildHistogram()
+                                .Name("winnow_request_prompt_tokens")
+                                .Help("Prompt length of finished requests, in tokens.")
+                                .Register(r)
+                                .Add({}, OneTwoFive(max_tokens));
+  request_generation_tokens_ = &BuildHistogram()
+                                    .Name("winnow_request_generation_tokens")
+                                    .Help("Generated tokens of finished requests.")
+                                    .Register(r)
+                                    .Add({}, OneTwoFive(max_tokens));
+  iteration_tokens_ = &BuildHistogram()
+                           .Name("winnow_iteration_tokens")
+                           .Help("Tokens fed to one engine iteration (prefill + decode).")
+                           .Register(r)
+                           .Add({}, PowersOfTwo(16384));
+  iteration_sequences_ = &BuildHistogram()
+                              .Name("winnow_iteration_sequences")
+                              .Help("Sequences in one engine iteration.")
+                              .Register(r)
+                              .Add({}, PowersOfTwo(1024));
+  iteration_seconds_ = &BuildHistogram()
+                            .Name("winnow_iteration_seconds")
+                            .Help("Forward time of one engine iteration.")
+                            .Register(r)
+                            .Add({}, Buckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                             0.5, 1.0, 2.5, 5.0, 10});
+}
+
+Metrics::~Metrics() = default;
+
+absl::Status Metrics::StartExposer(const std::string& host, int32_t port) {
+  // civetweb wants "host:port"; an IPv6 literal needs brackets.
+  std::string address = host.find(':') != std::string::npos
+                            ? absl::StrCat("[", host, "]:", port)
+                            : absl::StrCat(host, ":", port);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
+    exposer_->RegisterCollectable(registry_, "/metrics");
+    std::vector<int> ports = exposer_->GetListeningPorts();
+    port_ = ports.empty() ? port : ports.front();
+  } catch (const std::exception& e) {
+    exposer_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void Metrics::OnRejected(const std::string& code) {
+  // Family::Add is thread-safe and returns the existing series for known labels.
+  rejected_->Add({{"code", code}}).Increment();
+}
+
+void Metrics::SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
+
+void Metrics::OnRequestQueued(uint64_t id, int32_t prompt_tokens) {
+  queued_prompt_tokens_[id] = prompt_tokens;
+}
+
+void Metrics::OnRequestStarted(uint64_t id, absl::Duration queue_time) {
+  queue_time_->Observe(Seconds(queue_time));
+  if (auto it = queued_prompt_tokens_.find(id); it != queued_prompt_tokens_.end()) {
+    prompt_tokens_->Increment(it->second);
+    queued_prompt_tokens_.erase(it);
+  }
+}
+
+void Metrics::OnFirstToken(uint64_t id, absl::Duration ttft) {
+  ttft_->Observe(Seconds(ttft));
+  generation_tokens_->Increment();
+}
+
+void Metrics::OnToken(uint64_t id, absl::Duration inter_token_latency) {
+  itl_->Observe(Seconds(inter_token_latency));
+  generation_tokens_->Increment();
+}
+
+void Metrics::OnPreemption(uint64_t id) { preemptions_->Increment(); }
+
+void Metrics::OnRequestFinished(const scheduler::RequestStats& stats) {
+  queued_prompt_tokens_.erase(stats.id);
+  finished_->Add({{"reason", scheduler::FinishReasonName(stats.reason)}}).Increment();
+  e2e_->Observe(Seconds(stats.e2e));
+  request_prompt_tokens_->Observe(stats.prompt_tokens);
+  request_generation_tokens_->Observe(stats.completion_tokens);
+}
+
+void Metrics::OnIteration(const scheduler::IterationStats& stats) {
+  iteration_tokens_->Observe(stats.batch_tokens);
+  iteration_sequences_->Observe(stats.batch_seqs);
+  iteration_seconds_->Observe(Seconds(stats.forward_time));
+}
+
+void Metrics::OnSchedulerState(const scheduler::SchedulerState& state) {
+  running_->Set(state.running);
+  waiting_->Set(state.waiting);
+  kv_blocks_total_->Set(state.kv_blocks_total);
+  int32_t used = state.kv_blocks_total - state.kv_blocks_free;
+  kv_blocks_used_->Set(used);
+  kv_usage_ratio_->Set(state.kv_blocks_total > 0
+                           ? static_cast<double>(used) / state.kv_blocks_total
+                           : 0.0);
+}
+
+}  // namespace winnow::server

@@ -1,0 +1,81 @@
+// Prometheus metrics of the daemon, fed by the engine's observer hooks and by the gRPC edge
+// (rejections). Names follow Prometheus conventions (winnow_ prefix, base units, _total
+// counters); docs/metrics.md maps each to its vLLM equivalent and to the signals the Kubernetes
+// Gateway API Inference Extension reads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "scheduler/engine_observer.h"
+
+namespace winnow::server {
+
+class Metrics : public scheduler::EngineObserver {
+ public:
+  // max_request_tokens bounds the token-count histograms' buckets (the context length).
+  explicit Metrics(int32_t max_request_tokens = 8192);
+  ~Metrics() override;
+
+  // Serves the registry at http://host:port/metrics. Port 0 picks a free port.
+  absl::Status StartExposer(const std::string& host, int32_t port);
+  // The bound port (after StartExposer), or -1.
+  int32_t port() const { return port_; }
+
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+
+  // Requests refused at the gRPC edge before reaching the engine, by gRPC status code name.
+  void OnRejected(const std::string& code);
+  void SetServing(bool serving);
+
+  // EngineObserver: all on the engine thread.
+  void OnRequestQueued(uint64_t id, int32_t prompt_tokens) override;
+  void OnRequestStarted(uint64_t id, absl::Duration queue_time) override;
+  void OnFirstToken(uint64_t id, absl::Duration ttft) override;
+  void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
+  void OnPreemption(uint64_t id) override;
+  void OnRequestFinished(const scheduler::RequestStats& stats) override;
+  void OnIteration(const scheduler::IterationStats& stats) override;
+  void OnSchedulerState(const scheduler::SchedulerState& state) override;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int32_t port_ = -1;
+
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_blocks_total_;
+  prometheus::Gauge* kv_blocks_used_;
+  prometheus::Gauge* kv_usage_ratio_;
+  prometheus::Gauge* serving_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Counter* preemptions_;
+  prometheus::Family<prometheus::Counter>* finished_;
+  prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* queue_time_;
+  prometheus::Histogram* request_prompt_tokens_;
+  prometheus::Histogram* request_generation_tokens_;
+  prometheus::Histogram* iteration_tokens_;
+  prometheus::Histogram* iteration_sequences_;
+  prometheus::Histogram* iteration_seconds_;
+
+  // Prompt sizes between queueing and first scheduling, so the prompt-token counter moves when
+  // the prefill starts rather than when the request ends. Engine thread only.
+  absl::flat_hash_map<uint64_t, int32_t> queued_prompt_tokens_;
+};
+
+}  // namespace winnow::server

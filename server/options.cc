@@ -1,0 +1,365 @@
+#include "server/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "yaml-cpp/yaml.h"
+
+extern char** environ;
+
+namespace winnow::server {
+namespace {
+
+// Where a value came from, for error messages that tell the operator what to fix.
+std::string Origin(const std::string& layer, const std::string& name) {
+  if (layer == "flag") return absl::StrCat("--", name);
+  if (layer == "env") {
+    return absl::StrCat("WINNOW_", absl::AsciiStrToUpper(absl::StrReplaceAll(name, {{"-", "_"}})));
+  }
+  return absl::StrCat("config key '", name, "'");
+}
+
+absl::StatusOr<int64_t> ParseInt(const std::string& text, int64_t lo, int64_t hi) {
+  int64_t v;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("must be an integer, got '", text, "'"));
+  }
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+  }
+  return v;
+}
+
+struct Setting {
+  std::string name;
+  std::string help;
+  std::function<absl::Status(const std::string&, ServeOptions*)> apply;
+};
+
+template <typename T>
+Setting IntSetting(std::string name, std::string help, T ServeOptions::*field, int64_t lo,
+                   int64_t hi) {
+  return Setting{std::move(name), std::move(help),
+                 [field, lo, hi](const std::string& v, ServeOptions* o) -> absl::Status {
+                   auto n = ParseInt(v, lo, hi);
+                   if (!n.ok()) return n.status();
+                   o->*field = static_cast<T>(*n);
+                   return absl::OkStatus();
+                 }};
+}
+
+Setting StringSetting(std::string name, std::string help, std::string ServeOptions::*field,
+                      std::vector<std::string> allowed = {}) {
+  return Setting{std::move(name), std::move(help),
+                 [field, allowed](const std::string& v, ServeOptions* o) -> absl::Status {
+                   if (!allowed.empty() &&
+                       std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+                     return absl::InvalidArgumentError(absl::StrCat(
+                         "must be one of ", absl::StrJoin(allowed, ", "), "; got '", v, "'"));
+                   }
+                   o->*field = v;
+                   return absl::OkStatus();
+                 }};
+}
+
+const std::vector<Setting>& Settings() {
+  constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
+  static const auto* settings = new std::vector<Setting>{
+      StringSetting("model", "GGUF model path (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)",
+                    &ServeOptions::model),
+      StringSetting("host", "address to bind gRPC and metrics to (default 0.0.0.0)",
+                    &ServeOptions::host),
+      IntSetting("port", "gRPC port; 0 picks a free one (default 50051)", &ServeOptions::port, 0,
+                 65535),
+      IntSetting("metrics-port", "Prometheus /metrics port; 0 picks one, -1 disables (9090)",
+                 &ServeOptions::metrics_port, -1, 65535),
+      IntSetting("max-batched-tokens", "tokens per engine iteration (2048)",
+                 &ServeOptions::max_batched_tokens, 1, kI32),
+      IntSetting("max-seqs", "sequences per engine iteration (64)", &ServeOptions::max_seqs, 1,
+                 kI32),
+      IntSetting("max-queue", "requests waiting before new ones get RESOURCE_EXHAUSTED (1024)",
+                 &ServeOptions::max_queue, 0, kI32),
+      Setting{"kv-cache-bytes", "KV pool size, e.g. 512MiB (default: engine's choice)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                auto b = ParseBytes(v);
+                if (!b.ok()) return b.status();
+                o->kv_cache_bytes = *b;
+                return absl::OkStatus();
+              }},
+      IntSetting("kv-blocks", "KV pool size in blocks; wins over --kv-cache-bytes",
+                 &ServeOptions::kv_blocks, 0, kI32),
+      IntSetting("block-size", "token slots per KV block (16)", &ServeOptions::block_size, 1,
+                 1024),
+      IntSetting("threads", "CPU threads for the forward; 0: all cores", &ServeOptions::threads, 0,
+                 4096),
+      Setting{"drain-timeout",
+              "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                auto d = ParseDurationFlag(v);
+                if (!d.ok()) return d.status();
+                o->drain_timeout = *d;
+                return absl::OkStatus();
+              }},
+      IntSetting("max-prompt-tokens", "longest accepted prompt; 0: the context length",
+                 &ServeOptions::max_prompt_tokens, 0, kI32),
+      IntSetting("max-tokens-limit", "largest accepted max_tokens (4096)",
+                 &ServeOptions::max_tokens_limit, 1, kI32),
+      Setting{"max-message-bytes", "largest accepted gRPC request, e.g. 64MiB (64MiB)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                auto b = ParseBytes(v);
+                if (!b.ok()) return b.status();
+                if (*b < 1024 || *b > std::numeric_limits<int32_t>::max()) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("must be in [1KiB, 2GiB), got ", *b));
+                }
+                o->max_message_bytes = *b;
+                return absl::OkStatus();
+              }},
+      StringSetting("log-format", "text or json (text)", &ServeOptions::log_format,
+                    {"text", "json"}),
+      StringSetting("log-level", "trace, debug, info, warn, error, critical or off (info)",
+                    &ServeOptions::log_level,
+                    {"trace", "debug", "info", "warn", "error", "critical", "off"}),
+      StringSetting("config", "YAML file with any of these settings as keys",
+                    &ServeOptions::config),
+  };
+  return *settings;
+}
+
+const Setting* FindSetting(const std::string& name) {
+  for (const Setting& s : Settings()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::string ReadFileFromDisk(const std::string& path, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = "cannot be read";
+    return "";
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// name -> value, in the order they were given.
+using Layer = std::vector<std::pair<std::string, std::string>>;
+
+absl::StatusOr<Layer> ParseFlags(const std::vector<std::string>& args) {
+  Layer layer;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    std::string name = arg.substr(2);
+    std::string value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (FindSetting(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    layer.emplace_back(name, value);
+  }
+  return layer;
+}
+
+Layer EnvLayer(const std::map<std::string, std::string>& env) {
+  Layer layer;
+  for (const Setting& s : Settings()) {
+    auto it = env.find(Origin("env", s.name));
+    if (it != env.end()) layer.emplace_back(s.name, it->second);
+  }
+  return layer;
+}
+
+absl::StatusOr<Layer> ConfigLayer(const std::string& path, const OptionSources& sources) {
+  std::string error;
+  std::string text = sources.read_file != nullptr ? sources.read_file(path, &error)
+                                                  : ReadFileFromDisk(path, &error);
+  if (!error.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path, "' ", error));
+  }
+  Layer layer;
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (root.IsNull()) return layer;  // an empty file is a valid, empty config
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", path, "' must be a mapping of setting: value"));
+    }
+    for (const auto& kv : root) {
+      // Accept both spellings: YAML users tend to write snake_case.
+      std::string key = absl::StrReplaceAll(kv.first.as<std::string>(), {{"_", "-"}});
+      if (FindSetting(key) == nullptr || key == "config") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config file '", path, "': unknown key '", kv.first.as<std::string>(),
+                         "'"));
+      }
+      if (!kv.second.IsScalar()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config file '", path, "': key '", key, "' must be a scalar"));
+      }
+      layer.emplace_back(key, kv.second.Scalar());
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file '", path, "' is not valid YAML: ", e.what()));
+  }
+  return layer;
+}
+
+absl::Status ApplyLayer(const Layer& layer, const std::string& origin, ServeOptions* options) {
+  for (const auto& [name, value] : layer) {
+    absl::Status st = FindSetting(name)->apply(value, options);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(Origin(origin, name), " ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::map<std::string, std::string> WinnowEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    absl::string_view entry(*e);
+    if (entry.rfind("WINNOW_", 0) != 0) continue;
+    auto eq = entry.find('=');
+    if (eq == absl::string_view::npos) continue;
+    env.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  return env;
+}
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) ||
+                               s[digits] == '.')) {
+    ++digits;
+  }
+  double number;
+  if (digits == 0 || !absl::SimpleAtod(s.substr(0, digits), &number)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be a byte count such as 1073741824, 512MiB or 2G; got '", text, "'"));
+  }
+  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
+  double scale;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kb" || unit == "kib") {
+    scale = 1024.0;
+  } else if (unit == "m" || unit == "mb" || unit == "mib") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gb" || unit == "gib") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "t" || unit == "tb" || unit == "tib") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("has unknown unit '", unit, "' (use B, KiB, MiB, GiB or TiB)"));
+  }
+  double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes > 9.0e18) {
+    return absl::InvalidArgumentError(absl::StrCat("is too large: '", text, "'"));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text) {
+  std::string s(absl::StripAsciiWhitespace(text));
+  double seconds;
+  absl::Duration d;
+  if (absl::SimpleAtod(s, &seconds) && std::isfinite(seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(s, &d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be a duration such as 30, 30s, 500ms or 2m; got '", text, "'"));
+  }
+  if (d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("must be finite and >= 0; got '", text, "'"));
+  }
+  return d;
+}
+
+absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources) {
+  auto flags = ParseFlags(sources.args);
+  if (!flags.ok()) return flags.status();
+  Layer env = EnvLayer(sources.env);
+
+  // The config file's own path follows the same precedence (flag > env).
+  std::string config_path;
+  for (const auto& [name, value] : env) {
+    if (name == "config") config_path = value;
+  }
+  for (const auto& [name, value] : *flags) {
+    if (name == "config") config_path = value;
+  }
+
+  ServeOptions options;
+  if (!config_path.empty()) {
+    auto config = ConfigLayer(config_path, sources);
+    if (!config.ok()) return config.status();
+    if (absl::Status st = ApplyLayer(*config, "config", &options); !st.ok()) return st;
+  }
+  if (absl::Status st = ApplyLayer(env, "env", &options); !st.ok()) return st;
+  if (absl::Status st = ApplyLayer(*flags, "flag", &options); !st.ok()) return st;
+  options.config = config_path;
+  if (options.model.empty()) options.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (options.host.empty()) return absl::InvalidArgumentError("--host must not be empty");
+  return options;
+}
+
+std::string ServeUsage() {
+  std::string out =
+      "usage: winnow serve [flags]\n\n"
+      "Every flag is also an environment variable (--max-seqs -> WINNOW_MAX_SEQS) and a key of\n"
+      "the --config YAML file (max-seqs: 64). Precedence: flag > environment > config.\n\n";
+  for (const Setting& s : Settings()) {
+    absl::StrAppend(&out, "  --", s.name, std::string(s.name.size() < 20 ? 20 - s.name.size() : 1,
+                                                        ' '),
+                    s.help, "\n");
+  }
+  return out;
+}
+
+std::string ServeOptions::DebugString() const {
+  return absl::StrCat(
+      "model=", model, " host=", host, " port=", port, " metrics_port=", metrics_port,
+      " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
+      " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
+      " block_size=", block_size, " threads=", threads,
+      " drain_timeout=", absl::FormatDuration(drain_timeout),
+      " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
+      " max_message_bytes=", max_message_bytes, " log_format=", log_format,
+      " log_level=", log_level, " config=", config);
+}
+
+}  // namespace winnow::server

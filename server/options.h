@@ -1,0 +1,63 @@
+// Configuration of `winnow serve`: every setting is a flag (--max-seqs), an environment
+// variable (WINNOW_MAX_SEQS) and a key of the optional YAML file (max-seqs or max_seqs).
+// Precedence: flag > environment > config file > default, so that a Kubernetes manifest can set
+// a base in a ConfigMap and override single values per pod.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace winnow::server {
+
+struct ServeOptions {
+  std::string model;  // GGUF path
+  std::string host = "0.0.0.0";
+  int32_t port = 50051;          // 0: pick a free port (logged)
+  int32_t metrics_port = 9090;   // 0: pick a free port (logged); -1: no exposer
+  int32_t max_batched_tokens = 2048;
+  int32_t max_seqs = 64;
+  int32_t max_queue = 1024;
+  int64_t kv_cache_bytes = 0;  // 0: --kv-blocks, or the engine's default
+  int32_t kv_blocks = 0;       // wins over kv_cache_bytes when both are set
+  int32_t block_size = 16;
+  int32_t threads = 0;  // 0: one per hardware thread
+  absl::Duration drain_timeout = absl::Seconds(30);
+  int32_t max_prompt_tokens = 0;  // 0: the model's context length
+  int32_t max_tokens_limit = 4096;
+  int64_t max_message_bytes = 64 << 20;  // gRPC receive limit (embeddings make requests big)
+  std::string log_format = "text";  // text | json
+  std::string log_level = "info";   // trace | debug | info | warn | error | critical | off
+  std::string config;               // YAML file the values above may come from
+
+  // One "name=value" line per setting, for the startup log.
+  std::string DebugString() const;
+};
+
+// Where each setting's value may come from; separated from the process so tests can inject.
+struct OptionSources {
+  std::vector<std::string> args;             // after "serve"
+  std::map<std::string, std::string> env;    // WINNOW_* variables
+  // Reads the --config file; absent: read from disk.
+  std::string (*read_file)(const std::string& path, std::string* error) = nullptr;
+};
+
+// Collects the WINNOW_* variables of this process.
+std::map<std::string, std::string> WinnowEnvironment();
+
+// Parses and validates. Errors name the flag, variable or key and the value at fault.
+absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources);
+
+// Usage text for `winnow serve --help`.
+std::string ServeUsage();
+
+// "512MiB", "2G", "1048576" -> bytes (binary units for both "G" and "GiB").
+absl::StatusOr<int64_t> ParseBytes(const std::string& text);
+// "30" (seconds), "30s", "500ms", "2m" -> duration.
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text);
+
+}  // namespace winnow::server

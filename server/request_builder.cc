@@ -1,0 +1,258 @@
+#include "server/request_builder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace winnow::server {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids,
+                           const std::string& field, int32_t vocab) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrFormat("token id %d is outside the vocabulary [0, %d)", ids[i],
+                                     vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Adds the tokens of one text span of a segmented prompt (no BOS: that goes once, up front).
+void AppendText(const model::Tokenizer& tok, const std::string& text, PromptInput* out) {
+  std::vector<int32_t> ids = tok.Encode(text, /*add_special=*/false, /*parse_special=*/true);
+  out->tokens.insert(out->tokens.end(), ids.begin(), ids.end());
+}
+
+absl::StatusOr<PromptInput> BuildSegments(const v1::Segments& segments,
+                                          const model::Model& model, bool add_special) {
+  if (segments.segments().empty()) {
+    return Invalid("segments", "at least one segment is required");
+  }
+  const model::Tokenizer& tok = model.tokenizer();
+  const int32_t hidden = model.config().hidden_size;
+  PromptInput out;
+  if (add_special && tok.add_bos() && tok.bos_id() >= 0) out.tokens.push_back(tok.bos_id());
+  for (int i = 0; i < segments.segments_size(); ++i) {
+    const v1::Segment& seg = segments.segments(i);
+    const std::string field = absl::StrCat("segments[", i, "]");
+    switch (seg.kind_case()) {
+      case v1::Segment::kText:
+        if (seg.text().text().empty()) return Invalid(field + ".text.text", "must not be empty");
+        AppendText(tok, seg.text().text(), &out);
+        break;
+      case v1::Segment::kContext:
+        if (seg.context().text().empty()) {
+          return Invalid(field + ".context.text", "must not be empty");
+        }
+        AppendText(tok, seg.context().text(), &out);
+        break;
+      case v1::Segment::kEmbedding: {
+        const v1::EmbeddingSpan& emb = seg.embedding();
+        if (emb.rows() < 1) {
+          return Invalid(field + ".embedding.rows", absl::StrCat("must be >= 1, got ", emb.rows()));
+        }
+        const int64_t want = int64_t{emb.rows()} * hidden;
+        if (emb.values_size() != want) {
+          return Invalid(field + ".embedding.values",
+                         absl::StrFormat("expected rows x hidden_size = %d x %d = %d floats, got "
+                                         "%d (the model's hidden size is %d)",
+                                         emb.rows(), hidden, want, emb.values_size(), hidden));
+        }
+        for (int k = 0; k < emb.values_size(); ++k) {
+          if (!std::isfinite(emb.values(k))) {
+            return Invalid(absl::StrCat(field, ".embedding.values[", k, "]"),
+                           "must be a finite number");
+          }
+        }
+        out.tokens.insert(out.tokens.end(), emb.rows(), model::kEmbeddingInput);
+        out.embeddings.insert(out.embeddings.end(), emb.values().begin(), emb.values().end());
+        break;
+      }
+      case v1::Segment::KIND_NOT_SET:
+        return Invalid(field, "one of text, embedding or context is required");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
+                                                  const model::Model& model, bool add_special,
+                                                  const std::string& field) {
+  if (chat.messages().empty()) return Invalid(field + ".messages", "must not be empty");
+  const auto& tmpl = model.chat_template();
+  if (!tmpl.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": this model has no recognised chat template (", tmpl.status().message(),
+        "); send a raw prompt instead"));
+  }
+  std::vector<model::ChatMessage> messages;
+  messages.reserve(chat.messages_size());
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const auto& m = chat.messages(i);
+    if (m.role().empty()) {
+      return Invalid(absl::StrCat(field, ".messages[", i, "].role"), "must not be empty");
+    }
+    messages.push_back({m.role(), m.content()});
+  }
+  auto text = tmpl->Apply(messages, chat.has_add_generation_prompt()
+                                        ? chat.add_generation_prompt()
+                                        : true);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(field, ".messages: ", text.status().message()));
+  }
+  return model.tokenizer().Encode(*text, add_special, /*parse_special=*/true);
+}
+
+absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,
+                                        const model::Model& model) {
+  const bool add_special =
+      request.has_add_special_tokens() ? request.add_special_tokens() : true;
+  const int32_t vocab = model.config().vocab_size;
+  PromptInput out;
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      if (request.prompt().empty()) return Invalid("prompt", "must not be empty");
+      out.tokens = model.tokenizer().Encode(request.prompt(), add_special,
+                                            /*parse_special=*/true);
+      break;
+    case v1::GenerateRequest::kChat: {
+      auto ids = TokenizeChat(request.chat(), model, add_special, "chat");
+      if (!ids.ok()) return ids.status();
+      out.tokens = std::move(*ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      if (request.token_ids().ids().empty()) return Invalid("token_ids.ids", "must not be empty");
+      if (absl::Status st = CheckTokenIds(request.token_ids().ids(), "token_ids.ids", vocab);
+          !st.ok()) {
+        return st;
+      }
+      out.tokens.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::kSegments: {
+      auto seg = BuildSegments(request.segments(), model, add_special);
+      if (!seg.ok()) return seg.status();
+      out = std::move(*seg);
+      break;
+    }
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      return Invalid("input", "one of prompt, chat, token_ids or segments is required");
+  }
+  if (out.tokens.empty()) return Invalid("input", "the prompt tokenizes to no tokens");
+  return out;
+}
+
+absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
+    const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits) {
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return Invalid("request_id", absl::StrCat("longer than ", kMaxRequestIdBytes, " bytes"));
+  }
+  // Cheap checks first: a bad parameter should not cost a tokenization of a long prompt.
+  const v1::StoppingCriteria& stopping = request.stopping();
+  if (stopping.has_max_tokens()) {
+    if (stopping.max_tokens() < 1) {
+      return Invalid("stopping.max_tokens",
+                     absl::StrCat("must be >= 1, got ", stopping.max_tokens()));
+    }
+    if (limits.max_tokens_limit > 0 && stopping.max_tokens() > limits.max_tokens_limit) {
+      return Invalid("stopping.max_tokens",
+                     absl::StrFormat("%d exceeds the server limit of %d (--max-tokens-limit)",
+                                     stopping.max_tokens(), limits.max_tokens_limit));
+    }
+  }
+  if (stopping.stop_size() > static_cast<int>(kMaxStopStrings)) {
+    return Invalid("stopping.stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
+  }
+  for (int i = 0; i < stopping.stop_size(); ++i) {
+    if (stopping.stop(i).empty()) {
+      return Invalid(absl::StrCat("stopping.stop[", i, "]"), "must not be empty");
+    }
+  }
+  const int32_t vocab = model.config().vocab_size;
+  if (absl::Status st = CheckTokenIds(stopping.stop_token_ids(), "stopping.stop_token_ids", vocab);
+      !st.ok()) {
+    return st;
+  }
+  if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("top_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ",
+                                                request.top_logprobs()));
+  }
+  const v1::CompressionSpec& comp = request.compression();
+  if (!comp.policy().empty() && comp.policy() != "none") {
+    return Invalid("compression.policy",
+                   absl::StrCat("unknown policy '", comp.policy(), "' (available: none)"));
+  }
+  if (!std::isfinite(comp.budget()) || comp.budget() < 0) {
+    return Invalid("compression.budget",
+                   absl::StrCat("must be a finite number >= 0, got ", comp.budget()));
+  }
+  if (comp.budget() != 0) {
+    return Invalid("compression.budget", "policy 'none' takes no budget");
+  }
+  if (!comp.params().empty()) {
+    return Invalid("compression.params", "policy 'none' takes no parameters");
+  }
+
+  auto prompt = BuildPrompt(request, model);
+  if (!prompt.ok()) return prompt.status();
+  const int32_t prompt_len = static_cast<int32_t>(prompt->tokens.size());
+  if (limits.max_prompt_tokens > 0 && prompt_len > limits.max_prompt_tokens) {
+    return Invalid("input", absl::StrFormat("the prompt has %d tokens, more than the server "
+                                            "limit of %d (--max-prompt-tokens)",
+                                            prompt_len, limits.max_prompt_tokens));
+  }
+
+  scheduler::GenerationRequest out;
+  out.request_id = request.request_id();
+  out.prompt_tokens = std::move(prompt->tokens);
+  out.embeddings = std::move(prompt->embeddings);
+
+  const v1::SamplingParams& s = request.sampling();
+  out.sampling.temperature = s.temperature();
+  out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  out.sampling.top_k = s.top_k();
+  out.sampling.min_p = s.min_p();
+  out.sampling.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  out.sampling.frequency_penalty = s.frequency_penalty();
+  out.sampling.presence_penalty = s.presence_penalty();
+  if (s.has_seed()) {
+    out.sampling.seed = s.seed();
+  } else {
+    // Unseeded requests must differ from each other; thread_local keeps this lock-free.
+    thread_local std::mt19937_64 seeder{std::random_device{}()};
+    out.sampling.seed = seeder();
+  }
+  out.sampling.top_logprobs = request.top_logprobs();
+  out.logprobs = request.logprobs() || request.top_logprobs() > 0;
+
+  if (stopping.has_max_tokens()) {
+    out.max_tokens = stopping.max_tokens();
+  } else {
+    int32_t m = limits.default_max_tokens;
+    if (limits.max_tokens_limit > 0) m = std::min(m, limits.max_tokens_limit);
+    if (limits.context_length > 0) m = std::min(m, limits.context_length - prompt_len);
+    out.max_tokens = std::max(m, 1);  // a prompt filling the context fails in the engine
+  }
+  out.stop_strings.assign(stopping.stop().begin(), stopping.stop().end());
+  out.stop_token_ids.assign(stopping.stop_token_ids().begin(), stopping.stop_token_ids().end());
+  out.ignore_eos = stopping.ignore_eos();
+  out.priority = request.priority();
+  out.compression.policy = comp.policy();
+  out.compression.budget = comp.budget();
+  for (const auto& [k, v] : comp.params()) out.compression.params[k] = absl::StrCat(v);
+  return out;
+}
+
+}  // namespace winnow::server
