@@ -1,0 +1,624 @@
+#include "model/gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cpu/dequantize.h"
+
+namespace winnow::model {
+namespace {
+
+using kernels::GgmlType;
+using kernels::GgmlTypeTraits;
+
+constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
+constexpr uint64_t kDefaultAlignment = 32;
+constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
+// Nesting deeper than this is never produced by real writers; bounding it keeps the recursive
+// reader's stack use bounded on hostile input.
+constexpr int kMaxArrayDepth = 8;
+// Each element becomes a GgufValue (~150 bytes), so a file-size bound alone would let a few
+// hundred MB of uint8 array expand to tens of GB. Real vocabularies are < 1M entries.
+constexpr uint64_t kMaxArrayLength = uint64_t{1} << 24;
+
+absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Bytes a value of this type occupies at minimum; 0 for an unknown type.
+uint64_t MinValueBytes(uint32_t type) {
+  switch (static_cast<GgufValueType>(type)) {
+    case GgufValueType::kUint8:
+    case GgufValueType::kInt8:
+    case GgufValueType::kBool:
+      return 1;
+    case GgufValueType::kUint16:
+    case GgufValueType::kInt16:
+      return 2;
+    case GgufValueType::kUint32:
+    case GgufValueType::kInt32:
+    case GgufValueType::kFloat32:
+      return 4;
+    case GgufValueType::kUint64:
+    case GgufValueType::kInt64:
+    case GgufValueType::kFloat64:
+    case GgufValueType::kString:  // the length prefix
+      return 8;
+    case GgufValueType::kArray:  // element type + count
+      return 12;
+  }
+  return 0;
+}
+
+bool IsInteger(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kUint8:
+    case GgufValueType::kInt8:
+    case GgufValueType::kUint16:
+    case GgufValueType::kInt16:
+    case GgufValueType::kUint32:
+    case GgufValueType::kInt32:
+    case GgufValueType::kUint64:
+    case GgufValueType::kInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsUnsigned(GgufValueType t) {
+  return t == GgufValueType::kUint8 || t == GgufValueType::kUint16 ||
+         t == GgufValueType::kUint32 || t == GgufValueType::kUint64;
+}
+
+bool IsFloat(GgufValueType t) {
+  return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64;
+}
+
+// Sequential little-endian reader over the mapped file. Every read checks the remaining length
+// first; errors name `what` is being read and the offset where it starts.
+class Reader {
+ public:
+  Reader(const uint8_t* base, uint64_t size) : base_(base), size_(size) {}
+
+  uint64_t pos() const { return pos_; }
+  uint64_t remaining() const { return size_ - pos_; }
+
+  absl::Status Need(uint64_t n, std::string_view what) const {
+    if (n > remaining()) {
+      return absl::DataLossError(absl::StrCat("file ends inside ", AbslView(what), ": need ", n,
+                                              " bytes at offset ", pos_, " but the file has ",
+                                              size_, " bytes"));
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status Read(T* out, std::string_view what) {
+    if (absl::Status s = Need(sizeof(T), what); !s.ok()) return s;
+    std::memcpy(out, base_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadString(std::string* out, std::string_view what) {
+    const uint64_t start = pos_;
+    uint64_t len = 0;
+    if (absl::Status s = Read(&len, what); !s.ok()) return s;
+    if (len > remaining()) {
+      pos_ = start;
+      return absl::DataLossError(absl::StrCat(AbslView(what), ": string length ", len,
+                                              " at offset ", start, " runs past the end of the ",
+                                              size_, "-byte file"));
+    }
+    out->assign(reinterpret_cast<const char*>(base_ + pos_), len);
+    pos_ += len;
+    return absl::OkStatus();
+  }
+
+ private:
+  const uint8_t* base_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+};
+
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const std::string& what,
+                       GgufValue* out);
+
+absl::Status ReadArray(Reader& r, int depth, const std::string& what, GgufValue* out) {
+  const uint64_t start = r.pos();
+  uint32_t elem_type = 0;
+  uint64_t count = 0;
+  if (absl::Status s = r.Read(&elem_type, what + " (array element type)"); !s.ok()) return s;
+  if (absl::Status s = r.Read(&count, what + " (array length)"); !s.ok()) return s;
+  const uint64_t min_bytes = MinValueBytes(elem_type);
+  if (min_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown array element type ",
+                                                   elem_type, " at offset ", start));
+  }
+  if (elem_type == static_cast<uint32_t>(GgufValueType::kArray) && depth + 1 >= kMaxArrayDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": arrays nested deeper than ",
+                                                   kMaxArrayDepth, " at offset ", start));
+  }
+  if (count > r.remaining() / min_bytes) {
+    return absl::DataLossError(absl::StrCat(what, ": array length ", count, " at offset ", start,
+                                            " needs at least ", min_bytes, " bytes each but only ",
+                                            r.remaining(), " bytes remain"));
+  }
+  if (count > kMaxArrayLength) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": array length ", count, " at offset ",
+                                                   start, " exceeds the limit of ",
+                                                   kMaxArrayLength));
+  }
+  out->array_type = static_cast<GgufValueType>(elem_type);
+  out->array.resize(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    if (absl::Status s = ReadValue(r, out->array_type, depth + 1, what, &out->array[i]); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const std::string& what,
+                       GgufValue* out) {
+  out->type = type;
+  switch (type) {
+    case GgufValueType::kUint8: {
+      uint8_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->u = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kInt8: {
+      int8_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->i = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kUint16: {
+      uint16_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->u = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kInt16: {
+      int16_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->i = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kUint32: {
+      uint32_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->u = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kInt32: {
+      int32_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->i = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kUint64:
+      return r.Read(&out->u, what);
+    case GgufValueType::kInt64:
+      return r.Read(&out->i, what);
+    case GgufValueType::kFloat32: {
+      float v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      out->f = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kFloat64:
+      return r.Read(&out->f, what);
+    case GgufValueType::kBool: {
+      const uint64_t at = r.pos();
+      uint8_t v = 0;
+      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
+      if (v > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": bool byte ", v, " at offset ",
+                                                       at, " is neither 0 nor 1"));
+      }
+      out->u = v;
+      return absl::OkStatus();
+    }
+    case GgufValueType::kString:
+      return r.ReadString(&out->s, what);
+    case GgufValueType::kArray:
+      return ReadArray(r, depth, what, out);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": unknown value type ",
+                                                 static_cast<uint32_t>(type)));
+}
+
+std::string KeyContext(std::string_view key) {
+  return absl::StrCat("metadata key '", AbslView(key), "'");
+}
+
+absl::Status WrongType(std::string_view key, const GgufValue& v, std::string_view wanted) {
+  std::string stored(GgufValueTypeName(v.type));
+  if (v.type == GgufValueType::kArray) {
+    stored = absl::StrCat("array of ", std::string(GgufValueTypeName(v.array_type)));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(KeyContext(key), " holds ", stored, ", not ",
+                                                 AbslView(wanted)));
+}
+
+// Integer value of a scalar integer GgufValue, or an error naming `key`.
+absl::StatusOr<int64_t> IntOf(std::string_view key, const GgufValue& v) {
+  if (!IsInteger(v.type)) return WrongType(key, v, "an integer");
+  if (!IsUnsigned(v.type)) return v.i;
+  if (v.u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::OutOfRangeError(absl::StrCat(KeyContext(key), ": value ", v.u,
+                                              " does not fit in int64"));
+  }
+  return static_cast<int64_t>(v.u);
+}
+
+absl::StatusOr<double> FloatOf(std::string_view key, const GgufValue& v) {
+  if (IsFloat(v.type)) return v.f;
+  if (IsInteger(v.type)) {
+    return IsUnsigned(v.type) ? static_cast<double>(v.u) : static_cast<double>(v.i);
+  }
+  return WrongType(key, v, "a number");
+}
+
+}  // namespace
+
+std::string_view GgufValueTypeName(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::kUint8: return "uint8";
+    case GgufValueType::kInt8: return "int8";
+    case GgufValueType::kUint16: return "uint16";
+    case GgufValueType::kInt16: return "int16";
+    case GgufValueType::kUint32: return "uint32";
+    case GgufValueType::kInt32: return "int32";
+    case GgufValueType::kFloat32: return "float32";
+    case GgufValueType::kBool: return "bool";
+    case GgufValueType::kString: return "string";
+    case GgufValueType::kArray: return "array";
+    case GgufValueType::kUint64: return "uint64";
+    case GgufValueType::kInt64: return "int64";
+    case GgufValueType::kFloat64: return "float64";
+  }
+  return "unknown";
+}
+
+kernels::WeightMatrix GgufTensor::AsMatrix() const {
+  kernels::WeightMatrix m;
+  m.type = type;
+  m.cols = dims.empty() ? 0 : dims[0];
+  m.rows = 1;
+  for (size_t i = 1; i < dims.size(); ++i) m.rows *= dims[i];
+  m.row_bytes = kernels::RowBytes(type, m.cols);
+  m.data = data;
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->path_ = path;
+  auto fail = [&path](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("GGUF ", path, ": ", s.message()));
+  };
+
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return fail(absl::ErrnoToStatus(err, "cannot open"));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail(absl::ErrnoToStatus(err, "cannot stat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail(absl::InvalidArgumentError("not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // magic + version + two counts: anything shorter cannot be a v2/v3 header, and mmap rejects a
+  // zero-length mapping anyway.
+  constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;
+  if (size < kHeaderBytes) {
+    ::close(fd);
+    return fail(absl::DataLossError(absl::StrCat("file is ", size, " bytes, shorter than the ",
+                                                 kHeaderBytes, "-byte GGUF header")));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);  // the mapping keeps its own reference to the file
+  if (map == MAP_FAILED) return fail(absl::ErrnoToStatus(map_err, "cannot mmap"));
+  file->map_ = static_cast<const uint8_t*>(map);
+  file->map_size_ = size;
+
+  if (absl::Status s = file->Parse(); !s.ok()) return fail(s);
+  return file;
+}
+
+absl::Status GgufFile::Parse() {
+  Reader r(map_, map_size_);
+  uint32_t magic = 0;
+  if (absl::Status s = r.Read(&magic, "magic"); !s.ok()) return s;
+  if (magic != kMagic) {
+    char shown[5] = {};
+    std::memcpy(shown, &magic, 4);
+    for (char& c : shown) {
+      if (c != '\0' && (c < 0x20 || c > 0x7e)) c = '?';
+    }
+    return absl::InvalidArgumentError(absl::StrCat("bad magic '", shown,
+                                                   "' at offset 0 (expected 'GGUF')"));
+  }
+  if (absl::Status s = r.Read(&version_, "version"); !s.ok()) return s;
+  if (version_ == 1) {
+    return absl::InvalidArgumentError(
+        "GGUF version 1 is not supported (only versions 2 and 3); re-convert the model");
+  }
+  if (version_ != 2 && version_ != 3) {
+    if ((version_ & 0xffffu) == 0 && (version_ >> 16) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("version field 0x", absl::Hex(version_),
+                                                     " looks like a big-endian GGUF, which is "
+                                                     "not supported"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported GGUF version ", version_, " (only 2 and 3)"));
+  }
+  uint64_t tensor_count = 0;
+  uint64_t kv_count = 0;
+  if (absl::Status s = r.Read(&tensor_count, "tensor count"); !s.ok()) return s;
+  if (absl::Status s = r.Read(&kv_count, "metadata count"); !s.ok()) return s;
+
+  // The smallest metadata entry is an empty key, a type and one byte; the smallest tensor entry an
+  // empty name, n_dims, one dim, a type and an offset. Counts that cannot fit are rejected before
+  // anything is allocated for them.
+  constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
+  constexpr uint64_t kMinTensorBytes = 8 + 4 + 8 + 4 + 8;
+  if (kv_count > r.remaining() / kMinKvBytes) {
+    return absl::DataLossError(absl::StrCat("metadata count ", kv_count,
+                                            " at offset 16 cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+  if (tensor_count > r.remaining() / kMinTensorBytes) {
+    return absl::DataLossError(absl::StrCat("tensor count ", tensor_count,
+                                            " at offset 8 cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+
+  metadata_.reserve(kv_count);
+  metadata_index_.reserve(kv_count);
+  for (uint64_t k = 0; k < kv_count; ++k) {
+    const uint64_t entry_at = r.pos();
+    std::string key;
+    if (absl::Status s = r.ReadString(&key, absl::StrCat("key of metadata entry ", k)); !s.ok()) {
+      return s;
+    }
+    const std::string what = KeyContext(key);
+    if (metadata_index_.contains(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate ", what, " at offset ", entry_at));
+    }
+    const uint64_t type_at = r.pos();
+    uint32_t type = 0;
+    if (absl::Status s = r.Read(&type, what + " (value type)"); !s.ok()) return s;
+    if (MinValueBytes(type) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown value type ", type,
+                                                     " at offset ", type_at));
+    }
+    GgufValue value;
+    if (absl::Status s = ReadValue(r, static_cast<GgufValueType>(type), 0, what, &value);
+        !s.ok()) {
+      return s;
+    }
+    metadata_index_.emplace(key, metadata_.size());
+    metadata_.emplace_back(std::move(key), std::move(value));
+  }
+
+  if (const GgufValue* a = Find("general.alignment"); a != nullptr) {
+    absl::StatusOr<int64_t> v = IntOf("general.alignment", *a);
+    if (!v.ok()) return v.status();
+    if (*v <= 0 || (*v & (*v - 1)) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata key 'general.alignment' = ", *v, " is not a power of two"));
+    }
+    alignment_ = static_cast<uint64_t>(*v);
+  } else {
+    alignment_ = kDefaultAlignment;
+  }
+
+  if (tensor_count > r.remaining() / kMinTensorBytes) {
+    return absl::DataLossError(absl::StrCat("tensor count ", tensor_count,
+                                            " cannot fit in the ", r.remaining(),
+                                            " bytes after the metadata (offset ", r.pos(), ")"));
+  }
+  tensors_.reserve(tensor_count);
+  tensor_index_.reserve(tensor_count);
+  for (uint64_t t = 0; t < tensor_count; ++t) {
+    const uint64_t entry_at = r.pos();
+    GgufTensor tensor;
+    if (absl::Status s = r.ReadString(&tensor.name, absl::StrCat("name of tensor ", t));
+        !s.ok()) {
+      return s;
+    }
+    const std::string what = absl::StrCat("tensor '", tensor.name, "'");
+    if (tensor_index_.contains(tensor.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate ", what, " at offset ", entry_at));
+    }
+    const uint64_t dims_at = r.pos();
+    uint32_t n_dims = 0;
+    if (absl::Status s = r.Read(&n_dims, what + " (dimension count)"); !s.ok()) return s;
+    if (n_dims == 0 || n_dims > kMaxDims) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": dimension count ", n_dims,
+                                                     " at offset ", dims_at, " is not in 1..",
+                                                     kMaxDims));
+    }
+    int64_t elements = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const uint64_t dim_at = r.pos();
+      uint64_t dim = 0;
+      if (absl::Status s = r.Read(&dim, what + " (dimensions)"); !s.ok()) return s;
+      if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          static_cast<int64_t>(dim) > std::numeric_limits<int64_t>::max() / elements) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " = ", dim,
+                                                       " at offset ", dim_at,
+                                                       " is zero or overflows the element count"));
+      }
+      tensor.dims.push_back(static_cast<int64_t>(dim));
+      elements *= static_cast<int64_t>(dim);
+    }
+    tensor.num_elements = elements;
+
+    const uint64_t type_at = r.pos();
+    uint32_t type_id = 0;
+    if (absl::Status s = r.Read(&type_id, what + " (type)"); !s.ok()) return s;
+    const GgmlTypeTraits traits = kernels::TraitsOf(type_id);
+    if (!traits.known) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown ggml type ", type_id,
+                                                     " at offset ", type_at));
+    }
+    tensor.type = static_cast<GgmlType>(type_id);
+    if (tensor.dims[0] % traits.block_elements != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": first dimension ", tensor.dims[0], " is not a multiple of the ",
+          std::string(traits.name), " block size ", traits.block_elements));
+    }
+    const int64_t row_bytes = tensor.dims[0] / traits.block_elements * traits.block_bytes;
+    const int64_t rows = elements / tensor.dims[0];
+    if (rows > std::numeric_limits<int64_t>::max() / row_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": byte size overflows (", rows, " rows of ", row_bytes, " bytes)"));
+    }
+    tensor.nbytes = static_cast<uint64_t>(rows * row_bytes);
+
+    const uint64_t offset_at = r.pos();
+    if (absl::Status s = r.Read(&tensor.offset, what + " (data offset)"); !s.ok()) return s;
+    if (tensor.offset % alignment_ != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": data offset ", tensor.offset,
+                                                     " at offset ", offset_at,
+                                                     " is not a multiple of the alignment ",
+                                                     alignment_));
+    }
+    tensor_index_.emplace(tensor.name, tensors_.size());
+    tensors_.push_back(std::move(tensor));
+  }
+
+  // The data section starts at the next multiple of the alignment after the tensor table.
+  const uint64_t table_end = r.pos();
+  const uint64_t pad = (alignment_ - table_end % alignment_) % alignment_;
+  data_offset_ = table_end + pad;  // cannot overflow: table_end <= file size, pad < alignment
+  const uint64_t data_size = map_size_ > data_offset_ ? map_size_ - data_offset_ : 0;
+  for (GgufTensor& tensor : tensors_) {
+    if (tensor.offset > data_size || tensor.nbytes > data_size - tensor.offset) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor '", tensor.name, "': data [", tensor.offset, ", +", tensor.nbytes,
+          ") relative to the data section at offset ", data_offset_,
+          " runs past the end of the ", map_size_, "-byte file"));
+    }
+    tensor.data = map_ + data_offset_ + tensor.offset;
+  }
+  return absl::OkStatus();
+}
+
+GgufFile::~GgufFile() {
+  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+}
+
+const GgufValue* GgufFile::Find(std::string_view key) const {
+  auto it = metadata_index_.find(AbslView(key));
+  return it == metadata_index_.end() ? nullptr : &metadata_[it->second].second;
+}
+
+const GgufTensor* GgufFile::FindTensor(std::string_view name) const {
+  auto it = tensor_index_.find(AbslView(name));
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+namespace {
+
+absl::Status NotFound(std::string_view key) {
+  return absl::NotFoundError(absl::StrCat(KeyContext(key), " not found"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  if (v->type != GgufValueType::kString) return WrongType(key, *v, "a string");
+  return v->s;
+}
+
+absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  return IntOf(key, *v);
+}
+
+absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  return FloatOf(key, *v);
+}
+
+absl::StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  if (v->type != GgufValueType::kBool) return WrongType(key, *v, "a bool");
+  return v->u != 0;
+}
+
+absl::StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  if (v->type != GgufValueType::kArray || v->array_type != GgufValueType::kString) {
+    return WrongType(key, *v, "an array of strings");
+  }
+  std::vector<std::string> out;
+  out.reserve(v->array.size());
+  for (const GgufValue& e : v->array) out.push_back(e.s);
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  if (v->type != GgufValueType::kArray || !IsInteger(v->array_type)) {
+    return WrongType(key, *v, "an array of integers");
+  }
+  std::vector<int64_t> out;
+  out.reserve(v->array.size());
+  for (const GgufValue& e : v->array) {
+    absl::StatusOr<int64_t> i = IntOf(key, e);
+    if (!i.ok()) return i.status();
+    out.push_back(*i);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return NotFound(key);
+  if (v->type != GgufValueType::kArray ||
+      !(IsInteger(v->array_type) || IsFloat(v->array_type))) {
+    return WrongType(key, *v, "an array of numbers");
+  }
+  std::vector<double> out;
+  out.reserve(v->array.size());
+  for (const GgufValue& e : v->array) {
+    absl::StatusOr<double> f = FloatOf(key, e);
+    if (!f.ok()) return f.status();
+    out.push_back(*f);
+  }
+  return out;
+}
+
+}  // namespace winnow::model
