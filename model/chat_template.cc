@@ -1,0 +1,169 @@
+#include "model/chat_template.h"
+
+#include <ctime>
+#include <regex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "model/unicode.h"
+
+namespace winnow::model {
+namespace {
+
+constexpr char kImStart[] = "<|im_start|>";
+constexpr char kImEnd[] = "<|im_end|>";
+constexpr char kHeaderStart[] = "<|start_header_id|>";
+constexpr char kHeaderEnd[] = "<|end_header_id|>";
+constexpr char kEotId[] = "<|eot_id|>";
+
+// Undoes the escapes a Jinja string literal may contain.
+std::string UnescapeJinja(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out.push_back(s[i]);
+      continue;
+    }
+    const char c = s[++i];
+    switch (c) {
+      case 'n': out.push_back('\n'); break;
+      case 't': out.push_back('\t'); break;
+      case 'r': out.push_back('\r'); break;
+      default: out.push_back(c); break;  // \\, \', \"
+    }
+  }
+  return out;
+}
+
+// Python's str.strip(), which Jinja's `trim` filter calls.
+bool IsPythonSpace(uint32_t cpt) {
+  return IsUnicodeWhitespace(cpt) || (cpt >= 0x1C && cpt <= 0x1F);
+}
+
+std::string PythonStrip(const std::string& s) {
+  if (!IsValidUtf8(s)) return s;  // content comes from protobuf strings, so this is unreachable
+  const std::vector<uint32_t> cpts = DecodeUtf8Lenient(s);
+  size_t begin = 0, end = cpts.size();
+  while (begin < end && IsPythonSpace(cpts[begin])) ++begin;
+  while (end > begin && IsPythonSpace(cpts[end - 1])) --end;
+  std::string out;
+  for (size_t i = begin; i < end; ++i) AppendUtf8(cpts[i], &out);
+  return out;
+}
+
+std::string TodayForLlama() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%d %b %Y", &local);
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& file) {
+  absl::StatusOr<std::string> text = file.GetString("tokenizer.chat_template");
+  if (!text.ok()) {
+    return absl::FailedPreconditionError(
+        "model has no chat template (tokenizer.chat_template); send a raw prompt instead");
+  }
+  absl::StatusOr<ChatTemplate> tmpl = FromTemplateText(*text);
+  if (!tmpl.ok()) return tmpl.status();
+  // The template's bos_token is the model's BOS text.
+  absl::StatusOr<int64_t> bos = file.GetInt("tokenizer.ggml.bos_token_id");
+  absl::StatusOr<std::vector<std::string>> tokens = file.GetStringArray("tokenizer.ggml.tokens");
+  if (bos.ok() && tokens.ok() && *bos >= 0 && *bos < static_cast<int64_t>(tokens->size())) {
+    tmpl->bos_text_ = (*tokens)[*bos];
+  }
+  return tmpl;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& jinja_text) {
+  ChatTemplate t;
+  if (absl::StrContains(jinja_text, kImStart)) {
+    t.kind_ = ChatTemplateKind::kChatMl;
+    // A system turn written out as a literal is the template's default system message:
+    // '<|im_start|>system\n...<|im_end|>' with no quote inside (a quote would mean the content
+    // is concatenated from the messages instead).
+    static const std::regex kDefaultSystem(
+        R"(<\|im_start\|>system(?:\\n|\n)([^'"]*?)<\|im_end\|>)");
+    std::smatch m;
+    if (std::regex_search(jinja_text, m, kDefaultSystem)) {
+      t.default_system_ = UnescapeJinja(m[1].str());
+      static const std::regex kLoop(R"(\{%-?\s*for\s+message\s+in\s+messages)");
+      std::smatch loop;
+      t.system_outside_loop_ = std::regex_search(jinja_text, loop, kLoop) &&
+                               m.position(0) < loop.position(0);
+    }
+    return t;
+  }
+  if (absl::StrContains(jinja_text, kHeaderStart)) {
+    t.kind_ = ChatTemplateKind::kLlama3;
+    if (absl::StrContains(jinja_text, "Cutting Knowledge Date")) {
+      t.llama31_system_ = true;
+      static const std::regex kDate(R"(set\s+date_string\s*=\s*["']([^"']*)["'])");
+      std::smatch m;
+      if (absl::StrContains(jinja_text, "strftime_now")) {
+        t.date_string_ = TodayForLlama();
+      } else if (std::regex_search(jinja_text, m, kDate)) {
+        t.date_string_ = m[1].str();
+      } else {
+        t.date_string_ = "26 Jul 2024";
+      }
+    }
+    return t;
+  }
+  return absl::FailedPreconditionError(
+      "model chat template not recognised (only ChatML and Llama-3 are rendered); send a raw "
+      "prompt instead");
+}
+
+absl::StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
+                                                bool add_generation_prompt) const {
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown chat role '", m.role, "'; expected system, user or assistant"));
+    }
+  }
+  std::string out;
+  if (kind_ == ChatTemplateKind::kChatMl) {
+    const bool first_is_system = !messages.empty() && messages[0].role == "system";
+    if (!default_system_.empty() && !first_is_system &&
+        (system_outside_loop_ || !messages.empty())) {
+      absl::StrAppend(&out, kImStart, "system\n", default_system_, kImEnd, "\n");
+    }
+    for (const ChatMessage& m : messages) {
+      absl::StrAppend(&out, kImStart, m.role, "\n", m.content, kImEnd, "\n");
+    }
+    if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
+    return out;
+  }
+
+  // Llama-3: content is trimmed; 3.0 puts bos_token before the first message only, 3.1+ always
+  // starts with bos_token and a system turn carrying the knowledge-cutoff and today's dates.
+  size_t first = 0;
+  if (llama31_system_) {
+    if (messages.empty()) {
+      return absl::InvalidArgumentError("the model's chat template needs at least one message");
+    }
+    std::string system;
+    if (messages[0].role == "system") {
+      system = PythonStrip(messages[0].content);
+      first = 1;
+    }
+    absl::StrAppend(&out, bos_text_, kHeaderStart, "system", kHeaderEnd,
+                    "\n\nCutting Knowledge Date: December 2023\nToday Date: ", date_string_,
+                    "\n\n", system, kEotId);
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    if (i == 0 && !llama31_system_) out += bos_text_;
+    absl::StrAppend(&out, kHeaderStart, messages[i].role, kHeaderEnd, "\n\n",
+                    PythonStrip(messages[i].content), kEotId);
+  }
+  if (add_generation_prompt) absl::StrAppend(&out, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
+  return out;
+}
+
+}  // namespace winnow::model

@@ -1,0 +1,65 @@
+#include "model/tokenizer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "model/bpe_tokenizer.h"
+#include "model/spm_tokenizer.h"
+#include "model/unicode.h"
+#include "model/vocab_tokenizer.h"
+
+namespace winnow::model {
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
+  absl::StatusOr<std::string> model = file.GetString("tokenizer.ggml.model");
+  if (!model.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model file has no usable tokenizer.ggml.model: ", model.status().message()));
+  }
+  if (*model == "gpt2") {
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizer::FromGguf(file);
+    if (!bpe.ok()) return bpe.status();
+    return std::unique_ptr<Tokenizer>(std::move(*bpe));
+  }
+  if (*model == "llama") {
+    absl::StatusOr<std::unique_ptr<SpmTokenizer>> spm = SpmTokenizer::FromGguf(file);
+    if (!spm.ok()) return spm.status();
+    return std::unique_ptr<Tokenizer>(std::move(*spm));
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "tokenizer model '", *model, "' is not supported (only 'gpt2' BPE and 'llama' SPM)"));
+}
+
+std::string Tokenizer::Decode(std::span<const int32_t> ids, bool render_special) const {
+  std::string out;
+  for (int32_t id : ids) out += TokenToPiece(id, render_special);
+  return out;
+}
+
+bool Tokenizer::IsEndOfGeneration(int32_t id) const {
+  return std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+}
+
+int32_t Tokenizer::FindSpecial(std::string_view text) const {
+  if (const auto* vocab = dynamic_cast<const VocabTokenizer*>(this); vocab != nullptr) {
+    return vocab->FindSpecialToken(text);
+  }
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    const int32_t type = id < static_cast<int32_t>(token_types_.size()) ? token_types_[id] : 1;
+    if ((type == 3 || type == 4) && tokens_[id] == text) return id;
+  }
+  return -1;
+}
+
+std::string StreamingDetokenizer::Append(int32_t id) {
+  pending_ += tokenizer_.TokenToPiece(id, render_special_);
+  return TakeCompleteUtf8(&pending_);
+}
+
+std::string StreamingDetokenizer::Flush() {
+  std::string out = ReplaceInvalidUtf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace winnow::model
