@@ -46,7 +46,14 @@ serve: build model
 	$(BUILD_DIR)/winnow serve --model $(MODEL)
 
 bench: build model venv
-	$(PY) bench/engine_bench.py --model $(MODEL) --winnow-bin $(BUILD_DIR)/winnow
+	$(PY) bench/engine_bench.py --model $(MODEL) --winnow-bench $(BUILD_DIR)/engine_bench --omp-wait-policy passive
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# Deployment artefacts only: hadolint, Helm render/lint, Kubernetes schemas, dashboard metrics
+# (also part of `make test`).
+.PHONY: lint-deploy
+lint-deploy: build model venv
+	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
+	  $(PY) -m pytest -q tests/python/test_deploy.py

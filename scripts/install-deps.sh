@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libpcre2-dev libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev
   python3-venv
+  prometheus
 )
 
 missing=()
@@ -25,3 +26,8 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Debian starts the prometheus service on install where systemd runs; the tests start their own
+# Prometheus on a free loopback port, and 9090 is the daemon's default metrics port.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi

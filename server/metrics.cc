@@ -70,7 +70,7 @@ Metrics::Metrics(int32_t max_request_tokens)
                   .Register(r)
                   .Add({});
   kv_blocks_total_ = &BuildGauge()
-                          .Name("winnow_kv_blocks_total")
+                          .Name("winnow_kv_blocks_capacity")
                           .Help("KV blocks in the pool (one layer's K and V for block_size "
                                 "tokens each).")
                           .Register(r)

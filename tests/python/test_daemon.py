@@ -256,7 +256,7 @@ def test_health_and_reflection(daemon):
 
 
 REQUIRED_METRICS = [
-    "winnow_requests_running", "winnow_requests_waiting", "winnow_kv_blocks_total",
+    "winnow_requests_running", "winnow_requests_waiting", "winnow_kv_blocks_capacity",
     "winnow_kv_blocks_used", "winnow_kv_cache_usage_ratio", "winnow_prompt_tokens_total",
     "winnow_generation_tokens_total", "winnow_preemptions_total",
     "winnow_requests_finished_total",
@@ -286,7 +286,7 @@ def test_metrics_parse_and_hold_every_metric(daemon):
     reasons = {s.labels.get("reason") for f in families for s in f.samples
                if s.name == "winnow_requests_finished_total"}
     assert {"stop", "length", "cancelled", "error"} <= reasons
-    assert samples["winnow_kv_blocks_total"].value > 0
+    assert samples["winnow_kv_blocks_capacity"].value > 0
     assert 0.0 <= samples["winnow_kv_cache_usage_ratio"].value <= 1.0
     assert samples["winnow_prompt_tokens_total"].value > 0
     assert samples["winnow_generation_tokens_total"].value >= 3

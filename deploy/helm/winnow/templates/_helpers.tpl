@@ -1,0 +1,47 @@
+{{/* Chart name, trimmed to the 63 characters a label value allows. */}}
+{{- define "winnow.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource names: the release name, plus "-winnow" unless it already contains it. */}}
+{{- define "winnow.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "winnow.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "winnow.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "winnow.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "winnow.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: inference-server
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "winnow.image" -}}
+{{- $tag := default (printf "%s-%s" .Chart.AppVersion .Values.image.flavor) .Values.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{/* The daemon's --config YAML: the user's settings plus the ones the chart owns. */}}
+{{- define "winnow.config" -}}
+{{- range $key := list "model" "host" "port" "metrics-port" "drain-timeout" "config" -}}
+{{- if hasKey $.Values.config $key -}}
+{{- fail (printf "config.%s is set by the chart; use the values model.*, ports.* or drain.* instead" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $owned := dict
+      "model" (printf "/models/%s" .Values.model.file)
+      "host" "0.0.0.0"
+      "port" (int .Values.ports.grpc)
+      "metrics-port" (int .Values.ports.metrics)
+      "drain-timeout" (printf "%ds" (int .Values.drain.timeoutSeconds)) -}}
+{{- toYaml (merge $owned .Values.config) -}}
+{{- end -}}
