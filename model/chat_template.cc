@@ -166,4 +166,12 @@ absl::StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& 
   return out;
 }
 
+std::vector<int32_t> EncodeRenderedChat(const Tokenizer& tokenizer, const std::string& rendered,
+                                        bool add_special) {
+  const bool template_has_bos =
+      tokenizer.bos_id() >= 0 && tokenizer.add_bos() &&
+      absl::StartsWith(rendered, tokenizer.TokenText(tokenizer.bos_id()));
+  return tokenizer.Encode(rendered, add_special && !template_has_bos, /*parse_special=*/true);
+}
+
 }  // namespace winnow::model

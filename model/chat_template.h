@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
+#include "model/tokenizer.h"
 
 namespace winnow::model {
 
@@ -41,5 +42,10 @@ class ChatTemplate {
   bool llama31_system_ = false;
   std::string date_string_;
 };
+
+// Token ids of a rendered chat prompt. A template that writes the BOS text itself (Llama-3)
+// gets no second BOS from tokenisation, as llama.cpp's chat handling does.
+std::vector<int32_t> EncodeRenderedChat(const Tokenizer& tokenizer, const std::string& rendered,
+                                        bool add_special);
 
 }  // namespace winnow::model

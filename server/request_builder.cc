@@ -93,8 +93,7 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
   const auto& tmpl = model.chat_template();
   if (!tmpl.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        field, ": this model has no recognised chat template (", tmpl.status().message(),
-        "); send a raw prompt instead"));
+        field, ": ", tmpl.status().message()));
   }
   std::vector<model::ChatMessage> messages;
   messages.reserve(chat.messages_size());
@@ -112,7 +111,7 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
     return absl::Status(text.status().code(),
                         absl::StrCat(field, ".messages: ", text.status().message()));
   }
-  return model.tokenizer().Encode(*text, add_special, /*parse_special=*/true);
+  return model::EncodeRenderedChat(model.tokenizer(), *text, add_special);
 }
 
 absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,

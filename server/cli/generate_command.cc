@@ -80,8 +80,9 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!rendered.ok()) return Fail(rendered.status());
     text = *rendered;
   }
-  const std::vector<int32_t> prompt = tokenizer.Encode(text, /*add_special=*/true,
-                                                       /*parse_special=*/true);
+  const std::vector<int32_t> prompt =
+      args->Has("chat") ? model::EncodeRenderedChat(tokenizer, text, /*add_special=*/true)
+                        : tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
   if (prompt.empty()) return Fail(absl::InvalidArgumentError("the prompt has no tokens"));
   const int32_t context = (*model)->config().context_length;
   const int64_t budget = std::min<int64_t>(context, static_cast<int64_t>(prompt.size()) + max_tokens);

@@ -114,12 +114,7 @@ absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
   if (!tmpl.ok()) return tmpl.status();
   absl::StatusOr<std::string> prompt = tmpl->Apply(chat, add_generation_prompt);
   if (!prompt.ok()) return prompt.status();
-  // A template that writes bos_token itself must not get a second BOS from tokenisation (what
-  // llama.cpp's chat handling does by stripping the rendered BOS).
-  const bool template_has_bos = tok.bos_id() >= 0 && tok.add_bos() &&
-                                absl::StartsWith(*prompt, tok.TokenText(tok.bos_id()));
-  const std::vector<int32_t> ids =
-      tok.Encode(*prompt, add_special && !template_has_bos, /*parse_special=*/true);
+  const std::vector<int32_t> ids = model::EncodeRenderedChat(tok, *prompt, add_special);
   json obj;
   obj["prompt"] = *prompt;
   obj["ids"] = ids;
