@@ -1,0 +1,84 @@
+// Hooks through which the engine reports what it does, so that the server can keep Prometheus
+// metrics and per-request logs without the scheduler depending on either. Every hook runs on
+// the engine thread, between iterations: implementations must be cheap and must not block, and
+// must not call back into the Engine except for its const, lock-free accessors (limits()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace winnow::scheduler {
+
+enum class FinishReason {
+  kStop,       // end-of-generation token, a stop token id or a stop string
+  kLength,     // max_tokens reached, or the model's context length
+  kCancelled,  // Cancel(), or Shutdown() with the request still in flight
+  kDeadline,   // the request's deadline passed
+  kError,      // the forward pass failed; FinishEvent::status says why
+};
+
+// "stop", "length", "cancelled", "deadline", "error": stable names for logs and metric labels.
+const char* FinishReasonName(FinishReason reason);
+
+// One engine iteration: a single varlen forward over the scheduled batch.
+struct IterationStats {
+  int32_t batch_tokens = 0;    // prefill chunk tokens + decode tokens fed to the forward
+  int32_t batch_seqs = 0;      // sequences in the batch
+  int32_t prefill_tokens = 0;  // tokens of entries that produced no sample or >1 token
+  int32_t decode_tokens = 0;   // entries of exactly one token that produced a sample
+  int32_t preemptions = 0;     // sequences preempted while building this batch
+  absl::Duration forward_time;
+};
+
+// Queue and pool state; published after every engine loop turn that changed anything, so the
+// gauges (running, waiting, KV usage) stay true even when no forward runs (e.g. after a cancel
+// empties the engine).
+struct SchedulerState {
+  int32_t running = 0;  // sequences holding KV blocks (admitted, prefilling or decoding)
+  int32_t waiting = 0;  // queued: never admitted yet, or preempted and waiting to recompute
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_free = 0;
+  int64_t preemptions_total = 0;
+};
+
+// Everything worth logging or histogramming about a request once it has finished.
+struct RequestStats {
+  uint64_t id = 0;              // the engine's id (Submit's return value)
+  std::string request_id;       // the client's id, if it gave one
+  FinishReason reason = FinishReason::kStop;
+  absl::Status status;          // OK unless reason is kError (then the forward's error)
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t preemptions = 0;
+  int32_t kv_blocks_peak = 0;
+  bool started = false;         // false: finished while still queued (never scheduled)
+  bool has_first_token = false;
+  absl::Duration queue_time;    // submit -> first scheduled (0 when never started)
+  absl::Duration ttft;          // submit -> first generated token (when has_first_token)
+  absl::Duration e2e;           // submit -> finish
+};
+
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+
+  // The engine thread took the request from the submit queue into its waiting queue.
+  virtual void OnRequestQueued(uint64_t id, int32_t prompt_tokens) {}
+  // First time the request got a prefill chunk; queue_time counts from Submit().
+  virtual void OnRequestStarted(uint64_t id, absl::Duration queue_time) {}
+  // The first generated token (count it as a generated token too).
+  virtual void OnFirstToken(uint64_t id, absl::Duration ttft) {}
+  // Every generated token after the first, with the time since the previous one.
+  virtual void OnToken(uint64_t id, absl::Duration inter_token_latency) {}
+  // The sequence lost its KV blocks and will recompute them later.
+  virtual void OnPreemption(uint64_t id) {}
+  virtual void OnRequestFinished(const RequestStats& stats) {}
+  virtual void OnIteration(const IterationStats& stats) {}
+  virtual void OnSchedulerState(const SchedulerState& state) {}
+};
+
+}  // namespace winnow::scheduler
