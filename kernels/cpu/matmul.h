@@ -23,6 +23,8 @@ struct WeightMatrix {
 // so the result equals (to float rounding) the product with the dequantised matrix. Fast paths
 // exist for F32, F16, BF16, Q8_0, Q4_0 and Q4_1; any other type DequantizeRow supports works
 // through a generic path. Returns an error for a type that cannot be dequantised.
+// Every output element is summed in one fixed order whatever m, the code path or the thread
+// count, so a row's result is bit-identical alone or batched (continuous batching relies on it).
 absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool);
 
 // Copies row `row` of W, dequantised, into dst[cols] (embedding lookup).

@@ -1,0 +1,219 @@
+// Throughput of the CPU weight matmul on the default model's shapes (SmolLM2-135M: hidden 576,
+// KV 192, MLP 1536, vocab 49152), plus the thread pool's per-call overhead.
+//
+//   matmul_bench [--threads=N] [--min_seconds=S] [--json=PATH] [--cpu_time]
+//
+// Decode-sized products (m = 1, 8) read every weight once, so they are timed with enough
+// copies of the matrix in rotation to overflow the last-level cache, as in a real decode step
+// where the whole model streams from DRAM. GB/s counts weight bytes only; GFLOP/s counts 2*m*k*n.
+// Rates use the fastest call (the least disturbed by other load); the median is printed too.
+// --cpu_time (with --threads=1) times with the thread's CPU clock instead of the wall clock, which
+// keeps per-core numbers meaningful on a machine shared with other work.
+// Prints a table; never asserts on time.
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/ggml_types.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace winnow::kernels {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int threads = 0;
+  double min_seconds = 0.3;
+  std::string json_path;
+  bool cpu_time = false;
+};
+
+// Seconds on the chosen clock: wall (steady) or this thread's CPU time.
+double Now(bool cpu_time) {
+  if (cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+struct Case {
+  const char* name;
+  int64_t cols;  // input features (k)
+  int64_t rows;  // output features (n)
+  GgmlType type;
+};
+
+struct Result {
+  Case c;
+  int64_t m;
+  double median_s;  // per call
+  double best_s;    // fastest call: the least disturbed by other load on the machine
+};
+
+// Random quantised weights with finite fp16 scales (first two bytes of every block; for Q4_1
+// the min in bytes 2..3 gets a scale too).
+std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const GgmlTypeTraits traits = TraitsOf(type);
+  std::vector<uint8_t> bytes(rows * RowBytes(type, cols));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
+  const uint16_t half = 0x2c00;  // 0.0625
+  for (size_t off = 0; off + traits.block_bytes <= bytes.size(); off += traits.block_bytes) {
+    std::memcpy(&bytes[off], &half, 2);
+    if (type == GgmlType::kQ4_1) std::memcpy(&bytes[off + 2], &half, 2);
+  }
+  return bytes;
+}
+
+
+Result Run(const Case& c, int64_t m, ThreadPool& pool, const Options& opt, std::mt19937& rng) {
+  const int64_t row_bytes = RowBytes(c.type, c.cols);
+  const int64_t matrix_bytes = row_bytes * c.rows;
+  // 64 MiB of weights in rotation outruns a 32 MiB L3; prefill is compute-bound, one copy will do.
+  const int64_t copies = m <= 8 ? std::max<int64_t>(1, (int64_t{64} << 20) / matrix_bytes) : 1;
+  std::vector<std::vector<uint8_t>> weights;
+  for (int64_t i = 0; i < copies; ++i) {
+    weights.push_back(RandomWeights(c.type, c.rows, c.cols, rng));
+  }
+  std::vector<float> x(m * c.cols), y(m * c.rows);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+
+  auto call = [&](int64_t i) {
+    const WeightMatrix w{c.type, c.rows, c.cols, row_bytes, weights[i % copies].data()};
+    const absl::Status s = MatMul(w, x.data(), m, y.data(), pool);
+    if (!s.ok()) std::fprintf(stderr, "matmul failed: %s\n", s.ToString().c_str());
+  };
+  for (int64_t i = 0; i < std::min<int64_t>(copies, 8) + 2; ++i) call(i);  // warm up
+
+  std::vector<double> samples;
+  const double start = Now(opt.cpu_time);
+  for (int64_t i = 0;; ++i) {
+    const double t0 = Now(opt.cpu_time);
+    call(i);
+    const double t1 = Now(opt.cpu_time);
+    samples.push_back(t1 - t0);
+    if (samples.size() >= 5 && t1 - start > opt.min_seconds) break;
+  }
+  std::sort(samples.begin(), samples.end());
+  return Result{c, m, samples[samples.size() / 2], samples.front()};
+}
+
+double PoolOverheadMicros(ThreadPool& pool) {
+  std::vector<int64_t> sink(pool.num_threads() * 16);
+  auto job = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) sink[i * 16] += i;
+  };
+  for (int i = 0; i < 1000; ++i) pool.ParallelFor(pool.num_threads(), 1, job);
+  const int calls = 100000;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) pool.ParallelFor(pool.num_threads(), 1, job);
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / calls;
+}
+
+void WriteJson(const std::string& path, const std::vector<Result>& results, int threads,
+               bool cpu_time, double overhead_us) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return;
+  }
+  std::fprintf(f,
+               "{\"threads\": %d, \"cpu_time\": %s, \"parallel_for_overhead_us\": %.3f, "
+               "\"results\": [\n",
+               threads, cpu_time ? "true" : "false", overhead_us);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double flops = 2.0 * r.m * r.c.rows * r.c.cols;
+    const double bytes = static_cast<double>(RowBytes(r.c.type, r.c.cols)) * r.c.rows;
+    std::fprintf(f,
+                 "  {\"shape\": \"%s\", \"type\": \"%s\", \"m\": %lld, \"median_us\": %.2f, "
+                 "\"best_us\": %.2f, \"gflops\": %.2f, \"weight_gbps\": %.2f}%s\n",
+                 r.c.name, std::string(TraitsOf(r.c.type).name).c_str(),
+                 static_cast<long long>(r.m), r.median_s * 1e6, r.best_s * 1e6,
+                 flops / r.best_s * 1e-9, bytes / r.best_s * 1e-9,
+                 i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--threads=", 0) == 0) {
+      opt.threads = std::stoi(arg.substr(10));
+    } else if (arg.rfind("--min_seconds=", 0) == 0) {
+      opt.min_seconds = std::stod(arg.substr(14));
+    } else if (arg.rfind("--json=", 0) == 0) {
+      opt.json_path = arg.substr(7);
+    } else if (arg == "--cpu_time") {
+      opt.cpu_time = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads=N] [--min_seconds=S] [--json=PATH] [--cpu_time]\n",
+                   argv[0]);
+      std::exit(2);
+    }
+  }
+  if (opt.cpu_time && opt.threads != 1) {
+    std::fprintf(stderr, "--cpu_time measures one thread; pass --threads=1 with it\n");
+    std::exit(2);
+  }
+  return opt;
+}
+
+int Main(int argc, char** argv) {
+  const Options opt = ParseOptions(argc, argv);
+  ThreadPool pool(opt.threads);
+  const double overhead_us = PoolOverheadMicros(pool);
+  std::printf("threads: %d   clock: %s   ParallelFor(n = threads) overhead: %.2f us/call\n\n",
+              pool.num_threads(), opt.cpu_time ? "thread CPU time" : "wall", overhead_us);
+
+  const Case cases[] = {
+      {"576->576", 576, 576, GgmlType::kQ4_1},     {"576->192", 576, 192, GgmlType::kQ4_1},
+      {"576->1536", 576, 1536, GgmlType::kQ4_1},   {"1536->576", 1536, 576, GgmlType::kQ4_1},
+      {"576->576", 576, 576, GgmlType::kQ8_0},     {"576->192", 576, 192, GgmlType::kQ8_0},
+      {"576->1536", 576, 1536, GgmlType::kQ8_0},   {"1536->576", 1536, 576, GgmlType::kQ8_0},
+      {"576->49152", 576, 49152, GgmlType::kQ8_0},
+  };
+  std::mt19937 rng(42);
+  std::vector<Result> results;
+  std::printf("%-11s %-5s %5s %10s %10s %9s %11s\n", "shape", "type", "m", "median_us",
+              "best_us", "GFLOP/s", "weight_GB/s");
+  for (const Case& c : cases) {
+    for (int64_t m : {1, 8, 32, 512}) {
+      const Result r = Run(c, m, pool, opt, rng);
+      results.push_back(r);
+      const double flops = 2.0 * m * c.rows * c.cols;
+      const double bytes = static_cast<double>(RowBytes(c.type, c.cols)) * c.rows;
+      std::printf("%-11s %-5s %5lld %10.1f %10.1f %9.1f %11.1f\n", c.name,
+                  std::string(TraitsOf(c.type).name).c_str(), static_cast<long long>(m),
+                  r.median_s * 1e6, r.best_s * 1e6, flops / r.best_s * 1e-9,
+                  bytes / r.best_s * 1e-9);
+      std::fflush(stdout);
+    }
+  }
+  if (!opt.json_path.empty()) WriteJson(opt.json_path, results, pool.num_threads(), opt.cpu_time, overhead_us);
+  return 0;
+}
+
+}  // namespace
+}  // namespace winnow::kernels
+
+int main(int argc, char** argv) { return winnow::kernels::Main(argc, argv); }
