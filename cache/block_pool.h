@@ -60,7 +60,14 @@ class BlockPool {
   float* Values(int32_t block, int32_t kv_head) {
     return Keys(block, kv_head) + int64_t{layout_.num_kv_heads} * layout_.floats_per_head_block();
   }
+  const float* Keys(int32_t block, int32_t kv_head) const {
+    return arena_ + block * layout_.floats_per_block() + kv_head * layout_.floats_per_head_block();
+  }
+  const float* Values(int32_t block, int32_t kv_head) const {
+    return Keys(block, kv_head) + int64_t{layout_.num_kv_heads} * layout_.floats_per_head_block();
+  }
   float* arena() { return arena_; }
+  const float* arena() const { return arena_; }
 
  private:
   BlockPool(const KvLayout& layout, int32_t num_blocks, float* arena);

@@ -55,6 +55,21 @@ void SequenceKv::ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_
   layers_[layer].num_slots = num_slots;
 }
 
+void SequenceKv::Truncate(BlockPool& pool, int32_t layer, int32_t num_slots) {
+  Layer& l = layers_[layer];
+  if (num_slots < 0 || num_slots > l.num_slots) {
+    std::fprintf(stderr, "KV truncate to %d slots but layer %d has %d\n", num_slots, layer,
+                 l.num_slots);
+    std::abort();
+  }
+  l.num_slots = num_slots;
+  const size_t keep = BlocksFor(num_slots, block_size_);
+  if (l.blocks.size() > keep) {
+    pool.Free(std::span<const int32_t>(l.blocks).subspan(keep));
+    l.blocks.resize(keep);
+  }
+}
+
 void SequenceKv::TrimUnused(BlockPool& pool) {
   for (Layer& layer : layers_) {
     const size_t keep = BlocksFor(layer.num_slots, block_size_);

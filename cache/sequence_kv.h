@@ -42,6 +42,9 @@ class SequenceKv {
   // Replaces a layer's table after compaction. The caller has already freed the old blocks
   // that are not in `blocks`.
   void ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_t num_slots);
+  // Shrinks `layer` to its first `num_slots` slots (compaction has moved the kept K/V there)
+  // and returns the blocks beyond what they need to the pool at once.
+  void Truncate(BlockPool& pool, int32_t layer, int32_t num_slots);
   // Frees blocks beyond what the filled slots need (e.g. a reservation that was not used).
   void TrimUnused(BlockPool& pool);
   // Returns every block to the pool; the cache is then empty.

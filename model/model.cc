@@ -246,6 +246,25 @@ absl::Status Model::ValidateBatch(std::span<const BatchEntry> batch,
   return absl::OkStatus();
 }
 
+void Model::CaptureQueries(std::span<const BatchEntry> batch, std::span<const int32_t> first_row,
+                           int32_t layer, const float* q, int64_t q_dim,
+                           const cache::BlockPool& pool) const {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    QueryCapture* capture = batch[e].capture;
+    if (capture == nullptr) continue;
+    capture->per_layer.resize(config_.num_layers);
+    std::vector<float>& rows = capture->per_layer[layer];
+    for (size_t i = 0; i < batch[e].tokens.size(); ++i) {
+      const int32_t position = batch[e].start_position + static_cast<int32_t>(i);
+      if (position < capture->first_position) continue;
+      const float* row = q + (first_row[e] + static_cast<int64_t>(i)) * q_dim;
+      rows.insert(rows.end(), row, row + q_dim);
+      if (layer == 0) capture->positions.push_back(position);
+    }
+    if (capture->layer_done) capture->layer_done(layer, *batch[e].kv, pool, *pool_);
+  }
+}
+
 absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                             ForwardOutput* out) {
   if (absl::Status s = ValidateBatch(batch, pool); !s.ok()) return s;
@@ -298,6 +317,7 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
   const kernels::PagedKvView kv_view{pool.arena(), layout.floats_per_block(), layout.block_size,
                                      layout.num_kv_heads, layout.head_dim};
   std::vector<kernels::AttentionSequence> attention_seqs(batch.size());
+  std::vector<std::vector<int32_t>> selections(batch.size());  // selector output, per entry
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   auto norm_rows = [&](const std::vector<float>& weight) {
@@ -356,7 +376,31 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
       }
       entry.kv->AppendSlots(l, n);
       attention_seqs[e] = {table.data(), entry.kv->num_slots(l), n, first_row[e]};
+      if (entry.selector != nullptr) {
+        std::vector<int32_t>& selected = selections[e];
+        selected.clear();
+        const std::span<const float> rows_q(s.q.data() + first_row[e] * q_dim, n * q_dim);
+        if (entry.selector->Select(l, rows_q, n, past, *entry.kv, pool, &selected)) {
+          // A bad list would read other sequences' blocks; refuse it rather than trust it.
+          for (size_t i = 0; i < selected.size(); ++i) {
+            if (selected[i] < 0 || selected[i] >= past ||
+                (i > 0 && selected[i] <= selected[i - 1])) {
+              return absl::InternalError(absl::StrCat(
+                  "attention selector returned an invalid slot list for layer ", l));
+            }
+          }
+          attention_seqs[e].selected = selected.data();
+          attention_seqs[e].num_selected = static_cast<int32_t>(selected.size());
+        }
+      }
+      if (entry.attention_probs != nullptr) {
+        entry.attention_probs->resize(c.num_layers);
+        std::vector<float>& probs = (*entry.attention_probs)[l];
+        probs.assign(int64_t{n} * c.num_heads * entry.kv->num_slots(l), 0.0f);
+        attention_seqs[e].probs = probs.data();
+      }
     }
+    CaptureQueries(batch, first_row, l, s.q.data(), q_dim, pool);
     kernels::PagedAttention(kv_view, attention_seqs, s.q.data(), c.num_heads, attn_scale,
                             s.attn.data(), threads);
     WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wo, s.attn.data(), rows, s.proj.data(), threads));

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/attention_selector.h"
 #include "cache/block_pool.h"
+#include "cache/query_capture.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/chat_template.h"
@@ -29,6 +31,9 @@ enum class LogitsMode {
   kAll,   // logits of every new token (scoring)
 };
 
+// Post-RoPE query rows captured during prefill (see cache/query_capture.h).
+using QueryCapture = cache::QueryCapture;
+
 // One sequence's share of a batch: `tokens.size()` new tokens at absolute positions
 // start_position, start_position + 1, ...  They attend to everything already in `kv` plus the
 // earlier new tokens (causal). The caller must have reserved capacity for them in every layer.
@@ -39,6 +44,13 @@ struct BatchEntry {
   std::span<const float> embeddings;
   int32_t start_position = 0;
   LogitsMode logits = LogitsMode::kLast;
+  QueryCapture* capture = nullptr;  // optional
+  // Optional, for decode-time policies. Per layer, the new tokens' attention probabilities:
+  // (*attention_probs)[layer][(i * num_heads + h) * num_slots + j] for new token i over the
+  // layer's slots after the new K/V were written (0 where it did not attend).
+  std::vector<std::vector<float>>* attention_probs = nullptr;
+  // Optional: restricts which past slots the new tokens attend to (TokenSelect).
+  cache::AttentionSelector* selector = nullptr;
 };
 
 struct ForwardOutput {
@@ -77,12 +89,19 @@ class Model {
   absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                        ForwardOutput* out);
 
+  // The forward's worker threads, for engine-thread kernels between forwards (scoring for the
+  // compression policies). Not to be used while a Forward runs.
+  kernels::ThreadPool& threads() { return *pool_; }
+
  private:
   struct Weights;
   struct Scratch;
   Model() = default;
   absl::Status ValidateBatch(std::span<const BatchEntry> batch,
                              const cache::BlockPool& pool) const;
+  void CaptureQueries(std::span<const BatchEntry> batch, std::span<const int32_t> first_row,
+                      int32_t layer, const float* q, int64_t q_dim,
+                      const cache::BlockPool& pool) const;
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/block_pool.h"
+#include "cache/compression.h"
 #include "cache/sequence_kv.h"
 #include "scheduler/stop_strings.h"
 #include "spdlog/spdlog.h"
@@ -38,6 +39,20 @@ const char* FinishReasonName(FinishReason reason) {
 namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The compression session for a prefill of `num_tokens` tokens of `req` (null for no policy).
+absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
+    const model::Model& model, int32_t block_size, const GenerationRequest& req,
+    int32_t num_tokens) {
+  const model::ModelConfig& c = model.config();
+  cache::policies::PolicyContext context;
+  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, block_size};
+  context.layout.num_tokens = num_tokens;
+  context.layout.spans = req.prompt_spans;
+  return cache::CompressionSession::Create(
+      req.compression.policy,
+      cache::policies::PolicyConfig(req.compression.budget, req.compression.params), context);
+}
 
 // One request from Submit to finish. All fields are touched only by the engine thread once the
 // sequence has left the submit inbox.
@@ -81,6 +96,13 @@ struct Sequence {
   absl::Time last_token_time;
   int32_t preemptions = 0;
   int32_t kv_blocks_peak = 0;
+
+  // Compression: the session of the current prefill (null without a policy); recreated on
+  // preemption so the recomputed cache is compressed again. Totals survive preemptions.
+  std::unique_ptr<cache::CompressionSession> compression;
+  int32_t compression_blocks_freed = 0;
+  int64_t compression_slots_evicted = 0;
+  std::vector<int32_t> compression_kept_per_layer;
 };
 
 // Scheduling order: higher priority first, then earlier arrival. Preemption victims are taken
@@ -122,6 +144,9 @@ struct Engine::Impl {
   // Schedules and runs one iteration; false when nothing could be scheduled.
   bool Step();
   void Preempt(Sequence* s);
+  // After the forward: prefill-chunk bookkeeping, compression after the last prefill chunk,
+  // decode-time eviction. An error finishes the sequence.
+  absl::Status AfterForward(Sequence* s, int32_t start, int32_t count);
   void ProcessToken(Sequence* s, const model::SampledToken& t);
   void Finish(Sequence* s, FinishReason reason, absl::Status status);
   void RemoveFinished();
@@ -259,11 +284,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
           "stop_token_ids[%d]: token id %d is outside the vocabulary [0, %d)", i, id, vocab));
     }
   }
-  if (!request.compression.policy.empty() && request.compression.policy != "none") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "compression.policy: unknown policy \"%s\" (supported: none)",
-        request.compression.policy));
-  }
+  // Also validates the prompt spans, the budget and the policy's params.
+  absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =
+      MakeCompressionSession(*model_, limits_.block_size, request,
+                             static_cast<int32_t>(prompt_len));
+  if (!compression.ok()) return compression.status();
   if (prompt_len > limits_.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "prompt_tokens: the prompt has %d tokens, more than the limit of %d", prompt_len,
@@ -277,7 +302,26 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   }
   // The last generated token is never fed back, so its K/V is never stored.
   const int64_t kv_slots = total - 1;
-  const int64_t blocks_needed = int64_t{config.num_layers} * CeilDiv(kv_slots, limits_.block_size);
+  int64_t blocks_needed = int64_t{config.num_layers} * CeilDiv(kv_slots, limits_.block_size);
+  if (*compression != nullptr) {
+    // The uncompressed prompt must fit (the prefill peak), then the compressed footprint at
+    // max_tokens (each layer rounds up to whole blocks, hence the extra block per layer).
+    const int64_t peak = int64_t{config.num_layers} * CeilDiv(prompt_len, limits_.block_size);
+    const int64_t steady =
+        CeilDiv((*compression)->SteadyStateSlots(static_cast<int32_t>(prompt_len),
+                                                 request.max_tokens - 1),
+                limits_.block_size) +
+        config.num_layers;
+    blocks_needed = std::max(peak, std::min(steady, blocks_needed));
+  }
+  if (*compression != nullptr && blocks_needed > limits_.kv_blocks_total) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "prompt (%d tokens) + max_tokens (%d) with compression policy %s at budget %g needs %d "
+        "KV blocks (the larger of the uncompressed prompt and the compressed footprint at "
+        "max_tokens) but the whole pool has %d, enough for %d tokens per sequence",
+        prompt_len, request.max_tokens, request.compression.policy, request.compression.budget,
+        blocks_needed, limits_.kv_blocks_total, limits_.max_tokens_in_pool));
+  }
   if (blocks_needed > limits_.kv_blocks_total) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks (%d layers x %d blocks of %d "
@@ -292,6 +336,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
                                         std::move(sink));
   seq->tokens = seq->req.prompt_tokens;
   seq->prompt_len = static_cast<int32_t>(prompt_len);
+  seq->compression = *std::move(compression);
   seq->emb_prefix.resize(prompt_len + 1);
   std::vector<int32_t> prompt_ids;
   prompt_ids.reserve(prompt_len);
@@ -528,14 +573,41 @@ bool Engine::Impl::Step() {
   // set up the next preemption. A waiting sequence is admitted only when its whole first chunk
   // fits, and in strict order: letting a smaller, lower-priority request slip past would starve
   // long prompts.
+  //
+  // Compression-aware: a sequence with a policy holds its whole prompt uncompressed until its
+  // last chunk has run, so it is admitted only when the free blocks, less what already-admitted
+  // compressing sequences still need to finish their prefill, hold its whole prefill (the
+  // peak), and every admission leaves those outstanding prefills room. Once compressed, a
+  // sequence counts with the blocks it actually holds, so the blocks its compaction freed
+  // admit waiting requests at the next iteration.
   if (preempted_now == 0) {
     int32_t holding = 0;
     for (Sequence* s : running) holding += s->running ? 1 : 0;
+    int64_t outstanding = 0;  // blocks admitted compressing sequences still need to prefill
+    for (Sequence* s : running) {
+      if (s->running && s->compression != nullptr && !s->compression->compressed()) {
+        outstanding +=
+            s->kv.BlocksNeeded(static_cast<int32_t>(s->tokens.size()) - s->num_computed);
+      }
+    }
     for (Sequence* s : waiting) {
       if (holding >= limits.max_seqs || budget == 0) break;
       const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
       const int32_t n = std::min(remaining, budget);
+      const bool compressing = s->compression != nullptr;
+      const int64_t need = s->kv.BlocksNeeded(compressing ? remaining : n);
+      if (compressing && need > pool->num_blocks()) {
+        // Only after a preemption: the recomputed prompt + generated tokens outgrew the pool.
+        Finish(s, FinishReason::kError,
+               absl::ResourceExhaustedError(absl::StrFormat(
+                   "preempted request must recompute %d tokens uncompressed before its policy "
+                   "can compress them, which needs %d KV blocks; the pool has %d",
+                   remaining, need, pool->num_blocks())));
+        continue;
+      }
+      if (need > pool->num_free() - outstanding) break;
       if (!s->kv.Reserve(*pool, n)) break;
+      if (compressing) outstanding += s->kv.BlocksNeeded(remaining - n);
       s->running = true;
       ++holding;
       if (!s->started) {
@@ -571,6 +643,14 @@ bool Engine::Impl::Step() {
     }
     const bool samples = end == static_cast<int32_t>(s->tokens.size());
     e.logits = samples ? model::LogitsMode::kLast : model::LogitsMode::kNone;
+    if (s->compression != nullptr) {
+      if (!s->compression->compressed()) {
+        e.capture = s->compression->PrefillCapture(p.start, p.count);
+      } else {
+        e.attention_probs = s->compression->DecodeAttentionBuffer();
+        e.selector = s->compression->selector();
+      }
+    }
     batch.push_back(e);
     stats.batch_tokens += p.count;
     if (samples && p.count == 1 && p.start >= s->prompt_len) {
@@ -598,6 +678,15 @@ bool Engine::Impl::Step() {
     Sequence* s = plan[i].seq;
     s->num_computed += plan[i].count;
     s->kv_blocks_peak = std::max(s->kv_blocks_peak, s->kv.num_blocks_held());
+    if (s->compression != nullptr) {
+      // Before sampling: the first token comes from the full cache's logits (computed), and
+      // a sequence that finishes on it must not be compressed after its blocks are gone.
+      if (absl::Status st = AfterForward(s, plan[i].start, plan[i].count); !st.ok()) {
+        spdlog::error("engine: compression failed for request {}: {}", s->id, st.ToString());
+        Finish(s, FinishReason::kError, st);
+        continue;
+      }
+    }
     if (batch[i].logits == model::LogitsMode::kNone) continue;
     const int32_t row = i < out.first_row.size() ? out.first_row[i] : -1;
     if (row < 0) {
@@ -609,9 +698,49 @@ bool Engine::Impl::Step() {
   return true;
 }
 
+absl::Status Engine::Impl::AfterForward(Sequence* s, int32_t start, int32_t count) {
+  cache::CompressionSession& c = *s->compression;
+  if (c.compressed()) {
+    // A decode step: the token at `start` has its K/V written; the policy may evict.
+    const int64_t before = s->kv.num_blocks_held();
+    int64_t slots_before = 0;
+    for (int32_t l = 0; l < s->kv.num_layers(); ++l) slots_before += s->kv.num_slots(l);
+    absl::StatusOr<cache::CompactionStats> st = c.AfterDecodeStep(start, s->kv, *pool);
+    if (!st.ok()) return st.status();
+    if (st->layers_changed > 0 && observer) {
+      observer->OnCompression({s->id, c.policy_name(), false, slots_before,
+                               slots_before - st->slots_removed,
+                               static_cast<int32_t>(before - s->kv.num_blocks_held())});
+    }
+    return absl::OkStatus();
+  }
+  if (absl::Status st = c.AfterPrefillChunk(s->kv, *pool, model->threads()); !st.ok()) return st;
+  if (s->num_computed < static_cast<int32_t>(s->tokens.size())) return absl::OkStatus();
+  absl::StatusOr<cache::CompactionStats> st = c.Compress(s->kv, *pool, model->threads());
+  if (!st.ok()) return st.status();
+  s->compression_kept_per_layer = c.stats().kept_per_layer;
+  if (observer) {
+    observer->OnCompression({s->id, c.policy_name(), true, c.stats().slots_before,
+                             c.stats().slots_after, st->blocks_freed});
+  }
+  return absl::OkStatus();
+}
+
 void Engine::Impl::Preempt(Sequence* s) {
   // Recompute, not swap: the prompt and generated tokens are kept, so re-prefilling them later
   // rebuilds exactly this cache, and the sampler (with its RNG state) carries on untouched.
+  // A compressed sequence gets a fresh session: its recomputed prompt (now including the
+  // generated tokens) is compressed again after its last chunk.
+  if (s->compression != nullptr) {
+    s->compression_blocks_freed += s->compression->stats().blocks_freed;
+    s->compression_slots_evicted += s->compression->stats().slots_evicted;
+    absl::StatusOr<std::unique_ptr<cache::CompressionSession>> fresh = MakeCompressionSession(
+        *model, limits.block_size, s->req, static_cast<int32_t>(s->tokens.size()));
+    // The spec was validated at Submit and the layout only grew, so this cannot fail; if it
+    // did, the sequence would recompute uncompressed rather than fail.
+    if (!fresh.ok()) spdlog::error("engine: recreating compression: {}", fresh.status().ToString());
+    s->compression = fresh.ok() ? *std::move(fresh) : nullptr;
+  }
   s->kv.Release(*pool);
   s->running = false;
   s->num_computed = 0;
@@ -687,6 +816,13 @@ void Engine::Impl::Finish(Sequence* s, FinishReason reason, absl::Status status)
   u.kv_tokens_per_layer.resize(s->kv.num_layers());
   for (int32_t l = 0; l < s->kv.num_layers(); ++l) u.kv_tokens_per_layer[l] = s->kv.num_slots(l);
   u.preemptions = s->preemptions;
+  u.kv_blocks_freed_by_compression = s->compression_blocks_freed;
+  u.kv_tokens_evicted = s->compression_slots_evicted;
+  if (s->compression != nullptr) {
+    u.kv_blocks_freed_by_compression += s->compression->stats().blocks_freed;
+    u.kv_tokens_evicted += s->compression->stats().slots_evicted;
+  }
+  u.kv_tokens_kept_per_layer = s->compression_kept_per_layer;
 
   s->kv.Release(*pool);
   s->running = false;
@@ -705,6 +841,9 @@ void Engine::Impl::Finish(Sequence* s, FinishReason reason, absl::Status status)
     stats.completion_tokens = u.completion_tokens;
     stats.preemptions = u.preemptions;
     stats.kv_blocks_peak = u.kv_blocks_peak;
+    stats.compression_policy =
+        s->req.compression.policy == "none" ? std::string() : s->req.compression.policy;
+    stats.kv_blocks_freed_by_compression = u.kv_blocks_freed_by_compression;
     stats.started = s->started;
     stats.has_first_token = s->has_first_token;
     if (s->started) stats.queue_time = s->start_time - s->submit_time;

@@ -14,8 +14,11 @@
 //      recompute (its blocks are freed; it is requeued and later re-prefills prompt + generated
 //      tokens, keeping its sampler state, so its stream continues unchanged);
 //   3. if nothing was preempted, waiting sequences are admitted in priority order while their
-//      first chunk fits in the pool and the budgets;
-//   4. one forward; sampling; stop checks; events to the sinks.
+//      first chunk fits in the pool and the budgets (compression-aware: see engine.cc,
+//      "Admission", and docs/compression.md);
+//   4. one forward; sampling; stop checks; events to the sinks;
+//   5. sequences whose prefill completed are compressed by their policy (blocks freed at once,
+//      so waiting requests are admitted into them next iteration); decode steps may evict.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/policies/policy.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "scheduler/engine_observer.h"
@@ -45,8 +49,9 @@ struct EngineOptions {
   int32_t max_tokens_limit = 0;   // upper bound on GenerationRequest::max_tokens; 0: none
 };
 
-// Which KV-compression policy a request asks for. Only "" and "none" are accepted until the
-// compression issue lands; budget and params are then interpreted by the policy.
+// Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
+// (0, 1], is the fraction of the prompt's KV kept; params are the policy's own (see
+// docs/compression.md). Validated at Submit by cache::policies::CreatePolicy.
 struct CompressionSpec {
   std::string policy;
   double budget = 0.0;
@@ -69,6 +74,10 @@ struct GenerationRequest {
   int32_t priority = 0;                   // larger = more important; ties go by arrival
   absl::Time deadline = absl::InfiniteFuture();
   CompressionSpec compression;
+  // Image-embedding and client-marked context spans of the prompt ([begin, end) positions,
+  // sorted, disjoint): what modality-aware policies score and evict; the text after the last
+  // one is their observation window. Empty: a plain text prompt.
+  std::vector<cache::policies::PromptSpan> prompt_spans;
 };
 
 struct TokenLogprob {
@@ -94,6 +103,12 @@ struct Usage {
   int32_t kv_blocks_at_finish = 0;  // blocks held just before they were freed
   std::vector<int32_t> kv_tokens_per_layer;  // slots held per layer at finish
   int32_t preemptions = 0;
+  // Compression (zero / empty without a policy). Summed over every prefill (a preempted
+  // request is compressed again when it recomputes) and every decode-time eviction.
+  int32_t kv_blocks_freed_by_compression = 0;
+  int64_t kv_tokens_evicted = 0;              // slots removed, summed over layers
+  std::vector<int32_t> kv_tokens_kept_per_layer;  // slots per layer right after the last
+                                                  // prefill compression
 };
 
 struct FinishEvent {
@@ -150,9 +165,11 @@ class Engine {
   // Validates and queues a request; returns the id that Cancel takes. Errors, all immediate:
   //   InvalidArgument naming the field (empty prompt, token id out of range, embedding rows of
   //     the wrong width or count, max_tokens < 1 or above the limit, bad sampling, unknown
-  //     compression policy, prompt longer than max_prompt_tokens);
+  //     compression policy, budget outside (0, 1] or bad policy params, bad prompt spans,
+  //     prompt longer than max_prompt_tokens);
   //   ResourceExhausted when the queue is full, or prompt + max_tokens can never fit the
-  //     context or the KV pool (the message gives the numbers);
+  //     context or the KV pool (the message gives the numbers; with compression the pool must
+  //     hold the uncompressed prompt and the compressed footprint at max_tokens);
   //   Unavailable while draining or after shutdown.
   // On error the sink is never called.
   absl::StatusOr<uint64_t> Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink);

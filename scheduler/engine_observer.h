@@ -45,6 +45,17 @@ struct SchedulerState {
   int64_t preemptions_total = 0;
 };
 
+// One compaction of a sequence's KV by its compression policy: after its prefill, or a
+// decode-time eviction.
+struct CompressionEvent {
+  uint64_t id = 0;
+  std::string policy;
+  bool prefill = true;         // false: decode-time eviction
+  int64_t slots_before = 0;    // KV slots summed over layers, before and after
+  int64_t slots_after = 0;
+  int32_t blocks_freed = 0;    // returned to the pool by this compaction
+};
+
 // Everything worth logging or histogramming about a request once it has finished.
 struct RequestStats {
   uint64_t id = 0;              // the engine's id (Submit's return value)
@@ -55,6 +66,8 @@ struct RequestStats {
   int32_t completion_tokens = 0;
   int32_t preemptions = 0;
   int32_t kv_blocks_peak = 0;
+  std::string compression_policy;           // empty: none
+  int32_t kv_blocks_freed_by_compression = 0;
   bool started = false;         // false: finished while still queued (never scheduled)
   bool has_first_token = false;
   absl::Duration queue_time;    // submit -> first scheduled (0 when never started)
@@ -76,6 +89,8 @@ class EngineObserver {
   virtual void OnToken(uint64_t id, absl::Duration inter_token_latency) {}
   // The sequence lost its KV blocks and will recompute them later.
   virtual void OnPreemption(uint64_t id) {}
+  // The sequence's KV was compacted by its compression policy.
+  virtual void OnCompression(const CompressionEvent& event) {}
   virtual void OnRequestFinished(const RequestStats& stats) {}
   virtual void OnIteration(const IterationStats& stats) {}
   virtual void OnSchedulerState(const SchedulerState& state) {}

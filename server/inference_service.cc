@@ -158,6 +158,9 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     usage->set_kv_blocks_final(event.usage.kv_blocks_at_finish);
     for (int32_t n : event.usage.kv_tokens_per_layer) usage->add_kv_tokens_per_layer(n);
     usage->set_preemptions(event.usage.preemptions);
+    usage->set_kv_blocks_freed_by_compression(event.usage.kv_blocks_freed_by_compression);
+    usage->set_kv_tokens_evicted(event.usage.kv_tokens_evicted);
+    for (int32_t n : event.usage.kv_tokens_kept_per_layer) usage->add_kv_tokens_kept_per_layer(n);
     has_pending_ = true;
     final_status_ = FinalStatus(event);
     PumpLocked();

@@ -154,6 +154,10 @@ void RequestLogger::OnRequestFinished(const scheduler::RequestStats& s) {
   }
   fields.emplace_back("preemptions", absl::StrCat(s.preemptions));
   fields.emplace_back("kv_blocks_peak", absl::StrCat(s.kv_blocks_peak));
+  if (!s.compression_policy.empty()) {
+    fields.emplace_back("compression", s.compression_policy);
+    fields.emplace_back("kv_blocks_freed", absl::StrCat(s.kv_blocks_freed_by_compression));
+  }
   if (!s.status.ok()) fields.emplace_back("error", std::string(s.status.message()));
   LogEvent(s.reason == scheduler::FinishReason::kError ? spdlog::level::warn
                                                         : spdlog::level::info,
@@ -174,6 +178,9 @@ void FanoutObserver::OnToken(uint64_t id, absl::Duration inter_token_latency) {
 }
 void FanoutObserver::OnPreemption(uint64_t id) {
   for (auto* o : observers_) o->OnPreemption(id);
+}
+void FanoutObserver::OnCompression(const scheduler::CompressionEvent& event) {
+  for (auto* o : observers_) o->OnCompression(event);
 }
 void FanoutObserver::OnRequestFinished(const scheduler::RequestStats& stats) {
   for (auto* o : observers_) o->OnRequestFinished(stats);

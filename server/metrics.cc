@@ -1,9 +1,11 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/policies/policy.h"
 
 namespace winnow::server {
 namespace {
@@ -30,6 +32,12 @@ const Buckets& RequestTimeBuckets() {
   return b;
 }
 // Queue time is often sub-second on a healthy server, so it starts lower than the e2e buckets.
+// The budgets clients ask for (0.05, 0.1, 0.2, 0.5) each get a bucket edge.
+const Buckets& KeptRatioBuckets() {
+  static const Buckets b = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 0.9, 1.0};
+  return b;
+}
+
 const Buckets& QueueTimeBuckets() {
   static const Buckets b = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0,
                             2.5,   5.0,   10,   15,    20,   30,  40,  50,  60,  120, 240, 480};
@@ -118,6 +126,27 @@ Metrics::Metrics(int32_t max_request_tokens)
                    .Name("winnow_requests_rejected_total")
                    .Help("Generate calls refused before reaching the engine, by gRPC code.")
                    .Register(r);
+  kv_tokens_evicted_ = &BuildCounter()
+                            .Name("winnow_kv_tokens_evicted_total")
+                            .Help("KV slots removed by compression (prefill and decode-time "
+                                  "eviction), summed over layers, by policy.")
+                            .Register(r);
+  kv_blocks_reclaimed_ = &BuildCounter()
+                              .Name("winnow_kv_blocks_reclaimed_total")
+                              .Help("KV blocks returned to the pool by compression, by policy.")
+                              .Register(r);
+  kv_kept_ratio_ = &BuildHistogram()
+                        .Name("winnow_kv_kept_ratio")
+                        .Help("Fraction of a prompt's KV slots (summed over layers) kept by "
+                              "its prefill compression, by policy.")
+                        .Register(r);
+  // Pre-create each policy's series so rate() queries see a zero before its first compaction.
+  for (const std::string& policy : cache::policies::KnownPolicies()) {
+    if (policy == "none") continue;
+    kv_tokens_evicted_->Add({{"policy", policy}});
+    kv_blocks_reclaimed_->Add({{"policy", policy}});
+    kv_kept_ratio_->Add({{"policy", policy}}, KeptRatioBuckets());
+  }
   ttft_ = &BuildHistogram()
                .Name("winnow_time_to_first_token_seconds")
                .Help("Time from arrival to the first generated token.")
@@ -217,6 +246,17 @@ void Metrics::OnToken(uint64_t id, absl::Duration inter_token_latency) {
 }
 
 void Metrics::OnPreemption(uint64_t id) { preemptions_->Increment(); }
+
+void Metrics::OnCompression(const scheduler::CompressionEvent& event) {
+  const std::map<std::string, std::string> labels = {{"policy", event.policy}};
+  kv_tokens_evicted_->Add(labels).Increment(
+      static_cast<double>(event.slots_before - event.slots_after));
+  kv_blocks_reclaimed_->Add(labels).Increment(event.blocks_freed);
+  if (event.prefill && event.slots_before > 0) {
+    kv_kept_ratio_->Add(labels, KeptRatioBuckets())
+        .Observe(static_cast<double>(event.slots_after) / event.slots_before);
+  }
+}
 
 void Metrics::OnRequestFinished(const scheduler::RequestStats& stats) {
   queued_prompt_tokens_.erase(stats.id);

@@ -43,6 +43,7 @@ class Metrics : public scheduler::EngineObserver {
   void OnFirstToken(uint64_t id, absl::Duration ttft) override;
   void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
   void OnPreemption(uint64_t id) override;
+  void OnCompression(const scheduler::CompressionEvent& event) override;
   void OnRequestFinished(const scheduler::RequestStats& stats) override;
   void OnIteration(const scheduler::IterationStats& stats) override;
   void OnSchedulerState(const scheduler::SchedulerState& state) override;
@@ -72,6 +73,9 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Histogram* iteration_tokens_;
   prometheus::Histogram* iteration_sequences_;
   prometheus::Histogram* iteration_seconds_;
+  prometheus::Family<prometheus::Counter>* kv_tokens_evicted_;
+  prometheus::Family<prometheus::Counter>* kv_blocks_reclaimed_;
+  prometheus::Family<prometheus::Histogram>* kv_kept_ratio_;
 
   // Prompt sizes between queueing and first scheduling, so the prompt-token counter moves when
   // the prefill starts rather than when the request ends. Engine thread only.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace winnow::server {
 namespace {
@@ -49,12 +50,16 @@ absl::StatusOr<PromptInput> BuildSegments(const v1::Segments& segments,
         if (seg.text().text().empty()) return Invalid(field + ".text.text", "must not be empty");
         AppendText(tok, seg.text().text(), &out);
         break;
-      case v1::Segment::kContext:
+      case v1::Segment::kContext: {
         if (seg.context().text().empty()) {
           return Invalid(field + ".context.text", "must not be empty");
         }
+        const int32_t begin = static_cast<int32_t>(out.tokens.size());
         AppendText(tok, seg.context().text(), &out);
+        const int32_t end = static_cast<int32_t>(out.tokens.size());
+        if (end > begin) out.spans.push_back({cache::policies::SpanKind::kContext, begin, end});
         break;
+      }
       case v1::Segment::kEmbedding: {
         const v1::EmbeddingSpan& emb = seg.embedding();
         if (emb.rows() < 1) {
@@ -73,6 +78,10 @@ absl::StatusOr<PromptInput> BuildSegments(const v1::Segments& segments,
                            "must be a finite number");
           }
         }
+        // Every embedding span (whatever its modality tag) is what modality-aware policies
+        // treat as visual: compressible, scored by the text after it.
+        const int32_t begin = static_cast<int32_t>(out.tokens.size());
+        out.spans.push_back({cache::policies::SpanKind::kImage, begin, begin + emb.rows()});
         out.tokens.insert(out.tokens.end(), emb.rows(), model::kEmbeddingInput);
         out.embeddings.insert(out.embeddings.end(), emb.values().begin(), emb.values().end());
         break;
@@ -188,20 +197,36 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
     return Invalid("top_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ",
                                                 request.top_logprobs()));
   }
+  // The policy name and budget are checked here, before tokenizing; the engine's Submit
+  // checks them again with the policy's parameters (cache::policies::CreatePolicy).
   const v1::CompressionSpec& comp = request.compression();
-  if (!comp.policy().empty() && comp.policy() != "none") {
-    return Invalid("compression.policy",
-                   absl::StrCat("unknown policy '", comp.policy(), "' (available: none)"));
+  const bool no_policy = comp.policy().empty() || comp.policy() == "none";
+  if (!no_policy) {
+    const std::vector<std::string> known = cache::policies::KnownPolicies();
+    if (std::find(known.begin(), known.end(), comp.policy()) == known.end()) {
+      return Invalid("compression.policy",
+                     absl::StrCat("unknown policy '", comp.policy(), "' (available: ",
+                                  absl::StrJoin(known, ", "), ")"));
+    }
+    if (!(comp.budget() > 0.0 && comp.budget() <= 1.0)) {
+      return Invalid("compression.budget",
+                     absl::StrCat("must be in (0, 1] (the fraction of the prompt's KV kept), "
+                                  "got ", comp.budget()));
+    }
+  } else {
+    if (comp.budget() != 0) return Invalid("compression.budget", "policy 'none' takes no budget");
+    if (!comp.params().empty() || !comp.options().empty()) {
+      return Invalid("compression.params", "policy 'none' takes no parameters");
+    }
   }
-  if (!std::isfinite(comp.budget()) || comp.budget() < 0) {
-    return Invalid("compression.budget",
-                   absl::StrCat("must be a finite number >= 0, got ", comp.budget()));
-  }
-  if (comp.budget() != 0) {
-    return Invalid("compression.budget", "policy 'none' takes no budget");
-  }
-  if (!comp.params().empty()) {
-    return Invalid("compression.params", "policy 'none' takes no parameters");
+  for (const auto& [k, v] : comp.params()) {
+    if (!std::isfinite(v)) {
+      return Invalid(absl::StrCat("compression.params.", k), "must be a finite number");
+    }
+    if (comp.options().contains(k)) {
+      return Invalid(absl::StrCat("compression.params.", k),
+                     "given both as a number (params) and as a string (options)");
+    }
   }
 
   auto prompt = BuildPrompt(request, model);
@@ -217,6 +242,7 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   out.request_id = request.request_id();
   out.prompt_tokens = std::move(prompt->tokens);
   out.embeddings = std::move(prompt->embeddings);
+  out.prompt_spans = std::move(prompt->spans);
 
   const v1::SamplingParams& s = request.sampling();
   out.sampling.temperature = s.temperature();
@@ -250,7 +276,12 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   out.priority = request.priority();
   out.compression.policy = comp.policy();
   out.compression.budget = comp.budget();
-  for (const auto& [k, v] : comp.params()) out.compression.params[k] = absl::StrCat(v);
+  // Numbers become their shortest decimal text ("8", "0.25"), which the policies' typed
+  // getters parse back.
+  for (const auto& [k, v] : comp.params()) {
+    out.compression.params[std::string(k)] = absl::StrCat(v);
+  }
+  for (const auto& [k, v] : comp.options()) out.compression.params[std::string(k)] = v;
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/policies/policy.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
 #include "winnow/v1/inference.pb.h"
@@ -32,6 +33,8 @@ inline constexpr size_t kMaxStopStrings = 64;
 struct PromptInput {
   std::vector<int32_t> tokens;  // model::kEmbeddingInput marks embedding positions
   std::vector<float> embeddings;
+  // Embedding and context segments as positions, for the compression policies.
+  std::vector<cache::policies::PromptSpan> spans;
 };
 
 absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,

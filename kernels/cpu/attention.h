@@ -33,6 +33,14 @@ struct AttentionSequence {
   int32_t num_slots = 0;
   int32_t num_new = 0;
   int32_t first_row = 0;  // row of its first new token in q/out
+  // Optional sparse attention (decode-time selection): when `selected` is set, the new tokens
+  // attend only to the num_selected past slots it lists (ascending, < num_slots - num_new) plus,
+  // causally, the new tokens themselves.
+  const int32_t* selected = nullptr;
+  int32_t num_selected = 0;
+  // Optional: receives the attention probabilities, probs[(i * num_heads + h) * num_slots + j]
+  // for new token i, query head h, slot j (0 where not attended). The caller zero-fills it.
+  float* probs = nullptr;
 };
 
 // q and out: rows x num_heads x head_dim. Query head h reads KV head h / (num_heads /

@@ -1,0 +1,31 @@
+// Decode-time sparse attention without eviction (TokenSelect-style): before a layer's attention,
+// the forward asks the sequence's selector which of its past slots the new tokens attend to.
+// Nothing is freed; only the attention work shrinks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/sequence_kv.h"
+
+namespace winnow::cache {
+
+class AttentionSelector {
+ public:
+  virtual ~AttentionSelector() = default;
+
+  // `q`: the post-RoPE query rows of the sequence's new tokens in `layer`, num_new x num_heads x
+  // head_dim floats. `past_slots`: slots of `layer` that precede the new tokens (the new tokens'
+  // own K/V are already written after them and are always attended, causally).
+  // Return false to attend densely. Return true after filling `slots` with ascending, unique
+  // slot indices < past_slots, shared by every KV head of the layer: the new tokens then attend
+  // to exactly those past slots plus themselves. Called on the engine thread, once per layer per
+  // forward in which the sequence takes part.
+  virtual bool Select(int32_t layer, std::span<const float> q, int32_t num_new,
+                      int32_t past_slots, const SequenceKv& kv, const BlockPool& pool,
+                      std::vector<int32_t>* slots) = 0;
+};
+
+}  // namespace winnow::cache

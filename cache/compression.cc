@@ -1,0 +1,242 @@
+#include "cache/compression.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention_scores.h"
+
+namespace winnow::cache {
+namespace {
+
+kernels::PagedKvView ViewOf(const BlockPool& pool) {
+  const KvLayout& layout = pool.layout();
+  return kernels::PagedKvView{pool.arena(), layout.floats_per_block(), layout.block_size,
+                              layout.num_kv_heads, layout.head_dim};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CompressionSession>> CompressionSession::Create(
+    const std::string& policy, const policies::PolicyConfig& config,
+    const policies::PolicyContext& context) {
+  absl::StatusOr<std::unique_ptr<policies::CompressionPolicy>> created =
+      policies::CreatePolicy(policy, config, context);
+  if (!created.ok()) return created.status();
+  if (*created == nullptr) return std::unique_ptr<CompressionSession>();
+  return std::unique_ptr<CompressionSession>(
+      new CompressionSession(policy, *std::move(created), context));
+}
+
+CompressionSession::CompressionSession(std::string name,
+                                       std::unique_ptr<policies::CompressionPolicy> policy,
+                                       const policies::PolicyContext& context)
+    : name_(std::move(name)),
+      policy_(std::move(policy)),
+      dims_(context.dims),
+      num_tokens_(context.layout.num_tokens),
+      slots_(context.dims.num_layers, context.dims.num_kv_heads) {
+  observe_ = policy_->Observation();
+  observe_.window_begin = std::clamp(observe_.window_begin, 0, num_tokens_);
+  window_rows_.resize(dims_.num_layers);
+  if (observe_.accumulate_all_rows) {
+    column_sums_.assign(dims_.num_layers,
+                        std::vector<float>(static_cast<size_t>(dims_.num_heads) * num_tokens_));
+  }
+}
+
+QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
+  if (compressed_) return nullptr;
+  const int32_t first =
+      observe_.accumulate_all_rows ? start : std::max(start, observe_.window_begin);
+  if (first >= start + count || first >= num_tokens_) return nullptr;
+  capture_.Clear();
+  capture_.first_position = first;
+  if (observe_.accumulate_all_rows) {
+    // Fold each layer's rows into the column sums as soon as the forward has them, so a long
+    // chunk never holds every layer's query rows at once; only window rows stay.
+    capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, const BlockPool& pool,
+                                 kernels::ThreadPool& threads) {
+      AccumulateLayer(layer, kv, pool, threads);
+    };
+  } else {
+    capture_.layer_done = nullptr;
+  }
+  return &capture_;
+}
+
+void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
+                                         const BlockPool& pool, kernels::ThreadPool& threads) {
+  std::vector<float>& rows_q = capture_.per_layer[layer];
+  const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
+  const int32_t rows = static_cast<int32_t>(rows_q.size() / row_floats);
+  if (rows == 0) return;
+  // Rows are appended at layer 0 first, so positions already lists this chunk's rows.
+  const std::span<const int32_t> positions =
+      std::span<const int32_t>(capture_.positions).last(rows);
+  std::vector<int32_t> visible(rows);
+  for (int32_t r = 0; r < rows; ++r) visible[r] = positions[r] + 1;
+  kernels::ScoreInput in;
+  in.block_table = kv.block_table(layer).data();
+  in.num_slots = kv.num_slots(layer);
+  in.q = rows_q.data();
+  in.num_rows = rows;
+  in.visible = visible.data();
+  in.num_heads = dims_.num_heads;
+  in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched.
+  std::vector<float> chunk(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
+  kernels::AccumulateAttentionColumns(ViewOf(pool), in, chunk.data(), threads);
+  std::vector<float>& sums = column_sums_[layer];
+  const int32_t n = std::min(in.num_slots, num_tokens_);
+  for (int32_t h = 0; h < dims_.num_heads; ++h) {
+    for (int32_t j = 0; j < n; ++j) {
+      sums[int64_t{h} * num_tokens_ + j] += chunk[int64_t{h} * in.num_slots + j];
+    }
+  }
+  // Keep only the observation-window rows of this layer.
+  int32_t before_window = 0;
+  while (before_window < rows && positions[before_window] < observe_.window_begin) {
+    ++before_window;
+  }
+  rows_q.erase(rows_q.begin(), rows_q.begin() + before_window * row_floats);
+}
+
+absl::Status CompressionSession::AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
+                                                   kernels::ThreadPool& threads) {
+  const int32_t rows = capture_.num_rows();
+  if (rows == 0) return absl::OkStatus();
+  if (static_cast<int32_t>(capture_.per_layer.size()) != dims_.num_layers) {
+    return absl::InternalError("compression: query capture has the wrong number of layers");
+  }
+  const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
+  int32_t first_window_row = 0;
+  while (first_window_row < rows && capture_.positions[first_window_row] < observe_.window_begin) {
+    ++first_window_row;
+  }
+  for (int32_t r = first_window_row; r < rows; ++r) {
+    window_positions_.push_back(capture_.positions[r]);
+  }
+  // Accumulating captures already dropped the rows before the window, layer by layer.
+  const int64_t skip = observe_.accumulate_all_rows ? 0 : first_window_row * row_floats;
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    const std::vector<float>& src = capture_.per_layer[l];
+    if (static_cast<int64_t>(src.size()) != (rows - first_window_row) * row_floats + skip) {
+      return absl::InternalError("compression: captured rows out of step across layers");
+    }
+    window_rows_[l].insert(window_rows_[l].end(), src.begin() + skip, src.end());
+  }
+  capture_.Clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, BlockPool& pool,
+                                                             kernels::ThreadPool& threads) {
+  if (compressed_) return absl::InternalError("compression: Compress called twice");
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    if (kv.num_slots(l) != num_tokens_) {
+      return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
+                                              kv.num_slots(l), " slots, the prompt has ",
+                                              num_tokens_, " tokens"));
+    }
+  }
+  compressed_ = true;
+  slots_.Clear();
+  slots_.AppendRange(0, num_tokens_);
+
+  const kernels::PagedKvView view = ViewOf(pool);
+  const int32_t rows = static_cast<int32_t>(window_positions_.size());
+  std::vector<int32_t> visible(rows);
+  for (int32_t r = 0; r < rows; ++r) visible[r] = window_positions_[r] + 1;
+  std::vector<float> probs;
+  std::vector<float> log_normalizer;
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    policies::ObservationAttention attention;
+    attention.layer = l;
+    attention.num_heads = dims_.num_heads;
+    attention.num_kv_heads = dims_.num_kv_heads;
+    attention.num_rows = rows;
+    attention.num_slots = num_tokens_;
+    attention.row_positions = window_positions_;
+    if (rows > 0) {
+      // One layer at a time: the transient is num_heads x rows x num_tokens floats.
+      probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
+      log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
+      kernels::ScoreInput in;
+      in.block_table = kv.block_table(l).data();
+      in.num_slots = num_tokens_;
+      in.q = window_rows_[l].data();
+      in.num_rows = rows;
+      in.visible = visible.data();
+      in.num_heads = dims_.num_heads;
+      in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+      kernels::AttentionProbabilities(view, in, probs.data(), log_normalizer.data(), threads);
+      attention.probs = probs;
+      attention.log_normalizer = log_normalizer;
+    }
+    if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
+    if (absl::Status s = policy_->ObserveLayer(attention); !s.ok()) return s;
+    // The window rows of this layer are no longer needed.
+    std::vector<float>().swap(window_rows_[l]);
+    if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
+  }
+
+  absl::StatusOr<policies::KeepPlan> plan = policy_->Plan();
+  if (!plan.ok()) return plan.status();
+  stats_.prefill_tokens = num_tokens_;
+  stats_.slots_before = int64_t{dims_.num_layers} * num_tokens_;
+  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
+  if (!applied.ok()) {
+    return absl::InternalError(absl::StrCat("compression: policy ", name_,
+                                            " returned a bad plan: ", applied.status().message()));
+  }
+  slots_.Apply(*plan);
+  stats_.kept_per_layer.resize(dims_.num_layers);
+  stats_.slots_after = 0;
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    stats_.kept_per_layer[l] = kv.num_slots(l);
+    stats_.slots_after += kv.num_slots(l);
+  }
+  stats_.slots_evicted += applied->slots_removed;
+  stats_.blocks_freed += applied->blocks_freed;
+  return *applied;
+}
+
+std::vector<std::vector<float>>* CompressionSession::DecodeAttentionBuffer() {
+  if (!compressed_ || !policy_->WantsDecodeAttention()) return nullptr;
+  return &decode_attention_;
+}
+
+absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t position,
+                                                                    SequenceKv& kv,
+                                                                    BlockPool& pool) {
+  if (!compressed_) return absl::InternalError("compression: decode step before Compress");
+  slots_.AppendRange(position, 1);
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    if (slots_.num_slots(l) != kv.num_slots(l)) {
+      return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
+                                              kv.num_slots(l), " slots but ",
+                                              slots_.num_slots(l), " are tracked"));
+    }
+  }
+  policies::DecodeStep step;
+  step.position = position;
+  step.tokens_seen = position + 1;
+  step.slots = &slots_;
+  if (policy_->WantsDecodeAttention()) step.attention = decode_attention_;
+  absl::StatusOr<policies::KeepPlan> plan = policy_->OnDecodeStep(step);
+  if (!plan.ok()) return plan.status();
+  if (plan->empty()) return CompactionStats{};
+  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
+  if (!applied.ok()) {
+    return absl::InternalError(absl::StrCat("compression: policy ", name_,
+                                            " returned a bad decode plan: ",
+                                            applied.status().message()));
+  }
+  slots_.Apply(*plan);
+  stats_.slots_evicted += applied->slots_removed;
+  stats_.blocks_freed += applied->blocks_freed;
+  ++stats_.decode_compactions;
+  return *applied;
+}
+
+}  // namespace winnow::cache

@@ -1,0 +1,110 @@
+// The per-request compression machinery the engine drives: it owns the request's policy,
+// captures observation query rows during prefill, runs the scoring kernel per layer after the
+// last prefill chunk, applies the policy's plans by compaction (blocks freed at once) and
+// forwards decode steps to the policy. One session per prefill: after a preemption the engine
+// creates a new one, so the re-prefilled sequence is compressed again.
+//
+// Engine protocol, per sequence:
+//   prefill chunk:  entry.capture = PrefillCapture(start, count); Forward; AfterPrefillChunk();
+//   after the chunk that completes the prefill: Compress();
+//   decode step:    entry.attention_probs = DecodeAttentionBuffer();
+//                   entry.selector = selector(); Forward; AfterDecodeStep(position).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/attention_selector.h"
+#include "cache/block_pool.h"
+#include "cache/compaction.h"
+#include "cache/policies/policy.h"
+#include "cache/query_capture.h"
+#include "cache/sequence_kv.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace winnow::cache {
+
+struct CompressionStats {
+  int32_t prefill_tokens = 0;          // tokens the prefill compression ran on
+  int64_t slots_before = 0;            // summed over layers, just before it
+  int64_t slots_after = 0;             // summed over layers, just after it
+  std::vector<int32_t> kept_per_layer;  // slots per layer just after it
+  int64_t slots_evicted = 0;           // summed over layers, prefill + decode evictions
+  int32_t blocks_freed = 0;            // prefill + decode compactions
+  int32_t decode_compactions = 0;
+};
+
+class CompressionSession {
+ public:
+  // Not copyable or movable: the capture's hook points back at the session.
+  CompressionSession(const CompressionSession&) = delete;
+  CompressionSession& operator=(const CompressionSession&) = delete;
+
+  // Null (and OK) for "" / "none". InvalidArgument naming the field for an unknown policy, a
+  // budget outside (0, 1] or bad params.
+  static absl::StatusOr<std::unique_ptr<CompressionSession>> Create(
+      const std::string& policy, const policies::PolicyConfig& config,
+      const policies::PolicyContext& context);
+
+  const std::string& policy_name() const { return name_; }
+  bool compressed() const { return compressed_; }
+  policies::CompressionPolicy& policy() { return *policy_; }
+  const policies::SlotPositions& slot_positions() const { return slots_; }
+  const CompressionStats& stats() const { return stats_; }
+
+  // --- Prefill. ---
+  // The capture to attach to the chunk of prompt positions [start, start + count), or null
+  // when the chunk has no row to observe.
+  QueryCapture* PrefillCapture(int32_t start, int32_t count);
+  // After that chunk's forward: accumulates column sums (if the policy wants them) and keeps the
+  // observation-window rows for Compress.
+  absl::Status AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
+                                 kernels::ThreadPool& threads);
+  // After the chunk that completed the prefill (every layer holds the whole prompt): scores each
+  // layer, asks the policy for its plan and compacts. Returns what was freed.
+  absl::StatusOr<CompactionStats> Compress(SequenceKv& kv, BlockPool& pool,
+                                           kernels::ThreadPool& threads);
+
+  // --- Decode. ---
+  // Where the forward writes the decode token's attention probabilities; null unless the policy
+  // wants them.
+  std::vector<std::vector<float>>* DecodeAttentionBuffer();
+  AttentionSelector* selector() { return policy_->selector(); }
+  // After a decode forward wrote the K/V of the token at `position`: lets the policy evict.
+  absl::StatusOr<CompactionStats> AfterDecodeStep(int32_t position, SequenceKv& kv,
+                                                  BlockPool& pool);
+
+  // Admission: slots (summed over layers) held after compression once `generated` tokens were
+  // appended.
+  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const {
+    return policy_->SteadyStateSlots(prompt_tokens, generated);
+  }
+  bool EvictsDuringDecode() const { return policy_->EvictsDuringDecode(); }
+
+ private:
+  CompressionSession(std::string name, std::unique_ptr<policies::CompressionPolicy> policy,
+                     const policies::PolicyContext& context);
+  // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
+  void AccumulateLayer(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
+                       kernels::ThreadPool& threads);
+
+  std::string name_;
+  std::unique_ptr<policies::CompressionPolicy> policy_;
+  policies::ModelDims dims_;
+  int32_t num_tokens_ = 0;
+  policies::ObservationRequest observe_;
+  bool compressed_ = false;
+
+  QueryCapture capture_;
+  std::vector<std::vector<float>> window_rows_;  // [layer] rows x num_heads x head_dim
+  std::vector<int32_t> window_positions_;
+  std::vector<std::vector<float>> column_sums_;  // [layer] num_heads x num_tokens
+  std::vector<std::vector<float>> decode_attention_;
+  policies::SlotPositions slots_;
+  CompressionStats stats_;
+};
+
+}  // namespace winnow::cache

@@ -1,0 +1,295 @@
+#include "cache/policies/aircache.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "cache/policies/layer_budget_split.h"
+#include "spdlog/fmt/ranges.h"
+#include "spdlog/spdlog.h"
+
+namespace winnow::cache::policies {
+namespace {
+
+class AirCachePolicy : public CompressionPolicy {
+ public:
+  AirCachePolicy(const PolicyConfig& config, const PolicyContext& context,
+                 const AirCacheOptions& options)
+      : CompressionPolicy(config, context), options_(options) {
+    const int32_t n = context.layout.num_tokens;
+    const int32_t layers = context.dims.num_layers;
+    const bool span_mode = context.layout.HasCompressibleSpans();
+    // Without spans the budget is a fraction of the whole prompt, window included, so the
+    // window may not exceed it (tiny prompts).
+    const int32_t fallback_window =
+        span_mode ? options.window : std::min(options.window, KeepCount(config.budget(), n));
+    window_ = ObservationWindow(context.layout, fallback_window, options.min_window,
+                                options.max_window);
+    split_ = SplitEvictable(context.layout, window_, /*window_evictable=*/false);
+    const int64_t base = static_cast<int64_t>(split_.evictable.size());
+    if (span_mode) {
+      cap_ = static_cast<int64_t>(std::floor(config.budget() * layers * base + 1e-6));
+    } else {
+      cap_ = int64_t{layers} * (KeepCount(config.budget(), n) - window_.size());
+    }
+    cap_ = std::clamp<int64_t>(cap_, 0, int64_t{layers} * base);
+    strength_.assign(layers, -1.0);
+    skewness_.assign(layers, 0.0);
+    elite_mean_.assign(layers, 0.0f);
+    scores_.resize(layers);
+  }
+
+  std::string name() const override { return "aircache"; }
+
+  ObservationRequest Observation() const override {
+    return ObservationRequest{window_.begin, false};
+  }
+
+  absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
+        attention.num_slots != layout().num_tokens || attention.num_rows != window_.size()) {
+      return absl::InternalError(absl::StrCat("aircache: unexpected observation of layer ",
+                                              attention.layer, " (", attention.num_rows,
+                                              " rows, ", attention.num_slots, " slots)"));
+    }
+    const std::span<const int32_t> visual = split_.evictable;
+    const int32_t v = static_cast<int32_t>(visual.size());
+    if (v == 0) {
+      strength_[attention.layer] = 0.0;
+      return absl::OkStatus();
+    }
+    int64_t elite_rows = 0;
+    const std::vector<float> importance =
+        AirCacheImportance(attention, visual, options_.alpha, &elite_rows);
+    elite_mean_[attention.layer] = static_cast<float>(elite_rows) / attention.num_heads;
+    // Strength and skewness are layer-wise [paper]: computed on the mean over all query heads.
+    const std::vector<float> layer_importance =
+        MeanOverHeads(importance, attention.num_heads, v);
+    double strength = 0.0;
+    for (float x : layer_importance) strength += x;
+    strength_[attention.layer] = strength;
+    skewness_[attention.layer] = AirCacheSkewness(layer_importance);
+
+    // Selection scores laid out over all slots (non-visual slots are forced anyway).
+    const int32_t n = attention.num_slots;
+    const std::vector<float> grouped =
+        options_.shared_selection
+            ? layer_importance
+            : AggregateGroups(importance, attention.num_heads, attention.num_kv_heads, v,
+                              options_.aggregation);
+    const int32_t rows = options_.shared_selection ? 1 : attention.num_kv_heads;
+    std::vector<float>& scores = scores_[attention.layer];
+    scores.assign(static_cast<size_t>(rows) * n, 0.0f);
+    for (int32_t g = 0; g < rows; ++g) {
+      for (int32_t i = 0; i < v; ++i) {
+        scores[int64_t{g} * n + visual[i]] = grouped[int64_t{g} * v + i];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<KeepPlan> Plan() override {
+    const int32_t layers = dims().num_layers;
+    const int32_t n = layout().num_tokens;
+    const int32_t base = static_cast<int32_t>(split_.evictable.size());
+    KeepPlan plan;
+    if (base == 0 || cap_ >= int64_t{layers} * base) return plan;
+    for (int32_t l = 0; l < layers; ++l) {
+      if (strength_[l] < 0.0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("aircache: layer ", l, " was never observed"));
+      }
+    }
+    const std::vector<double> weights =
+        AirCacheLayerWeights(strength_, skewness_, options_.allocation);
+    // A floor the budget cannot pay for is lowered rather than breaking the budget.
+    const int32_t lo = static_cast<int32_t>(
+        std::min<int64_t>(std::min(options_.min_keep, base), cap_ / layers));
+    const std::vector<double> targets =
+        WaterFill(weights, static_cast<double>(cap_), static_cast<double>(lo), base);
+    budgets_ = RoundBudgets(targets, cap_, lo, base);
+    spdlog::debug("aircache: {} text rows; elite rows per layer (mean over heads) [{:.1f}]; "
+                  "visual kept per layer [{}] of {}",
+                  window_.size(), fmt::join(elite_mean_, ", "), fmt::join(budgets_, ", "), base);
+
+    plan.layers.resize(layers);
+    const int32_t kv_heads = dims().num_kv_heads;
+    const int32_t forced = static_cast<int32_t>(split_.always_kept.size());
+    for (int32_t l = 0; l < layers; ++l) {
+      if (budgets_[l] >= base) continue;
+      const int32_t total = std::max(1, forced + budgets_[l]);
+      plan.layers[l] = options_.shared_selection
+                           ? SharedTopK(scores_[l], kv_heads, n, split_.always_kept, total)
+                           : PerHeadTopK(scores_[l], kv_heads, n, split_.always_kept, total);
+      std::vector<float>().swap(scores_[l]);
+    }
+    if (plan.empty()) plan.layers.clear();
+    return plan;
+  }
+
+  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
+    const int64_t layers = dims().num_layers;
+    const int64_t kept_text = std::max<int64_t>(
+        1, prompt_tokens - static_cast<int64_t>(split_.evictable.size()));
+    return layers * kept_text + cap_ + layers * generated;
+  }
+
+ private:
+  AirCacheOptions options_;
+  WindowRange window_;
+  EvictableSplit split_;
+  int64_t cap_ = 0;                         // evictable tokens kept, summed over layers
+  std::vector<double> strength_;            // [layer]; -1 until observed
+  std::vector<double> skewness_;            // [layer]
+  std::vector<float> elite_mean_;           // [layer] elite window size, mean over heads
+  std::vector<std::vector<float>> scores_;  // [layer][kv_head or 1][slot]
+  std::vector<int32_t> budgets_;            // [layer] evictable tokens kept
+};
+
+}  // namespace
+
+absl::StatusOr<AirCacheOptions> ParseAirCacheOptions(const PolicyConfig& config) {
+  AirCacheOptions o;
+  absl::StatusOr<double> alpha = config.GetDouble("alpha", o.alpha, 0.0, 1.0);
+  if (!alpha.ok()) return alpha.status();
+  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<int64_t> min_window = config.GetInt("min_window", o.min_window, 1, 1 << 16);
+  if (!min_window.ok()) return min_window.status();
+  absl::StatusOr<int64_t> max_window =
+      config.GetInt("max_window", std::max<int64_t>(o.max_window, *min_window), *min_window,
+                    1 << 16);
+  if (!max_window.ok()) return max_window.status();
+  absl::StatusOr<int64_t> min_keep = config.GetInt("min_keep", o.min_keep, 0, 1 << 20);
+  if (!min_keep.ok()) return min_keep.status();
+  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
+  if (!agg.ok()) return agg.status();
+  absl::StatusOr<std::string> allocation = config.GetEnum(
+      "allocation", "strength_skew", {"strength_skew", "strength", "skew", "uniform"});
+  if (!allocation.ok()) return allocation.status();
+  absl::StatusOr<std::string> selection =
+      config.GetEnum("selection", "per_head", {"per_head", "shared"});
+  if (!selection.ok()) return selection.status();
+  o.alpha = *alpha;
+  o.window = static_cast<int32_t>(*window);
+  o.min_window = static_cast<int32_t>(*min_window);
+  o.max_window = static_cast<int32_t>(*max_window);
+  o.min_keep = static_cast<int32_t>(*min_keep);
+  o.aggregation = *agg;
+  if (*allocation == "strength") {
+    o.allocation = AirCacheOptions::Allocation::kStrength;
+  } else if (*allocation == "skew") {
+    o.allocation = AirCacheOptions::Allocation::kSkew;
+  } else if (*allocation == "uniform") {
+    o.allocation = AirCacheOptions::Allocation::kUniform;
+  }
+  o.shared_selection = *selection == "shared";
+  return o;
+}
+
+std::vector<float> AirCacheImportance(const ObservationAttention& attention,
+                                      std::span<const int32_t> visual, double alpha,
+                                      int64_t* elite_rows) {
+  const int32_t v = static_cast<int32_t>(visual.size());
+  const int32_t rows = attention.num_rows;
+  std::vector<float> out(static_cast<size_t>(attention.num_heads) * v, 0.0f);
+  if (rows == 0 || v == 0) return out;
+  std::vector<int32_t> elite;
+  elite.reserve(rows);
+  for (int32_t h = 0; h < attention.num_heads; ++h) {
+    // Eqs. 4-5: the last prompt token's softmax over the text keys only. Renormalising the
+    // observed probabilities over that subset leaves their ratios unchanged, so the elite test
+    // p_j >= alpha * max p needs no renormalisation at all.
+    std::span<const float> last = attention.Row(h, rows - 1);
+    float best = 0.0f;
+    for (int32_t r = 0; r < rows; ++r) best = std::max(best, last[attention.row_positions[r]]);
+    elite.clear();
+    for (int32_t r = 0; r < rows; ++r) {
+      if (best > 0.0f && last[attention.row_positions[r]] >= alpha * best) elite.push_back(r);
+    }
+    if (elite.empty()) elite.push_back(rows - 1);  // everything underflowed: the last row alone
+    if (elite_rows != nullptr) *elite_rows += static_cast<int64_t>(elite.size());
+    // Eqs. 6-8: each elite row's softmax over visual + elite keys (the causal mask already
+    // zeroes later elite keys), averaged over the elite rows.
+    float* dst = out.data() + int64_t{h} * v;
+    int32_t used = 0;
+    for (int32_t e : elite) {
+      std::span<const float> row = attention.Row(h, e);
+      double denom = 0.0;
+      for (int32_t i = 0; i < v; ++i) denom += row[visual[i]];
+      for (int32_t e2 : elite) denom += row[attention.row_positions[e2]];
+      if (denom <= 0.0) continue;
+      const float inv = static_cast<float>(1.0 / denom);
+      for (int32_t i = 0; i < v; ++i) dst[i] += row[visual[i]] * inv;
+      ++used;
+    }
+    if (used > 1) {
+      const float inv = 1.0f / static_cast<float>(used);
+      for (int32_t i = 0; i < v; ++i) dst[i] *= inv;
+    }
+  }
+  return out;
+}
+
+double AirCacheSkewness(std::span<const float> values) {
+  const size_t count = values.size();
+  if (count < 3) return 0.0;
+  double mean = 0.0;
+  for (float x : values) mean += x;
+  mean /= static_cast<double>(count);
+  double m2 = 0.0;
+  double m3 = 0.0;
+  for (float x : values) {
+    const double d = x - mean;
+    m2 += d * d;
+    m3 += d * d * d;
+  }
+  const double sd = std::sqrt(m2 / static_cast<double>(count - 1));
+  // A flat layer (all equal) has no skew; tiny spreads are float noise, not a head effect.
+  if (!(sd > 1e-12 * std::max(1.0, std::abs(mean)))) return 0.0;
+  const double n = static_cast<double>(count);
+  return n / ((n - 1.0) * (n - 2.0)) * (m3 / (sd * sd * sd));
+}
+
+std::vector<double> AirCacheLayerWeights(std::span<const double> strength,
+                                         std::span<const double> skewness,
+                                         AirCacheOptions::Allocation allocation) {
+  const size_t layers = strength.size();
+  auto normalise = [layers](std::span<const double> raw) {
+    std::vector<double> out(layers, 1.0);
+    double sum = 0.0;
+    for (double x : raw) sum += std::max(x, 0.0);
+    if (sum <= 0.0) return out;
+    for (size_t l = 0; l < layers; ++l) out[l] = layers * std::max(raw[l], 0.0) / sum;
+    return out;
+  };
+  const std::vector<double> s = normalise(strength);
+  const std::vector<double> k = normalise(skewness);
+  std::vector<double> out(layers, 1.0);
+  for (size_t l = 0; l < layers; ++l) {
+    switch (allocation) {
+      case AirCacheOptions::Allocation::kStrengthSkew:
+        out[l] = 0.5 * (s[l] + k[l]);
+        break;
+      case AirCacheOptions::Allocation::kStrength:
+        out[l] = s[l];
+        break;
+      case AirCacheOptions::Allocation::kSkew:
+        out[l] = k[l];
+        break;
+      case AirCacheOptions::Allocation::kUniform:
+        break;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateAirCachePolicy(
+    const PolicyConfig& config, const PolicyContext& context) {
+  absl::StatusOr<AirCacheOptions> options = ParseAirCacheOptions(config);
+  if (!options.ok()) return options.status();
+  if (absl::Status s = config.CheckAllUsed("aircache"); !s.ok()) return s;
+  return std::make_unique<AirCachePolicy>(config, context, *options);
+}
+
+}  // namespace winnow::cache::policies

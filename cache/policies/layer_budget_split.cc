@@ -1,0 +1,112 @@
+#include "cache/policies/layer_budget_split.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace winnow::cache::policies {
+
+EvictableSplit SplitEvictable(const PromptLayout& layout, WindowRange window,
+                              bool window_evictable) {
+  EvictableSplit split;
+  split.span_mode = layout.HasCompressibleSpans();
+  const int32_t n = layout.num_tokens;
+  std::vector<char> evictable(n, 0);
+  if (split.span_mode) {
+    for (const PromptSpan& span : layout.spans) {
+      if (!PromptLayout::IsCompressibleKind(span.kind)) continue;
+      for (int32_t p = span.begin; p < std::min(span.end, window.begin); ++p) evictable[p] = 1;
+    }
+  } else {
+    const int32_t end = window_evictable ? n : window.begin;
+    std::fill(evictable.begin(), evictable.begin() + std::clamp(end, 0, n), 1);
+  }
+  for (int32_t p = 0; p < n; ++p) {
+    (evictable[p] ? split.evictable : split.always_kept).push_back(p);
+  }
+  return split;
+}
+
+std::vector<double> WaterFill(std::span<const double> weights, double total, double lo,
+                              double hi) {
+  const size_t n = weights.size();
+  std::vector<double> out(n, 0.0);
+  if (n == 0) return out;
+  hi = std::max(hi, lo);
+  double remaining = std::clamp(total, lo * n, hi * n);
+  // 0 = free, 1 = fixed. Upper clamps are settled first: fixing a layer at `hi` only raises the
+  // others, and fixing at `lo` afterwards only lowers them, so neither phase undoes the other.
+  std::vector<char> fixed(n, 0);
+  for (int phase = 0; phase < 2; ++phase) {
+    for (size_t round = 0; round <= n; ++round) {
+      double weight_sum = 0.0;
+      size_t free_count = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (fixed[i]) continue;
+        weight_sum += std::max(weights[i], 0.0);
+        ++free_count;
+      }
+      if (free_count == 0) break;
+      bool clamped = false;
+      for (size_t i = 0; i < n; ++i) {
+        if (fixed[i]) continue;
+        out[i] = weight_sum > 0.0 ? remaining * std::max(weights[i], 0.0) / weight_sum
+                                  : remaining / static_cast<double>(free_count);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (fixed[i]) continue;
+        const bool violates = phase == 0 ? out[i] > hi : out[i] < lo;
+        if (!violates) continue;
+        out[i] = phase == 0 ? hi : lo;
+        fixed[i] = 1;
+        remaining -= out[i];
+        clamped = true;
+      }
+      if (!clamped) break;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
+                                  int32_t hi) {
+  const size_t n = targets.size();
+  std::vector<int32_t> out(n, 0);
+  if (n == 0) return out;
+  hi = std::max(hi, lo);
+  double clamped_sum = 0.0;
+  int64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double t = std::clamp(targets[i], static_cast<double>(lo), static_cast<double>(hi));
+    clamped_sum += t;
+    // The epsilon keeps 2.9999999 (a product that should be 3) from flooring to 2.
+    out[i] = static_cast<int32_t>(std::clamp<double>(std::floor(t + 1e-9), lo, hi));
+    sum += out[i];
+  }
+  const int64_t want = std::min<int64_t>(cap, static_cast<int64_t>(std::floor(clamped_sum + 1e-6)));
+  if (sum < want) {
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    auto frac = [&](size_t i) { return std::clamp<double>(targets[i], lo, hi) - out[i]; };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return frac(a) > frac(b); });
+    for (size_t k = 0; k < n && sum < want; ++k) {
+      if (out[order[k]] < hi) {
+        ++out[order[k]];
+        ++sum;
+      }
+    }
+  }
+  while (sum > cap) {
+    size_t best = n;
+    for (size_t i = n; i-- > 0;) {
+      if (out[i] > lo && (best == n || out[i] > out[best])) best = i;
+    }
+    if (best == n) break;  // every layer is at its floor
+    --out[best];
+    --sum;
+  }
+  return out;
+}
+
+}  // namespace winnow::cache::policies

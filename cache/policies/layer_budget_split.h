@@ -1,0 +1,43 @@
+// Turning per-layer weights into per-layer slot counts, shared by the adaptive-budget policies
+// (vl_cache, aircache, xkv's profile mode). Their papers give real-valued per-layer budgets and
+// leave rounding, clamping and redistribution open; doing it in one place keeps the three
+// consistent and keeps the hard invariant (the counts never exceed the request's budget) in one
+// tested function.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/policies/policy.h"
+
+namespace winnow::cache::policies {
+
+// Which prompt tokens a modality-aware policy may evict. With image/context spans: the span
+// tokens before the observation window (the window and all other text are always kept). Without
+// spans (text-only fallback): every token before the window, or every token when
+// `window_evictable` (VL-Cache's fallback protects a per-layer recent window instead).
+struct EvictableSplit {
+  bool span_mode = false;
+  std::vector<int32_t> evictable;    // ascending
+  std::vector<int32_t> always_kept;  // ascending: the complement of `evictable` in [0, n)
+};
+EvictableSplit SplitEvictable(const PromptLayout& layout, WindowRange window,
+                              bool window_evictable);
+
+// Splits `total` over the layers in proportion to `weights` (negative weights count as 0), each
+// share clamped to [lo, hi]; what the clamping frees or absorbs is spread over the unclamped
+// layers (water-filling), so the shares sum to clamp(total, n*lo, n*hi). All-zero weights split
+// equally.
+std::vector<double> WaterFill(std::span<const double> weights, double total, double lo,
+                              double hi);
+
+// Integer counts from real-valued targets: floor(target) clamped to [lo, hi]; then the units
+// lost to flooring go to the largest fractional parts (ties to the lower layer) up to
+// min(cap, floor(sum of clamped targets)); then, while the sum exceeds `cap`, a unit is taken
+// from the largest count above `lo` (ties to the higher layer). The result sums to at most
+// max(cap, n*lo): a per-layer floor the caller asks for wins over a cap it cannot meet.
+std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
+                                  int32_t hi);
+
+}  // namespace winnow::cache::policies

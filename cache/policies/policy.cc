@@ -1,0 +1,282 @@
+#include "cache/policies/policy.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace winnow::cache::policies {
+
+// ---------------------------------------------------------------------------------------------
+// PromptLayout
+
+bool PromptLayout::HasCompressibleSpans() const {
+  for (const PromptSpan& span : spans) {
+    if (IsCompressibleKind(span.kind) && span.end > span.begin) return true;
+  }
+  return false;
+}
+
+int32_t PromptLayout::LastCompressibleEnd() const {
+  int32_t end = 0;
+  for (const PromptSpan& span : spans) {
+    if (IsCompressibleKind(span.kind)) end = std::max(end, span.end);
+  }
+  return end;
+}
+
+bool PromptLayout::IsCompressible(int32_t position) const {
+  for (const PromptSpan& span : spans) {
+    if (IsCompressibleKind(span.kind) && position >= span.begin && position < span.end) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<int32_t> PromptLayout::CompressiblePositions() const {
+  std::vector<int32_t> out;
+  for (const PromptSpan& span : spans) {
+    if (!IsCompressibleKind(span.kind)) continue;
+    for (int32_t p = span.begin; p < span.end; ++p) out.push_back(p);
+  }
+  return out;
+}
+
+absl::Status PromptLayout::Validate() const {
+  int32_t previous_end = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const PromptSpan& span = spans[i];
+    if (span.begin < previous_end || span.end <= span.begin || span.end > num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt span ", i, " [", span.begin, ", ", span.end,
+          ") is empty, overlaps the previous one or lies outside the prompt of ", num_tokens,
+          " tokens"));
+    }
+    previous_end = span.end;
+  }
+  return absl::OkStatus();
+}
+
+WindowRange ObservationWindow(const PromptLayout& layout, int32_t default_window,
+                              int32_t min_window, int32_t max_window) {
+  const int32_t n = layout.num_tokens;
+  int32_t size = default_window;
+  if (layout.HasCompressibleSpans()) {
+    size = std::clamp(n - layout.LastCompressibleEnd(), min_window,
+                      std::max(min_window, max_window));
+  }
+  size = std::clamp(size, 1, std::max(1, n));
+  return WindowRange{n - size, n};
+}
+
+// ---------------------------------------------------------------------------------------------
+// PolicyConfig
+
+namespace {
+
+std::string ParamField(const std::string& name) {
+  return absl::StrCat("compression.params.", name);
+}
+
+}  // namespace
+
+const std::string* PolicyConfig::Find(const std::string& name) const {
+  used_.insert(name);
+  auto it = params_.find(name);
+  return it == params_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<int64_t> PolicyConfig::GetInt(const std::string& name, int64_t default_value,
+                                              int64_t min, int64_t max) const {
+  const std::string* text = Find(name);
+  if (text == nullptr) return default_value;
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text->c_str(), &end, 10);
+  if (text->empty() || end != text->c_str() + text->size() || errno == ERANGE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ParamField(name), ": \"", *text, "\" is not an integer"));
+  }
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat(ParamField(name), ": ", value,
+                                                   " is outside [", min, ", ", max, "]"));
+  }
+  return value;
+}
+
+absl::StatusOr<double> PolicyConfig::GetDouble(const std::string& name, double default_value,
+                                               double min, double max) const {
+  const std::string* text = Find(name);
+  if (text == nullptr) return default_value;
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text->c_str(), &end);
+  if (text->empty() || end != text->c_str() + text->size() || errno == ERANGE ||
+      !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ParamField(name), ": \"", *text, "\" is not a finite number"));
+  }
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat(ParamField(name), ": ", value,
+                                                   " is outside [", min, ", ", max, "]"));
+  }
+  return value;
+}
+
+absl::StatusOr<bool> PolicyConfig::GetBool(const std::string& name, bool default_value) const {
+  const std::string* text = Find(name);
+  if (text == nullptr) return default_value;
+  const std::string lower = absl::AsciiStrToLower(*text);
+  if (lower == "true" || lower == "1") return true;
+  if (lower == "false" || lower == "0") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat(ParamField(name), ": \"", *text, "\" is not true/false"));
+}
+
+absl::StatusOr<std::string> PolicyConfig::GetEnum(const std::string& name,
+                                                  const std::string& default_value,
+                                                  const std::vector<std::string>& allowed) const {
+  const std::string* text = Find(name);
+  if (text == nullptr) return default_value;
+  if (std::find(allowed.begin(), allowed.end(), *text) != allowed.end()) return *text;
+  return absl::InvalidArgumentError(absl::StrCat(
+      ParamField(name), ": \"", *text, "\" is not one of ", absl::StrJoin(allowed, ", ")));
+}
+
+absl::Status PolicyConfig::CheckAllUsed(const std::string& policy_name) const {
+  std::vector<std::string> unknown;
+  for (const auto& [name, value] : params_) {
+    if (!used_.contains(name)) unknown.push_back(name);
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  std::sort(unknown.begin(), unknown.end());
+  std::vector<std::string> known(used_.begin(), used_.end());
+  std::sort(known.begin(), known.end());
+  return absl::InvalidArgumentError(absl::StrCat(
+      ParamField(unknown[0]), ": unknown parameter for policy ", policy_name, " (known: ",
+      known.empty() ? std::string("none") : absl::StrJoin(known, ", "), ")"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SlotPositions
+
+SlotPositions::SlotPositions(int32_t num_layers, int32_t num_kv_heads)
+    : num_kv_heads_(num_kv_heads),
+      heads_(num_layers, std::vector<std::vector<int32_t>>(num_kv_heads)) {}
+
+void SlotPositions::AppendRange(int32_t first, int32_t count) {
+  for (auto& layer : heads_) {
+    for (auto& head : layer) {
+      for (int32_t i = 0; i < count; ++i) head.push_back(first + i);
+    }
+  }
+}
+
+void SlotPositions::Apply(const KeepPlan& plan) {
+  for (size_t l = 0; l < plan.layers.size() && l < heads_.size(); ++l) {
+    const LayerKeep& keep = plan.layers[l];
+    if (keep.untouched()) continue;
+    for (int32_t h = 0; h < num_kv_heads_; ++h) {
+      std::vector<int32_t>& positions = heads_[l][h];
+      std::vector<int32_t> kept;
+      kept.reserve(keep.heads[h].size());
+      for (int32_t slot : keep.heads[h]) kept.push_back(positions[slot]);
+      positions = std::move(kept);
+    }
+  }
+}
+
+void SlotPositions::Clear() {
+  for (auto& layer : heads_) {
+    for (auto& head : layer) head.clear();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// KeepPlan
+
+bool KeepPlan::empty() const {
+  for (const LayerKeep& layer : layers) {
+    if (!layer.untouched()) return false;
+  }
+  return true;
+}
+
+absl::Status KeepPlan::Validate(const ModelDims& dims,
+                                const std::function<int32_t(int32_t)>& num_slots) const {
+  if (layers.empty()) return absl::OkStatus();
+  if (static_cast<int32_t>(layers.size()) != dims.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("keep plan has ", layers.size(),
+                                                   " layers, the model ", dims.num_layers));
+  }
+  for (int32_t l = 0; l < dims.num_layers; ++l) {
+    const LayerKeep& keep = layers[l];
+    if (keep.untouched()) continue;
+    const std::string where = absl::StrCat("keep plan layer ", l);
+    if (static_cast<int32_t>(keep.heads.size()) != dims.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", keep.heads.size(),
+                                                     " heads, expected ", dims.num_kv_heads));
+    }
+    const int32_t n = num_slots(l);
+    const size_t count = keep.heads[0].size();
+    if (count == 0) return absl::InvalidArgumentError(absl::StrCat(where, ": keeps nothing"));
+    if (!keep.merge.empty() && static_cast<int32_t>(keep.merge.size()) != dims.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": merge lists for ",
+                                                     keep.merge.size(), " heads"));
+    }
+    for (int32_t h = 0; h < dims.num_kv_heads; ++h) {
+      const std::vector<int32_t>& slots = keep.heads[h];
+      if (slots.size() != count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": head ", h, " keeps ", slots.size(), " slots, head 0 keeps ", count));
+      }
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (slots[i] < 0 || slots[i] >= n || (i > 0 && slots[i] <= slots[i - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " head ", h, ": slot list is not ascending within [0, ", n, ")"));
+        }
+      }
+      if (keep.merge.empty() || keep.merge[h].empty()) continue;
+      const auto& groups = keep.merge[h];
+      if (groups.size() != count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " head ", h, ": ", groups.size(), " merge groups for ", count,
+                         " kept slots"));
+      }
+      int32_t previous = -1;
+      for (size_t i = 0; i < groups.size(); ++i) {
+        bool has_anchor = false;
+        for (int32_t src : groups[i]) {
+          if (src <= previous || src >= n) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, " head ", h, ": merge sources must be ascending, disjoint and < ", n));
+          }
+          previous = src;
+          has_anchor |= src == slots[i];
+        }
+        if (!has_anchor) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " head ", h, ": merge group ", i, " does not contain its slot ", slots[i]));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CompressionPolicy
+
+int64_t CompressionPolicy::SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const {
+  const double kept = std::floor(config_.budget() * prompt_tokens + 1e-6);
+  const int64_t per_layer =
+      std::clamp<int64_t>(static_cast<int64_t>(kept), 1, std::max(1, prompt_tokens));
+  return int64_t{context_.dims.num_layers} * (per_layer + generated);
+}
+
+}  // namespace winnow::cache::policies

@@ -1,0 +1,306 @@
+// The KV-compression policy interface: what a policy sees (the prompt's layout, observation
+// attention per layer, decode steps) and what it returns (which slots each (layer, KV head)
+// keeps). The machinery around it (cache/compression.h) captures queries, runs the scoring
+// kernel, applies plans by compaction and frees blocks; a policy never touches the pool.
+//
+// Lifetime of one policy object (one per request, created again after a preemption):
+//   1. CreatePolicy(name, config, context) validates the parameters;
+//   2. Observation() says which prompt rows to observe;
+//   3. the prompt is prefilled (chunked); then, once per layer in layer order,
+//      ObserveLayer(attention of the observed rows against every cached key of that layer);
+//   4. Plan() -> KeepPlan, applied at once: blocks no longer needed return to the pool;
+//   5. per decode step, OnDecodeStep() may return a further plan (decode-time eviction), and
+//      selector() may restrict attention without evicting (TokenSelect).
+//
+// Slots vs positions. At prefill time slot j of every (layer, KV head) holds the token at
+// absolute position j. After a plan, slot i of head h holds the i-th kept token of that head,
+// in ascending position order; heads of a layer keep the same count but may keep different
+// tokens. SlotPositions tracks which position every slot holds. Keys are cached after RoPE, so
+// kept keys keep their original rotary phase and a new token's RoPE position is its absolute
+// position, never a slot index.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/attention_selector.h"
+
+namespace winnow::cache::policies {
+
+// ---------------------------------------------------------------------------------------------
+// Inputs known at request creation.
+
+enum class SpanKind {
+  kText,     // ordinary prompt text (instruction, template, system prompt)
+  kImage,    // image-embedding rows (model::kEmbeddingInput positions from one EmbeddingSpan)
+  kContext,  // text the client marked as compressible context (documents, history)
+};
+
+struct PromptSpan {
+  SpanKind kind = SpanKind::kText;
+  int32_t begin = 0;  // absolute positions, [begin, end)
+  int32_t end = 0;
+};
+
+// The request's prompt as segments. Spans are sorted, disjoint and need not cover the prompt:
+// positions outside every span are text. After a preemption the re-prefilled "prompt" also
+// contains the tokens generated so far, as text after the last span.
+struct PromptLayout {
+  int32_t num_tokens = 0;
+  std::vector<PromptSpan> spans;
+
+  // True for image and context spans: what modality-aware policies score and evict.
+  static bool IsCompressibleKind(SpanKind kind) { return kind != SpanKind::kText; }
+  bool HasCompressibleSpans() const;
+  // One past the end of the last image/context span; 0 when there is none.
+  int32_t LastCompressibleEnd() const;
+  bool IsCompressible(int32_t position) const;
+  // Ascending positions inside image/context spans.
+  std::vector<int32_t> CompressiblePositions() const;
+  // InvalidArgument when spans are unsorted, overlapping, empty or outside [0, num_tokens).
+  absl::Status Validate() const;
+};
+
+// The observation window every window-based policy uses, so that all of them agree:
+//   - with image/context spans: the text after the last such span, [LastCompressibleEnd, n),
+//     clamped to at least min_window and at most max_window tokens (taken from the end);
+//   - without: the last default_window tokens (the briefs' text-only fallback: SnapKV's w).
+// Always non-empty and within [0, num_tokens).
+struct WindowRange {
+  int32_t begin = 0;
+  int32_t end = 0;
+  int32_t size() const { return end - begin; }
+};
+WindowRange ObservationWindow(const PromptLayout& layout, int32_t default_window,
+                              int32_t min_window, int32_t max_window);
+
+// Geometry of the model and cache the policy runs against.
+struct ModelDims {
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;     // query heads
+  int32_t num_kv_heads = 0;  // KV heads; query head h reads KV head h / (num_heads/num_kv_heads)
+  int32_t head_dim = 0;
+  int32_t block_size = 0;    // slots per KV block
+
+  int32_t group_size() const { return num_heads / num_kv_heads; }
+};
+
+// The request's budget and policy parameters (the API's CompressionSpec).
+// budget in (0, 1]: the fraction of the prompt's tokens kept, averaged over layers, counting
+// sinks and windows (each policy documents the exact base it applies it to).
+// Typed getters read params; each records the name as used, so that CheckAllUsed() can reject a
+// misspelt parameter instead of silently ignoring it. Errors name "compression.params.<name>".
+class PolicyConfig {
+ public:
+  PolicyConfig() = default;
+  PolicyConfig(double budget, absl::flat_hash_map<std::string, std::string> params)
+      : budget_(budget), params_(std::move(params)) {}
+
+  double budget() const { return budget_; }
+  const absl::flat_hash_map<std::string, std::string>& params() const { return params_; }
+  bool Has(const std::string& name) const { return params_.contains(name); }
+
+  absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value, int64_t min,
+                                 int64_t max) const;
+  absl::StatusOr<double> GetDouble(const std::string& name, double default_value, double min,
+                                   double max) const;
+  // Accepts true/false/1/0 (case-insensitive).
+  absl::StatusOr<bool> GetBool(const std::string& name, bool default_value) const;
+  // The value must be one of `allowed`.
+  absl::StatusOr<std::string> GetEnum(const std::string& name, const std::string& default_value,
+                                      const std::vector<std::string>& allowed) const;
+  // InvalidArgument naming the first parameter no getter asked for, and the known ones.
+  absl::Status CheckAllUsed(const std::string& policy_name) const;
+
+ private:
+  const std::string* Find(const std::string& name) const;
+
+  double budget_ = 1.0;
+  absl::flat_hash_map<std::string, std::string> params_;
+  mutable absl::flat_hash_set<std::string> used_;
+};
+
+struct PolicyContext {
+  ModelDims dims;
+  PromptLayout layout;
+};
+
+// ---------------------------------------------------------------------------------------------
+// What the policy observes.
+
+// Which prompt rows the machinery observes. Query rows of positions in [window_begin,
+// num_tokens) are captured during prefill (across chunks) and, after the last chunk, their
+// attention probabilities are computed per layer by the scoring kernel. Cost per layer:
+// num_heads x rows x num_tokens floats, transient; keep windows to a few hundred rows.
+struct ObservationRequest {
+  int32_t window_begin = 0;  // == num_tokens: no row probabilities
+  // Also accumulate, for EVERY prompt row, the column sums of its attention probabilities per
+  // (layer, query head, slot) (H2O, Elastic Cache). Computed chunk by chunk, never materialised:
+  // costs one extra QK pass over the prompt and num_layers x num_heads x num_tokens floats.
+  bool accumulate_all_rows = false;
+};
+
+// One layer's observation, handed to ObserveLayer after the last prefill chunk. At that point
+// slot j is position j for every head (nothing has been compressed yet).
+struct ObservationAttention {
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t num_rows = 0;   // observed rows
+  int32_t num_slots = 0;  // keys of the layer (= prompt tokens)
+  std::span<const int32_t> row_positions;  // absolute position of each observed row, ascending
+  // probs[(h * num_rows + r) * num_slots + j] = softmax_j(q_{h,r} . k_j / sqrt(d)) over the keys
+  // row r can see (j <= row_positions[r]); 0 for the causally masked j. float32.
+  std::span<const float> probs;
+  // ln sum_j exp(logit) per (h, r) ([h * num_rows + r]): logit = ln(prob) + log_normalizer, for
+  // policies that need raw logits or a softmax restricted to a subset of keys.
+  std::span<const float> log_normalizer;
+  // With accumulate_all_rows: [h * num_slots + j] = sum over every prompt row of its
+  // probability on key j. Empty otherwise.
+  std::span<const float> column_sums;
+
+  float Prob(int32_t head, int32_t row, int32_t slot) const {
+    return probs[(int64_t{head} * num_rows + row) * num_slots + slot];
+  }
+  std::span<const float> Row(int32_t head, int32_t row) const {
+    return probs.subspan((int64_t{head} * num_rows + row) * num_slots, num_slots);
+  }
+};
+
+struct KeepPlan;
+
+// Which absolute position each (layer, KV head, slot) holds. Maintained by the machinery
+// (prefill, plans, decode appends); read by policies.
+class SlotPositions {
+ public:
+  SlotPositions() = default;
+  SlotPositions(int32_t num_layers, int32_t num_kv_heads);
+
+  int32_t num_layers() const { return static_cast<int32_t>(heads_.size()); }
+  int32_t num_kv_heads() const { return num_kv_heads_; }
+  int32_t num_slots(int32_t layer) const {
+    return static_cast<int32_t>(heads_[layer][0].size());
+  }
+  std::span<const int32_t> Positions(int32_t layer, int32_t kv_head) const {
+    return heads_[layer][kv_head];
+  }
+  // Every (layer, head) gains slots for positions [first, first + count).
+  void AppendRange(int32_t first, int32_t count);
+  // Applies a validated plan (merged entries take their first source's position).
+  void Apply(const KeepPlan& plan);
+  void Clear();
+
+ private:
+  int32_t num_kv_heads_ = 0;
+  std::vector<std::vector<std::vector<int32_t>>> heads_;  // [layer][kv_head][slot]
+};
+
+// ---------------------------------------------------------------------------------------------
+// What the policy returns.
+
+// Per layer, per KV head: the slots to keep, strictly ascending, the same count for every head
+// of a layer (counts may differ between layers). A layer whose `heads` is empty is untouched.
+// Optional merging (Elastic Cache): when `merge` is non-empty for a head, kept entry i becomes
+// the mean of the K (and of the V) of slots merge[i] instead of a copy of heads[h][i]; the
+// sources of consecutive entries must be ascending and disjoint, each containing heads[h][i].
+struct LayerKeep {
+  std::vector<std::vector<int32_t>> heads;               // [kv_head][i] slot kept as entry i
+  std::vector<std::vector<std::vector<int32_t>>> merge;  // [kv_head][i] source slots (optional)
+
+  bool untouched() const { return heads.empty(); }
+  int32_t kept() const { return heads.empty() ? -1 : static_cast<int32_t>(heads[0].size()); }
+};
+
+struct KeepPlan {
+  std::vector<LayerKeep> layers;  // empty, or one per layer
+
+  bool empty() const;  // nothing to do
+  // InvalidArgument when a layer's heads are not ascending/unique/in range, differ in count,
+  // keep nothing, or merge sources break the rules above. num_slots(layer) gives each layer's
+  // current slot count.
+  absl::Status Validate(const ModelDims& dims,
+                        const std::function<int32_t(int32_t)>& num_slots) const;
+};
+
+// A decode step just ran: the token at `position` has its K/V appended as the last slot of
+// every (layer, head) (slot_positions already includes it).
+struct DecodeStep {
+  int32_t position = 0;     // absolute position of the token whose K/V was just written
+  int32_t tokens_seen = 0;  // prompt + tokens whose K/V were written (= position + 1)
+  const SlotPositions* slots = nullptr;
+  // When WantsDecodeAttention(): per layer, the new token's attention probabilities,
+  // [h * num_slots(layer) + j], over the slots as they were when it attended (same as now).
+  std::span<const std::vector<float>> attention;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The policy.
+
+class CompressionPolicy {
+ public:
+  virtual ~CompressionPolicy() = default;
+
+  virtual std::string name() const = 0;
+
+  // Which rows to observe during prefill.
+  virtual ObservationRequest Observation() const = 0;
+  // Once per layer, in layer order, after the whole prompt is in the cache.
+  virtual absl::Status ObserveLayer(const ObservationAttention& attention) = 0;
+  // After the last ObserveLayer: what every layer keeps. May return an empty plan (keep all).
+  virtual absl::StatusOr<KeepPlan> Plan() = 0;
+
+  // Decode-time eviction. When true the machinery computes each decode token's attention
+  // probabilities per layer (an extra QK pass) and passes them to OnDecodeStep.
+  virtual bool WantsDecodeAttention() const { return false; }
+  // Whether OnDecodeStep may ever return a non-empty plan (admission counts on it).
+  virtual bool EvictsDuringDecode() const { return false; }
+  // After every decode step (K/V of the new token appended). A non-empty plan is applied at
+  // once. Policies should evict in batches (e.g. a block's worth) to amortise the compaction.
+  virtual absl::StatusOr<KeepPlan> OnDecodeStep(const DecodeStep& step) { return KeepPlan{}; }
+
+  // Decode-time selection without eviction (TokenSelect); null for none. Owned by the policy.
+  virtual AttentionSelector* selector() { return nullptr; }
+
+  // For admission: an upper bound on the slots, summed over layers, that the sequence holds
+  // after compression once `generated` tokens have been appended. The default assumes every
+  // layer keeps at most max(1, budget * prompt) tokens plus everything generated.
+  virtual int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const;
+
+ protected:
+  CompressionPolicy(const PolicyConfig& config, const PolicyContext& context)
+      : config_(config), context_(context) {}
+  const PolicyConfig& config() const { return config_; }
+  const PolicyContext& context() const { return context_; }
+  const ModelDims& dims() const { return context_.dims; }
+  const PromptLayout& layout() const { return context_.layout; }
+
+ private:
+  PolicyConfig config_;
+  PolicyContext context_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Registry.
+
+using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<CompressionPolicy>>(
+    const PolicyConfig&, const PolicyContext&)>;
+
+// "" and "none" mean no compression and give a null policy. Unknown names, a budget outside
+// (0, 1] and bad parameters are InvalidArgument naming the field (compression.policy,
+// compression.budget, compression.params.<name>).
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreatePolicy(const std::string& name,
+                                                                 const PolicyConfig& config,
+                                                                 const PolicyContext& context);
+// Sorted names CreatePolicy accepts, "none" included.
+std::vector<std::string> KnownPolicies();
+
+}  // namespace winnow::cache::policies

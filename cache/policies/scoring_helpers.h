@@ -1,0 +1,94 @@
+// Scoring building blocks shared by the policies, so that every policy (and every baseline)
+// aggregates, pools, selects and breaks ties the same way and comparisons stay fair.
+//
+// Conventions: a "score row" is one value per slot; higher means keep. Ties in any top-k go to
+// the lower slot index, so runs are reproducible. Results are ascending slot indices.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/policies/policy.h"
+
+namespace winnow::cache::policies {
+
+// How the query heads of a GQA group are folded into their KV head's score.
+enum class GroupAggregation { kSum, kMean, kMax };
+// Parses "sum" / "mean" / "max" from PolicyConfig param `name`.
+absl::StatusOr<GroupAggregation> GetGroupAggregation(const PolicyConfig& config,
+                                                     const std::string& name,
+                                                     GroupAggregation default_value);
+
+enum class Pooling { kNone, kAvg, kMax };
+// Parses "none" / "avg" / "max".
+absl::StatusOr<Pooling> GetPooling(const PolicyConfig& config, const std::string& name,
+                                   Pooling default_value);
+
+// Slots kept for `budget` of `n` tokens: floor(budget * n) (a tiny epsilon absorbs float error),
+// at least 1 and at most n. budget 1 keeps everything.
+int32_t KeepCount(double budget, int32_t n);
+
+// Per query head, the sum over observed rows [row_begin, row_end) of their probabilities:
+// out[h * num_slots + j]. With `mean`, each column is divided by the number of those rows
+// that can see key j (causal), so keys inside the window are not penalised for seeing fewer
+// queries.
+std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_t row_begin,
+                                   int32_t row_end, bool mean);
+
+// Folds per-query-head score rows ([num_heads][n]) into per-KV-head rows ([num_kv_heads][n]).
+std::vector<float> AggregateGroups(std::span<const float> per_query_head, int32_t num_heads,
+                                   int32_t num_kv_heads, int32_t n, GroupAggregation agg);
+
+// Mean over every head of per-head rows ([num_rows][n] -> [n]): layer-level scores.
+std::vector<float> MeanOverHeads(std::span<const float> rows, int32_t num_rows, int32_t n);
+
+// 1-D pooling with stride 1 and padding kernel/2 on both sides, as SnapKV's avg_pool1d /
+// max_pool1d (avg counts padding as zeros, like PyTorch's default). Even kernels are widened
+// to the next odd size so the output stays aligned with the input. kernel <= 1: copy.
+std::vector<float> Pool1d(std::span<const float> scores, int32_t kernel, Pooling pooling);
+
+// Scales a non-negative row to sum 1 (all-zero rows stay zero).
+void NormalizeSum(std::span<float> scores);
+
+// The `k` best slots among `candidates` (ascending slot ids) by `scores` (indexed by slot),
+// ties to the lower slot; returned ascending. k >= candidates.size() returns them all.
+std::vector<int32_t> TopK(std::span<const float> scores, std::span<const int32_t> candidates,
+                          int32_t k);
+
+// Ascending slots of size min(k, n): every `forced` slot (ascending, < n) first, then the best
+// of the rest by `scores` (length n). If forced alone exceeds k, the forced slots closest to the
+// end win (the recent window matters more than the oldest forced entries) — callers that want
+// otherwise pass fewer forced slots.
+std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
+                                    std::span<const int32_t> forced, int32_t k);
+
+// Sinks + recent window as forced slots for a prompt of n tokens: [0, sinks) and [n - window,
+// n), ascending, deduplicated.
+std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window);
+
+// One layer's keep set when every KV head picks its own top-k by its own score row:
+// kv_scores is [num_kv_heads][n]; forced slots are kept in every head.
+LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
+                      std::span<const int32_t> forced, int32_t k);
+
+// One layer's keep set shared by every KV head (layer-level selection).
+LayerKeep SharedTopK(std::span<const float> scores, int32_t num_kv_heads, int32_t n,
+                     std::span<const int32_t> forced, int32_t k);
+
+// Reorders per-slot state (e.g. accumulated H2O scores, [num_kv_heads][num_slots]) the way a
+// plan reorders a layer's slots: out[h][i] = in[h][layer.heads[h][i]], merged entries summing
+// their sources. A untouched layer is returned unchanged.
+std::vector<float> ApplyLayerKeepToSlotValues(const LayerKeep& layer, std::span<const float> in,
+                                              int32_t num_kv_heads, int32_t num_slots);
+
+// PyramidKV's per-layer budgets (KVCache-Factory PyramidKVCluster): `mean_budget` slots per
+// layer on average, of which `window` are the observation window; lower layers keep more,
+// linearly, with beta = 20 setting the smallest/largest ratio. Falls back to uniform when the
+// constraints fail. Each entry is clamped to [1, n]; the sum stays <= num_layers * mean_budget.
+std::vector<int32_t> PyramidBudgets(int32_t num_layers, int32_t n, int32_t mean_budget,
+                                    int32_t window, double beta);
+
+}  // namespace winnow::cache::policies

@@ -1,0 +1,116 @@
+#include "cache/policies/snapkv.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace winnow::cache::policies {
+namespace {
+
+class SnapKvFamilyPolicy : public CompressionPolicy {
+ public:
+  SnapKvFamilyPolicy(std::string name, const PolicyConfig& config, const PolicyContext& context,
+                     const SnapKvOptions& options, std::vector<int32_t> layer_budgets)
+      : CompressionPolicy(config, context),
+        name_(std::move(name)),
+        options_(options),
+        budgets_(std::move(layer_budgets)) {
+    const int32_t n = context.layout.num_tokens;
+    if (budgets_.empty()) budgets_.assign(context.dims.num_layers, KeepCount(config.budget(), n));
+    window_ = std::clamp(options_.window, 1, std::max(n, 1));
+    plan_.layers.resize(context.dims.num_layers);
+  }
+
+  std::string name() const override { return name_; }
+
+  ObservationRequest Observation() const override {
+    return ObservationRequest{layout().num_tokens - window_, false};
+  }
+
+  absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    const int32_t n = attention.num_slots;
+    const int32_t keep = std::clamp(budgets_[attention.layer], 1, n);
+    if (keep >= n) return absl::OkStatus();  // this layer keeps everything
+    const int32_t prefix = n - window_;
+    std::vector<float> scores(static_cast<size_t>(dims().num_kv_heads) * n, 0.0f);
+    const std::vector<float> prefix_scores = SnapKvScores(attention, prefix, options_);
+    // Lay the prefix scores out over all n slots; window slots are forced anyway.
+    for (int32_t g = 0; g < dims().num_kv_heads; ++g) {
+      std::copy_n(prefix_scores.begin() + int64_t{g} * prefix, prefix,
+                  scores.begin() + int64_t{g} * n);
+    }
+    const std::vector<int32_t> window = SinksAndWindow(n, 0, window_);
+    plan_.layers[attention.layer] = PerHeadTopK(scores, dims().num_kv_heads, n, window, keep);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<KeepPlan> Plan() override {
+    if (plan_.empty()) plan_.layers.clear();
+    return std::move(plan_);
+  }
+
+  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
+    int64_t total = 0;
+    for (int32_t b : budgets_) total += std::clamp(b, 1, std::max(prompt_tokens, 1)) + generated;
+    return total;
+  }
+
+ private:
+  std::string name_;
+  SnapKvOptions options_;
+  std::vector<int32_t> budgets_;
+  int32_t window_ = 1;
+  KeepPlan plan_;
+};
+
+}  // namespace
+
+absl::StatusOr<SnapKvOptions> ParseSnapKvOptions(const PolicyConfig& config) {
+  SnapKvOptions options;
+  absl::StatusOr<int64_t> window = config.GetInt("window", options.window, 1, 1 << 16);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", options.kernel, 1, 1 << 10);
+  if (!kernel.ok()) return kernel.status();
+  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", options.pooling);
+  if (!pooling.ok()) return pooling.status();
+  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", options.aggregation);
+  if (!agg.ok()) return agg.status();
+  options.window = static_cast<int32_t>(*window);
+  options.kernel = static_cast<int32_t>(*kernel);
+  options.pooling = *pooling;
+  options.aggregation = *agg;
+  return options;
+}
+
+std::vector<float> SnapKvScores(const ObservationAttention& attention, int32_t prefix,
+                                const SnapKvOptions& options) {
+  const int32_t n = attention.num_slots;
+  prefix = std::clamp(prefix, 0, n);
+  // SnapKV sums the window rows' attention (not a mean) and scores only keys before the window.
+  const std::vector<float> summed = SumObservedRows(attention, 0, attention.num_rows, false);
+  std::vector<float> pooled(static_cast<size_t>(attention.num_heads) * prefix);
+  for (int32_t h = 0; h < attention.num_heads; ++h) {
+    const std::vector<float> row = Pool1d(
+        std::span<const float>(summed).subspan(int64_t{h} * n, prefix), options.kernel,
+        options.pooling);
+    std::copy(row.begin(), row.end(), pooled.begin() + int64_t{h} * prefix);
+  }
+  return AggregateGroups(pooled, attention.num_heads, attention.num_kv_heads, prefix,
+                         options.aggregation);
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateSnapKvFamilyPolicy(
+    const std::string& name, const PolicyConfig& config, const PolicyContext& context,
+    const SnapKvOptions& options, std::vector<int32_t> layer_budgets) {
+  return std::make_unique<SnapKvFamilyPolicy>(name, config, context, options,
+                                              std::move(layer_budgets));
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateSnapKvPolicy(
+    const PolicyConfig& config, const PolicyContext& context) {
+  absl::StatusOr<SnapKvOptions> options = ParseSnapKvOptions(config);
+  if (!options.ok()) return options.status();
+  if (absl::Status s = config.CheckAllUsed("snapkv"); !s.ok()) return s;
+  return CreateSnapKvFamilyPolicy("snapkv", config, context, *options, {});
+}
+
+}  // namespace winnow::cache::policies

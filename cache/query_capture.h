@@ -1,0 +1,37 @@
+// Post-RoPE query rows captured during a forward, for compression policies that score the cache
+// with an observation window. Lives in cache/ so that the compression machinery (cache/) and the
+// forward (model/) share it without model/ being a dependency of cache/.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace winnow::cache {
+
+class BlockPool;
+class SequenceKv;
+
+// Rows of tokens at positions >= first_position are appended, per layer, as num_heads x head_dim
+// floats each, in position order (possibly across chunks).
+struct QueryCapture {
+  int32_t first_position = 0;
+  std::vector<std::vector<float>> per_layer;  // resized by the forward to num_layers
+  std::vector<int32_t> positions;             // position of each captured row
+  // Optional: called by the forward right after it appended `layer`'s rows (that layer's new
+  // K/V are already in the cache), so rows can be consumed layer by layer instead of holding
+  // every layer's rows of a long chunk at once. It may shrink per_layer[layer].
+  std::function<void(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
+                     kernels::ThreadPool& threads)>
+      layer_done;
+
+  int32_t num_rows() const { return static_cast<int32_t>(positions.size()); }
+  void Clear() {
+    for (std::vector<float>& rows : per_layer) rows.clear();
+    positions.clear();
+  }
+};
+
+}  // namespace winnow::cache

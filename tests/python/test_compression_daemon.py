@@ -1,0 +1,138 @@
+"""KV compression through a live daemon: validation errors name the field, a compressed
+request frees blocks that a waiting request then uses, usage and metrics report it."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+
+import grpc
+import pytest
+
+from daemon_harness import Daemon, WinnowClient, binary_path, model_path, pb2
+
+LAYERS = 30  # SmolLM2-135M
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _binary_and_model():
+    if not binary_path().exists():
+        pytest.fail(f"winnow binary not found at {binary_path()}; run `make build`")
+    if not model_path().exists():
+        pytest.fail(f"model not found at {model_path()}; run `make model`")
+
+
+def token_prompt(n: int, seed: int) -> list[int]:
+    return [200 + (seed * 7919 + i * 104729) % 20000 for i in range(n)]
+
+
+def request(ids, max_tokens, policy="", budget=0.0, params=None, options=None):
+    req = WinnowClient.build_request(token_ids=ids, max_tokens=max_tokens, ignore_eos=True)
+    req.compression.policy = policy
+    req.compression.budget = budget
+    for k, v in (params or {}).items():
+        req.compression.params[k] = v
+    for k, v in (options or {}).items():
+        req.compression.options[k] = v
+    return req
+
+
+def run(target, req, done_at, key):
+    client = WinnowClient(target)
+    try:
+        ids, final = [], None
+        for msg in client.generate(request=req, timeout=300):
+            ids.extend(msg.token_ids)
+            if msg.finish_reason:
+                final = msg
+        done_at[key] = time.monotonic()
+        return ids, final
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    # 20 blocks of 16 tokens per layer: one 240-token prompt fills 15 of them.
+    with Daemon("--kv-blocks", str(20 * LAYERS), "--block-size", "16") as d:
+        yield d
+
+
+@pytest.mark.parametrize("policy,budget,params,field", [
+    ("lz77", 0.5, {}, "compression.policy"),
+    ("snapkv", 0.0, {}, "compression.budget"),
+    ("snapkv", 1.5, {}, "compression.budget"),
+    ("h2o", -0.5, {}, "compression.budget"),
+    ("snapkv", 0.5, {"windw": 8}, "compression.params.windw"),
+    ("none", 0.5, {}, "compression.budget"),
+])
+def test_bad_compression_is_invalid_argument(daemon, policy, budget, params, field):
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(token_prompt(20, 1), 4, policy, budget,
+                                                    params), timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details()
+
+
+def test_string_options_reach_the_policy(daemon):
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(token_prompt(20, 1), 4, "snapkv", 0.5,
+                                                    options={"pooling": "median"}), timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "compression.params.pooling" in err.value.details()
+    _, ids, final = daemon.client.generate_text(
+        request=request(token_prompt(64, 2), 4, "snapkv", 0.5, {"window": 8},
+                        {"pooling": "max"}), timeout=60)
+    assert len(ids) == 4
+    assert list(final.usage.kv_tokens_kept_per_layer) == [32] * LAYERS
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_freed_blocks_admit_a_waiting_request(daemon, compress):
+    before = daemon.metric("winnow_kv_blocks_reclaimed_total", {"policy": "snapkv"}) \
+        if compress else 0.0
+    a = request(token_prompt(240, 1), 60, "snapkv" if compress else "", 0.2 if compress else 0)
+    b = request(token_prompt(240, 2), 4)
+    done_at = {}
+    with cf.ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(run, daemon.target, a, done_at, "a")
+        time.sleep(0.2)  # A is admitted first
+        fb = pool.submit(run, daemon.target, b, done_at, "b")
+        (_, final_a), (_, final_b) = fa.result(), fb.result()
+    assert final_a.usage.completion_tokens == 60
+    assert final_b.usage.completion_tokens == 4
+    if compress:
+        # B (prefill 15 blocks per layer) only fits once A's compaction freed its blocks, and
+        # then runs while A is still decoding.
+        assert done_at["b"] < done_at["a"]
+        assert final_a.usage.kv_blocks_freed_by_compression >= LAYERS * 12
+        assert list(final_a.usage.kv_tokens_kept_per_layer) == [48] * LAYERS
+        assert final_a.usage.kv_tokens_evicted == LAYERS * (240 - 48)
+        after = daemon.metric("winnow_kv_blocks_reclaimed_total", {"policy": "snapkv"})
+        assert after - before >= LAYERS * 12
+        assert daemon.metric("winnow_kv_kept_ratio_count", {"policy": "snapkv"}) >= 1
+        assert daemon.metric("winnow_kv_tokens_evicted_total", {"policy": "snapkv"}) > 0
+    else:
+        assert done_at["b"] > done_at["a"]
+        assert final_a.usage.kv_blocks_freed_by_compression == 0
+    daemon.wait_pool_free()
+
+
+def test_context_segments_are_compressed_and_text_is_kept(daemon):
+    tok = daemon.client.tokenize
+    req = WinnowClient.build_request(max_tokens=4, ignore_eos=True)
+    req.segments.segments.add().text.text = "Read the document, then answer."
+    doc = " ".join(f"Item {i} is worth {i * 7}." for i in range(12))
+    req.segments.segments.add().context.text = doc
+    req.segments.segments.add().text.text = "What is the value of item 3?"
+    req.compression.policy = "snapkv"
+    req.compression.budget = 0.25
+    _, ids, final = daemon.client.generate_text(request=req, timeout=60)
+    assert len(ids) == 4
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    kept = list(final.usage.kv_tokens_kept_per_layer)
+    assert len(kept) == LAYERS
+    assert all(k <= final.usage.prompt_tokens // 4 for k in kept)
+    assert tok(doc, add_special_tokens=False)  # the context really was tokens
+    daemon.wait_pool_free()

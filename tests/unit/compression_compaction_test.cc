@@ -1,0 +1,136 @@
+// Compaction: kept K/V move bit for bit, merges average, blocks return to the pool exactly.
+#include <gtest/gtest.h>
+
+#include "cache/block_pool.h"
+#include "cache/compaction.h"
+#include "cache/sequence_kv.h"
+
+namespace winnow::cache {
+namespace {
+
+using policies::KeepPlan;
+using policies::LayerKeep;
+
+constexpr int32_t kLayers = 3;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kDim = 4;
+constexpr int32_t kBlock = 4;
+
+// A recognisable value for every (layer, head, slot, dim, K/V).
+float Tag(int32_t l, int32_t h, int32_t s, int32_t d, bool v) {
+  return l * 10000.0f + h * 1000.0f + s * 10.0f + d + (v ? 0.5f : 0.0f);
+}
+
+float* RowOf(BlockPool& pool, const SequenceKv& kv, int32_t l, int32_t h, int32_t s, bool v) {
+  const int32_t block = kv.block_table(l)[s / kBlock];
+  return (v ? pool.Values(block, h) : pool.Keys(block, h)) + (s % kBlock) * kDim;
+}
+
+void Fill(BlockPool& pool, SequenceKv& kv, int32_t slots) {
+  ASSERT_TRUE(kv.Reserve(pool, slots));
+  for (int32_t l = 0; l < kLayers; ++l) {
+    kv.AppendSlots(l, slots);
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      for (int32_t s = 0; s < slots; ++s) {
+        for (bool v : {false, true}) {
+          for (int32_t d = 0; d < kDim; ++d) RowOf(pool, kv, l, h, s, v)[d] = Tag(l, h, s, d, v);
+        }
+      }
+    }
+  }
+}
+
+TEST(CompactionTest, KeepsExactBytesPerHeadAndFreesBlocksAtOnce) {
+  auto pool = *BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock}, 40);
+  SequenceKv kv(kLayers, kBlock);
+  Fill(*pool, kv, 18);  // 5 blocks per layer
+  ASSERT_EQ(pool->num_used(), 15);
+
+  KeepPlan plan;
+  plan.layers.resize(kLayers);
+  plan.layers[0].heads = {{0, 3, 7, 17}, {1, 2, 16, 17}};  // per-head sets, 4 slots -> 1 block
+  // layer 1 untouched
+  // 9 slots -> 3 blocks.
+  plan.layers[2].heads = {{0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 2, 4, 6, 8, 10, 12, 14, 16}};
+  absl::StatusOr<CompactionStats> stats = ApplyKeepPlan(plan, kv, *pool);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks_freed, 4 + 0 + 2);
+  EXPECT_EQ(stats->slots_removed, (18 - 4) + (18 - 9));
+  EXPECT_EQ(kv.num_slots(0), 4);
+  EXPECT_EQ(kv.num_slots(1), 18);
+  EXPECT_EQ(kv.num_slots(2), 9);
+  EXPECT_EQ(pool->num_used(), kv.num_blocks_held());
+  EXPECT_EQ(pool->num_used(), 1 + 5 + 3);
+  for (int32_t l : {0, 2}) {
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      const std::vector<int32_t>& kept = plan.layers[l].heads[h];
+      for (size_t i = 0; i < kept.size(); ++i) {
+        for (bool v : {false, true}) {
+          for (int32_t d = 0; d < kDim; ++d) {
+            EXPECT_EQ(RowOf(*pool, kv, l, h, i, v)[d], Tag(l, h, kept[i], d, v));
+          }
+        }
+      }
+    }
+  }
+  for (int32_t s = 0; s < 18; ++s) {
+    EXPECT_EQ(RowOf(*pool, kv, 1, 1, s, true)[2], Tag(1, 1, s, 2, true));
+  }
+  // The compacted sequence can grow again from its new end.
+  ASSERT_TRUE(kv.Reserve(*pool, 1));
+  EXPECT_EQ(pool->num_used(), kv.num_blocks_held());
+  kv.Release(*pool);
+  EXPECT_EQ(pool->num_used(), 0);
+}
+
+TEST(CompactionTest, MergesAverageTheirSources) {
+  auto pool = *BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock}, 40);
+  SequenceKv kv(kLayers, kBlock);
+  Fill(*pool, kv, 8);
+  KeepPlan plan;
+  plan.layers.resize(kLayers);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    plan.layers[l].heads = {{0, 2, 7}, {0, 2, 7}};
+    plan.layers[l].merge = {{{0}, {1, 2, 3, 4, 5, 6}, {7}}, {}};  // head 1: plain selection
+  }
+  ASSERT_TRUE(ApplyKeepPlan(plan, kv, *pool).ok());
+  for (int32_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(kv.num_slots(l), 3);
+    for (int32_t d = 0; d < kDim; ++d) {
+      EXPECT_EQ(RowOf(*pool, kv, l, 0, 0, false)[d], Tag(l, 0, 0, d, false));
+      EXPECT_NEAR(RowOf(*pool, kv, l, 0, 1, true)[d], Tag(l, 0, 3, d, true) + 5.0f, 1e-2);
+      EXPECT_EQ(RowOf(*pool, kv, l, 0, 2, false)[d], Tag(l, 0, 7, d, false));
+      EXPECT_EQ(RowOf(*pool, kv, l, 1, 1, false)[d], Tag(l, 1, 2, d, false));
+    }
+  }
+  EXPECT_EQ(pool->num_used(), kv.num_blocks_held());
+  kv.Release(*pool);
+}
+
+TEST(CompactionTest, RejectsMalformedPlansWithoutTouchingTheCache) {
+  auto pool = *BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock}, 40);
+  SequenceKv kv(kLayers, kBlock);
+  Fill(*pool, kv, 8);
+  const int32_t used = pool->num_used();
+  auto bad = [&](LayerKeep keep) {
+    KeepPlan plan;
+    plan.layers.resize(kLayers);
+    plan.layers[1] = std::move(keep);
+    return ApplyKeepPlan(plan, kv, *pool).status();
+  };
+  EXPECT_FALSE(bad(LayerKeep{{{0, 1}, {0, 1, 2}}, {}}).ok());   // counts differ
+  EXPECT_FALSE(bad(LayerKeep{{{1, 0}, {0, 1}}, {}}).ok());      // not ascending
+  EXPECT_FALSE(bad(LayerKeep{{{0, 8}, {0, 1}}, {}}).ok());      // out of range
+  EXPECT_FALSE(bad(LayerKeep{{{}, {}}, {}}).ok());              // keeps nothing
+  EXPECT_FALSE(bad(LayerKeep{{{0, 1}}, {}}).ok());              // one head missing
+  EXPECT_FALSE(bad(LayerKeep{{{0, 5}, {0, 5}}, {{{0, 1}, {5, 4}}, {}}}).ok());  // bad merge
+  KeepPlan wrong_layers;
+  wrong_layers.layers.resize(2);
+  EXPECT_FALSE(ApplyKeepPlan(wrong_layers, kv, *pool).ok());
+  EXPECT_EQ(pool->num_used(), used);
+  for (int32_t l = 0; l < kLayers; ++l) EXPECT_EQ(kv.num_slots(l), 8);
+  kv.Release(*pool);
+}
+
+}  // namespace
+}  // namespace winnow::cache

@@ -1,0 +1,178 @@
+// The scoring kernel and the attention kernel's sparse / probability paths against a dense
+// double-precision reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/sequence_kv.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_scores.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace winnow::kernels {
+namespace {
+
+constexpr int32_t kHeads = 4;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kDim = 8;
+constexpr int32_t kBlock = 4;
+constexpr int32_t kSlots = 23;  // not a multiple of the block size
+
+struct Fixture {
+  std::unique_ptr<cache::BlockPool> pool;
+  cache::SequenceKv kv{1, kBlock};
+  std::vector<float> q;  // rows x heads x dim
+  std::mt19937 rng{7};
+
+  explicit Fixture(int32_t rows) {
+    pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock}, 16);
+    // Take blocks out of order so the table is not the identity.
+    std::vector<int32_t> spare;
+    pool->Allocate(3, &spare);
+    EXPECT_TRUE(kv.Reserve(*pool, kSlots));
+    pool->Free(spare);
+    kv.AppendSlots(0, kSlots);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int32_t s = 0; s < kSlots; ++s) {
+      for (int32_t g = 0; g < kKvHeads; ++g) {
+        for (int32_t d = 0; d < kDim; ++d) {
+          Key(g, s)[d] = normal(rng);
+          Value(g, s)[d] = normal(rng);
+        }
+      }
+    }
+    q.resize(static_cast<size_t>(rows) * kHeads * kDim);
+    for (float& x : q) x = 2.0f * normal(rng);
+  }
+  float* Key(int32_t g, int32_t s) {
+    return pool->Keys(kv.block_table(0)[s / kBlock], g) + (s % kBlock) * kDim;
+  }
+  float* Value(int32_t g, int32_t s) {
+    return pool->Values(kv.block_table(0)[s / kBlock], g) + (s % kBlock) * kDim;
+  }
+  PagedKvView View() const {
+    const cache::KvLayout& l = pool->layout();
+    return PagedKvView{pool->arena(), l.floats_per_block(), l.block_size, l.num_kv_heads,
+                       l.head_dim};
+  }
+  // Dense reference probabilities of row r, head h over the first `visible` slots.
+  std::vector<double> Reference(int32_t r, int32_t h, int32_t visible, float scale) {
+    std::vector<double> p(visible);
+    double max_logit = -1e300;
+    for (int32_t j = 0; j < visible; ++j) {
+      double dot = 0;
+      for (int32_t d = 0; d < kDim; ++d) {
+        dot += double{q[(r * kHeads + h) * kDim + d]} * Key(h / (kHeads / kKvHeads), j)[d];
+      }
+      p[j] = dot * scale;
+      max_logit = std::max(max_logit, p[j]);
+    }
+    double sum = 0;
+    for (double& x : p) sum += (x = std::exp(x - max_logit));
+    for (double& x : p) x /= sum;
+    return p;
+  }
+};
+
+TEST(AttentionScoresTest, ProbabilitiesMatchDenseReferenceWithCausalLimits) {
+  const int32_t rows = 5;
+  Fixture f(rows);
+  ThreadPool threads(2);
+  std::vector<int32_t> visible = {19, 20, 21, 22, 23};
+  ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), rows, visible.data(), kHeads,
+                1.0f / std::sqrt(float{kDim})};
+  std::vector<float> probs(kHeads * rows * kSlots, -1.0f);
+  std::vector<float> lse(kHeads * rows);
+  AttentionProbabilities(f.View(), in, probs.data(), lse.data(), threads);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    for (int32_t r = 0; r < rows; ++r) {
+      const std::vector<double> ref = f.Reference(r, h, visible[r], in.scale);
+      for (int32_t j = 0; j < kSlots; ++j) {
+        const float got = probs[(h * rows + r) * kSlots + j];
+        if (j < visible[r]) {
+          EXPECT_NEAR(got, ref[j], 1e-5) << "h=" << h << " r=" << r << " j=" << j;
+        } else {
+          EXPECT_EQ(got, 0.0f);
+        }
+      }
+      // logit = ln p + lse.
+      double dot = 0;
+      for (int32_t d = 0; d < kDim; ++d) {
+        dot += double{f.q[(r * kHeads + h) * kDim + d]} * f.Key(h / 2, 0)[d];
+      }
+      EXPECT_NEAR(std::log(probs[(h * rows + r) * kSlots]) + lse[h * rows + r], dot * in.scale,
+                  1e-4);
+    }
+  }
+}
+
+TEST(AttentionScoresTest, ColumnSumsEqualSummedProbabilitiesAndIgnoreThreadCount) {
+  const int32_t rows = 6;
+  Fixture f(rows);
+  std::vector<int32_t> visible = {3, 8, 12, 17, 22, 23};
+  ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), rows, visible.data(), kHeads,
+                1.0f / std::sqrt(float{kDim})};
+  std::vector<float> one(kHeads * kSlots, 0.0f), four(kHeads * kSlots, 0.0f);
+  ThreadPool t1(1), t4(4);
+  AccumulateAttentionColumns(f.View(), in, one.data(), t1);
+  AccumulateAttentionColumns(f.View(), in, four.data(), t4);
+  EXPECT_EQ(one, four);  // bit-identical: fixed summation order
+  for (int32_t h = 0; h < kHeads; ++h) {
+    std::vector<double> ref(kSlots, 0.0);
+    for (int32_t r = 0; r < rows; ++r) {
+      const std::vector<double> p = f.Reference(r, h, visible[r], in.scale);
+      for (int32_t j = 0; j < visible[r]; ++j) ref[j] += p[j];
+    }
+    for (int32_t j = 0; j < kSlots; ++j) EXPECT_NEAR(one[h * kSlots + j], ref[j], 1e-5);
+  }
+  // Accumulates: a second call doubles.
+  AccumulateAttentionColumns(f.View(), in, one.data(), t1);
+  for (int32_t i = 0; i < kHeads * kSlots; ++i) EXPECT_FLOAT_EQ(one[i], 2 * four[i]);
+}
+
+TEST(PagedAttentionTest, ProbabilityOutputAndSparseSelectionMatchReference) {
+  Fixture f(1);
+  ThreadPool threads(2);
+  const float scale = 1.0f / std::sqrt(float{kDim});
+  // Dense decode over all 23 slots (the last is the new token), with probabilities.
+  std::vector<float> out(kHeads * kDim), probs(kHeads * kSlots, 0.0f);
+  AttentionSequence seq{f.kv.block_table(0).data(), kSlots, 1, 0};
+  seq.probs = probs.data();
+  PagedAttention(f.View(), {&seq, 1}, f.q.data(), kHeads, scale, out.data(), threads);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    const std::vector<double> ref = f.Reference(0, h, kSlots, scale);
+    for (int32_t j = 0; j < kSlots; ++j) EXPECT_NEAR(probs[h * kSlots + j], ref[j], 1e-5);
+  }
+  // Sparse: attend to slots {0, 5, 6, 20} of the past plus the new token (slot 22).
+  const std::vector<int32_t> selected = {0, 5, 6, 20};
+  std::vector<float> sparse_out(kHeads * kDim), sparse_probs(kHeads * kSlots, 0.0f);
+  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
+  sparse.selected = selected.data();
+  sparse.num_selected = 4;
+  sparse.probs = sparse_probs.data();
+  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, sparse_out.data(), threads);
+  const std::vector<int32_t> attended = {0, 5, 6, 20, 22};
+  for (int32_t h = 0; h < kHeads; ++h) {
+    const std::vector<double> full = f.Reference(0, h, kSlots, scale);
+    double z = 0;
+    for (int32_t j : attended) z += full[j];
+    std::vector<double> expect_out(kDim, 0.0);
+    for (int32_t j : attended) {
+      const double p = full[j] / z;
+      EXPECT_NEAR(sparse_probs[h * kSlots + j], p, 1e-5);
+      for (int32_t d = 0; d < kDim; ++d) expect_out[d] += p * f.Value(h / 2, j)[d];
+    }
+    for (int32_t j = 0; j < kSlots; ++j) {
+      if (std::find(attended.begin(), attended.end(), j) == attended.end()) {
+        EXPECT_EQ(sparse_probs[h * kSlots + j], 0.0f);
+      }
+    }
+    for (int32_t d = 0; d < kDim; ++d) EXPECT_NEAR(sparse_out[h * kDim + d], expect_out[d], 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace winnow::kernels
