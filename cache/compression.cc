@@ -180,6 +180,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
   }
 
+  policy_->UseThreads(&threads);
   absl::StatusOr<policies::KeepPlan> plan = policy_->Plan();
   if (!plan.ok()) return plan.status();
   stats_.prefill_tokens = num_tokens_;

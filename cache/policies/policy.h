@@ -34,6 +34,10 @@
 #include "absl/status/statusor.h"
 #include "cache/attention_selector.h"
 
+namespace winnow::kernels {
+class ThreadPool;
+}  // namespace winnow::kernels
+
 namespace winnow::cache::policies {
 
 // ---------------------------------------------------------------------------------------------
@@ -195,7 +199,7 @@ class SlotPositions {
   }
   // Every (layer, head) gains slots for positions [first, first + count).
   void AppendRange(int32_t first, int32_t count);
-  // Applies a validated plan (merged entries take their first source's position).
+  // Applies a validated plan (a merged entry keeps its anchor's position).
   void Apply(const KeepPlan& plan);
   void Clear();
 
@@ -269,6 +273,11 @@ class CompressionPolicy {
 
   // Decode-time selection without eviction (TokenSelect); null for none. Owned by the policy.
   virtual AttentionSelector* selector() { return nullptr; }
+  // The forward's worker pool, handed over before Plan() (tokenselect). The selector may run
+  // ParallelFor on it inside Select: the forward calls Select on the engine thread between
+  // kernels, when the pool is idle. A single decode token's attention only spreads over the KV
+  // heads, so a per-step scoring pass over every cached key needs the whole pool to pay off.
+  virtual void UseThreads(kernels::ThreadPool* /*threads*/) {}
 
   // For admission: an upper bound on the slots, summed over layers, that the sequence holds
   // after compression once `generated` tokens have been appended. The default assumes every
