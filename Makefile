@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv test unit-test py-test serve bench clean
+.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean
 
 all: build
 
@@ -47,6 +47,12 @@ serve: build model
 
 bench: build model venv
 	$(PY) bench/engine_bench.py --model $(MODEL) --winnow-bench $(BUILD_DIR)/engine_bench --omp-wait-policy passive
+
+# Issue 4's check that at budget 0.1 the seed policies stay close to the full cache and beat
+# StreamingLLM and H2O. Not yet part of `make test`: it currently fails (docs/compression.md).
+quality-check: build model venv
+	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
+	  $(PY) -m pytest -q tests/quality
 
 clean:
 	rm -rf $(BUILD_DIR)
