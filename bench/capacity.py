@@ -30,6 +30,7 @@ import math
 import os
 import pathlib
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -97,12 +98,12 @@ class Daemon:
 
 
 def make_prompts(n: int, target_tokens: int, seed: int) -> list[list[dict]]:
-    """n distinct passkey prompts as segments (text, context document, text question)."""
-    out = []
-    for i in range(n):
-        t = taskgen.generate(1, target_tokens, seed * 1000 + i, kinds=("passkey",))[0]
-        out.append(t["segments"])
-    return out
+    """n distinct passkey prompts of about the same length, as segments (chat text, the
+    haystack as context, the question): every request is a long-prompt request of the size the
+    pool was cut for."""
+    chars = int(target_tokens * taskgen.CHARS_PER_TOKEN[taskgen.FILLER])
+    return [taskgen.make_passkey(random.Random(f"capacity:{seed}:{i}"), chars)["segments"]
+            for i in range(n)]
 
 
 def prompt_tokens(client: WinnowClient, segments: list[dict]) -> int:
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--budgets", default="0.1,0.2")
     ap.add_argument("--requests", type=int, default=12, help="requests per burst")
-    ap.add_argument("--prompt-tokens", type=int, default=1000,
+    ap.add_argument("--prompt-tokens", type=int, default=800,
                     help="target prompt length (passkey document + question)")
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--fit-uncompressed", type=int, default=2,

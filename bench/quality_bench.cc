@@ -3,7 +3,8 @@
 // (policy, budget) against the full cache of the same prompt.
 //
 //   quality_bench --tasks=FILE.jsonl [--model=PATH] [--threads=N]
-//                 [--policies=snapkv,h2o,...] [--budgets=0.05,0.1,0.2,0.5]
+//                 [--policies=snapkv,h2o,vl_cache+kernel=7+pooling=max,...]
+//                 [--budgets=0.05,0.1,0.2,0.5]
 //                 [--gen-tokens=16] [--chunk=512] [--params=POLICY:k=v,k=v;POLICY2:k=v]
 //                 [--free-run=all|none|POLICY,...] [--check-replay] [--json-out=FILE]
 //
@@ -297,6 +298,25 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
   return ref;
 }
 
+// A policy entry is a name, optionally with parameters of its own after '+':
+// "vl_cache+kernel=7+pooling=max" runs vl_cache with those parameters (over --params for
+// vl_cache) and is reported under the whole string, so variants sit next to the default.
+absl::StatusOr<std::unique_ptr<cache::CompressionSession>> CreateSession(
+    const std::string& entry, double budget, const pol::PolicyContext& context,
+    const Options& opt) {
+  const std::vector<std::string> parts = absl::StrSplit(entry, '+');
+  absl::flat_hash_map<std::string, std::string> params;
+  if (auto it = opt.params.find(parts[0]); it != opt.params.end()) params = it->second;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("policy entry ", entry, ": expected k=v"));
+    }
+    params[parts[i].substr(0, eq)] = parts[i].substr(eq + 1);
+  }
+  return cache::CompressionSession::Create(parts[0], pol::PolicyConfig(budget, params), context);
+}
+
 // --------------------------------------------------------------------------------------------
 // Compressed runs.
 
@@ -332,10 +352,8 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockP
   pol::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
   context.layout = task.layout;
-  absl::flat_hash_map<std::string, std::string> params;
-  if (auto it = opt.params.find(policy); it != opt.params.end()) params = it->second;
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> session =
-      cache::CompressionSession::Create(policy, pol::PolicyConfig(budget, params), context);
+      CreateSession(policy, budget, context, opt);
   if (!session.ok()) {
     run->kv.Release(pool);
     return session.status();
@@ -451,10 +469,8 @@ absl::StatusOr<json> CheckReplay(model::Model& model, cache::BlockPool& pool, co
   pol::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
   context.layout = task.layout;
-  absl::flat_hash_map<std::string, std::string> params;
-  if (auto it = opt.params.find(policy); it != opt.params.end()) params = it->second;
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> session =
-      cache::CompressionSession::Create(policy, pol::PolicyConfig(budget, params), context);
+      CreateSession(policy, budget, context, opt);
   if (!session.ok()) return session.status();
   if (*session == nullptr) return json();
   absl::StatusOr<Prefilled> real = Prefill(model, pool, task.tokens, opt.chunk, session->get());

@@ -87,13 +87,15 @@ def plot(agg: dict, policies, budgets, path: pathlib.Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     cells = agg["cells"]
     panels = [("accuracy", "task accuracy", False), ("kl_mean", "KL(full ‖ compressed), nats", True),
               ("top1", "top-1 agreement (teacher-forced)", False),
               ("greedy_agreement", "greedy agreement (prefix share)", False)]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    styles = ["-o", "-s", "-^", "-D", "-v", "-P", "-X", "-*", "-h", "-<"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    markers = "osD^vPX*h<>p"
+    colors = plt.get_cmap("tab20").colors
     for ax, (key, label, log) in zip(axes.flat, panels):
         for i, p in enumerate(policies):
             if p == "none":
@@ -103,21 +105,45 @@ def plot(agg: dict, policies, budgets, path: pathlib.Path, title: str) -> None:
             if key == "kl_mean":
                 ys = [max(y, 1e-4) for y in ys]
             if xs:
-                ax.plot(xs, ys, styles[i % len(styles)], label=p, linewidth=1.5, markersize=5)
+                # Variants ("policy+k=v") dashed, next to their policy's colour family.
+                ax.plot(xs, ys, marker=markers[i % len(markers)], color=colors[i % len(colors)],
+                        linestyle="--" if "+" in p else "-", label=p, linewidth=1.5,
+                        markersize=5)
         if key == "accuracy":
-            ax.axhline(agg["full_accuracy"], color="black", linestyle="--", label="full cache")
+            ax.axhline(agg["full_accuracy"], color="black", linestyle=":", label="full cache")
         ax.set_xscale("log")
         ax.set_xticks(budgets)
         ax.set_xticklabels([f"{b:g}" for b in budgets])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("budget (fraction of the prompt's KV kept)")
         ax.set_ylabel(label)
         if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-    axes.flat[0].legend(fontsize=8, loc="lower right")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(path, dpi=110)
+
+
+def redraw(json_path: pathlib.Path, png: str) -> int:
+    data = json.loads(json_path.read_text())
+    agg = {"cells": {(c["policy"], c["budget"]): c for c in data["cells"]},
+           "full_accuracy": data["full_accuracy"]}
+    policies = [p for p in data["config"]["policies"].split(",") if p]
+    budgets = [float(b) for b in data["config"]["budgets"].split(",") if b]
+    print(tables(agg, policies, budgets))
+    if png:
+        lengths = [t["num_tokens"] for t in data["tasks"]]
+        plot(agg, [p for p in policies if any(k[0] == p for k in agg["cells"])], budgets,
+             pathlib.Path(png), title(data["config"]["model"], len(lengths), lengths))
+    return 0
+
+
+def title(model: str, num_tasks: int, lengths) -> str:
+    return (f"winnow KV compression, {pathlib.Path(model).name}: {num_tasks} long-context tasks "
+            f"(~{sum(lengths) // len(lengths)} tokens), CPU")
 
 
 def main(argv=None) -> int:
@@ -125,17 +151,21 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default=str(REPO / "build" / "quality_bench"))
     ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--num-per-kind", type=int, default=4)
-    ap.add_argument("--target-tokens", type=int, default=1200)
+    ap.add_argument("--num-per-kind", type=int, default=3)
+    ap.add_argument("--target-tokens", type=int, default=800)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
-    ap.add_argument("--gen-tokens", type=int, default=20)
+    ap.add_argument("--gen-tokens", type=int, default=12)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--params", default="", help="POLICY:k=v,k=v;POLICY2:k=v (driver syntax)")
     ap.add_argument("--json-out", default=str(REPO / "bench" / "results" / "quality.json"))
     ap.add_argument("--png", default="", help="write the plot here (needs matplotlib)")
+    ap.add_argument("--from-json", default="",
+                    help="redraw the tables (and --png) from a JSON this script wrote; no run")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return redraw(pathlib.Path(args.from_json), args.png)
 
     policies = [p for p in args.policies.split(",") if p]
     budgets = [float(b) for b in args.budgets.split(",") if b]
@@ -181,8 +211,7 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(out, indent=1) + "\n")
     if args.png:
         plot(agg, [p for p in policies if p in ran], budgets, pathlib.Path(args.png),
-             f"winnow KV compression, {pathlib.Path(args.model).name}: {len(task_list)} "
-             f"long-context tasks (~{sum(lengths) // len(lengths)} tokens), CPU")
+             title(args.model, len(task_list), lengths))
     return 0
 
 

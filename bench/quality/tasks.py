@@ -9,15 +9,16 @@ and a text segment with the question and the assistant header (their observation
 Kinds (each deterministic from the seed):
   passkey   a five-digit pass key hidden at a random depth of varied filler prose;
   kv        several "special magic number for <city>" facts in filler; the question names one;
-  doc       a staff directory of people (city and job each) in filler; asked for one's city or
-            job;
-  copy      a line tagged [QUOTE] in the document; the answer must repeat its key phrase.
+  doc       staff notes on three people (city and job each) in filler; asked where one lives
+            and what their job is; the job is scored;
+  copy      a "secret sentence" in the document, to be repeated exactly.
 
 The filler is the classic passkey haystack ("The grass is green. The sky is blue. ..."), or with
 --filler=varied sentences from a small grammar (harder for the default model).
 
-Answers are short strings; a task counts as solved when the normalised answer occurs in the
-normalised generation (bench/quality/score.py).
+The assistant turn opens with an answer prefix ("The pass key is"), as RULER does, so the
+answer comes first. Answers are short strings; a task counts as solved when the answer is the
+first candidate the generation mentions (bench/quality/score.py).
 
     python bench/quality/tasks.py --num-per-kind 6 --target-tokens 1200 --seed 1 > tasks.jsonl
 """
@@ -101,10 +102,17 @@ def haystack(rng: random.Random, target_chars: int, needles: list[str]) -> str:
     return "\n".join(paras)
 
 
-def chat_segments(instruction: str, context: str, question: str) -> list[dict]:
+def chat_segments(instruction: str, context: str, question: str, answer_prefix: str) -> list[dict]:
+    """ChatML prompt; the assistant turn opens with answer_prefix (RULER-style), so that the
+    answer is the first thing generated and a 135M model does not wander off first."""
     head = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{instruction}\n\n")
-    tail = f"\n\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    tail = f"\n\n{question}<|im_end|>\n<|im_start|>assistant\n{answer_prefix}"
     return [{"text": head}, {"context": context}, {"text": tail}]
+
+
+# The first generated token comes from the full cache (the engine compresses after the prefill
+# that produced its logits), so no task may have its whole answer in that token. Numbers are
+# safe: SmolLM2 emits " " and then one token per digit.
 
 
 def make_passkey(rng: random.Random, target_chars: int) -> dict:
@@ -114,7 +122,7 @@ def make_passkey(rng: random.Random, target_chars: int) -> dict:
     return {"kind": "passkey", "answer": key,
             "segments": chat_segments(
                 "There is a pass key hidden inside a lot of irrelevant text. Find it.", ctx,
-                "What is the pass key? Answer with the number only.")}
+                "What is the pass key?", "The pass key is")}
 
 
 def make_kv(rng: random.Random, target_chars: int) -> dict:
@@ -126,9 +134,8 @@ def make_kv(rng: random.Random, target_chars: int) -> dict:
     return {"kind": "kv", "answer": values[ask], "distractors": values,
             "segments": chat_segments(
                 "Some special magic numbers are hidden inside the text below. Memorize them.",
-                ctx,
-                f"What is the special magic number for {cities[ask]}? Answer with the number "
-                "only.")}
+                ctx, f"What is the special magic number for {cities[ask]}?",
+                f"The special magic number for {cities[ask]} is")}
 
 
 def make_doc(rng: random.Random, target_chars: int) -> dict:
@@ -144,15 +151,12 @@ def make_doc(rng: random.Random, target_chars: int) -> dict:
     ask = rng.randrange(len(people))
     name, city, job = people[ask]
     ctx = haystack(rng, target_chars, needles)
-    if rng.random() < 0.5:
-        question, answer = f"In which city does {name} live? Answer with the city only.", city
-        distractors = _CITIES
-    else:
-        question, answer = f"What is the job of {name}? Answer with the job only.", job
-        distractors = _JOBS
-    return {"kind": "doc", "answer": answer, "distractors": distractors,
-            "segments": chat_segments("Read the staff notes below and answer the question.",
-                                      ctx, question)}
+    # The city is one token, the first generated one (free, from the full cache), so the job,
+    # which the model states next, is what is scored.
+    return {"kind": "doc", "answer": job, "distractors": _JOBS,
+            "segments": chat_segments(
+                "Read the staff notes below and answer the question.", ctx,
+                f"Where does {name} live, and what is their job?", f"{name} lives in")}
 
 
 def make_copy(rng: random.Random, target_chars: int) -> dict:
@@ -162,7 +166,7 @@ def make_copy(rng: random.Random, target_chars: int) -> dict:
     return {"kind": "copy", "answer": quote,
             "segments": chat_segments(
                 "There is a secret sentence hidden inside a lot of irrelevant text. Find it.", ctx,
-                "What is the secret sentence? Repeat it exactly.")}
+                "What is the secret sentence? Repeat it exactly.", 'The secret sentence is: "')}
 
 
 MAKERS = {"passkey": make_passkey, "kv": make_kv, "doc": make_doc, "copy": make_copy}

@@ -28,7 +28,7 @@ class AirCachePolicy : public CompressionPolicy {
     split_ = SplitEvictable(context.layout, window_, /*window_evictable=*/false);
     const int64_t base = static_cast<int64_t>(split_.evictable.size());
     if (span_mode) {
-      cap_ = static_cast<int64_t>(std::floor(config.budget() * layers * base + 1e-6));
+      cap_ = SpanModeCap(config.budget(), options.budget_base, layers, n, split_);
     } else {
       cap_ = int64_t{layers} * (KeepCount(config.budget(), n) - window_.size());
     }
@@ -170,6 +170,8 @@ absl::StatusOr<AirCacheOptions> ParseAirCacheOptions(const PolicyConfig& config)
   absl::StatusOr<std::string> selection =
       config.GetEnum("selection", "per_head", {"per_head", "shared"});
   if (!selection.ok()) return selection.status();
+  absl::StatusOr<BudgetBase> budget_base = GetBudgetBase(config);
+  if (!budget_base.ok()) return budget_base.status();
   o.alpha = *alpha;
   o.window = static_cast<int32_t>(*window);
   o.min_window = static_cast<int32_t>(*min_window);
@@ -184,6 +186,7 @@ absl::StatusOr<AirCacheOptions> ParseAirCacheOptions(const PolicyConfig& config)
     o.allocation = AirCacheOptions::Allocation::kUniform;
   }
   o.shared_selection = *selection == "shared";
+  o.budget_base = *budget_base;
   return o;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/policies/layer_budget_split.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -31,10 +32,12 @@ struct AirCacheOptions {
   GroupAggregation aggregation = GroupAggregation::kMean;
   Allocation allocation = Allocation::kStrengthSkew;  // Table 5's ablations as options
   bool shared_selection = false;  // one keep set per layer instead of per KV head
+  BudgetBase budget_base = BudgetBase::kPrompt;  // span mode: what `budget` is a fraction of
 };
 
 // Params: alpha, window, min_window, max_window, min_keep, gqa (sum|mean|max),
-// allocation (strength_skew|strength|skew|uniform), selection (per_head|shared).
+// allocation (strength_skew|strength|skew|uniform), selection (per_head|shared),
+// budget_of (prompt|spans).
 absl::StatusOr<AirCacheOptions> ParseAirCacheOptions(const PolicyConfig& config);
 
 // One layer's visual importance (Eqs. 4-8), per query head: out[h * visual.size() + i] for

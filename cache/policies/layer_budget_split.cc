@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
+
+#include "cache/policies/scoring_helpers.h"
 
 namespace winnow::cache::policies {
 
@@ -25,6 +28,34 @@ EvictableSplit SplitEvictable(const PromptLayout& layout, WindowRange window,
     (evictable[p] ? split.evictable : split.always_kept).push_back(p);
   }
   return split;
+}
+
+EvictableSplit SplitBeforeWindow(const PromptLayout& layout, WindowRange window) {
+  EvictableSplit split;
+  split.span_mode = layout.HasCompressibleSpans();
+  const int32_t n = layout.num_tokens;
+  const int32_t begin = std::clamp(window.begin, 0, n);
+  for (int32_t p = 0; p < n; ++p) (p < begin ? split.evictable : split.always_kept).push_back(p);
+  return split;
+}
+
+absl::StatusOr<BudgetBase> GetBudgetBase(const PolicyConfig& config) {
+  absl::StatusOr<std::string> base = config.GetEnum("budget_of", "prompt", {"prompt", "spans"});
+  if (!base.ok()) return base.status();
+  return *base == "spans" ? BudgetBase::kSpans : BudgetBase::kPrompt;
+}
+
+int64_t SpanModeCap(double budget, BudgetBase base, int32_t layers, int32_t num_tokens,
+                    const EvictableSplit& split) {
+  const int64_t evictable = static_cast<int64_t>(split.evictable.size());
+  int64_t cap = 0;
+  if (base == BudgetBase::kSpans) {
+    cap = static_cast<int64_t>(std::floor(budget * layers * evictable + 1e-6));
+  } else {
+    const int64_t kept_text = num_tokens - evictable;
+    cap = int64_t{layers} * (KeepCount(budget, num_tokens) - kept_text);
+  }
+  return std::clamp<int64_t>(cap, 0, int64_t{layers} * evictable);
 }
 
 std::vector<double> WaterFill(std::span<const double> weights, double total, double lo,

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "cache/policies/policy.h"
 
 namespace winnow::cache::policies {
@@ -24,6 +25,22 @@ struct EvictableSplit {
 };
 EvictableSplit SplitEvictable(const PromptLayout& layout, WindowRange window,
                               bool window_evictable);
+// Every token before the window is evictable, text included (VL-Cache's one top-k over text and
+// visual keys); span_mode still says whether the layout has spans.
+EvictableSplit SplitBeforeWindow(const PromptLayout& layout, WindowRange window);
+
+// What a modality-aware policy's `budget` is a fraction of, in span mode (param `budget_of`).
+// kPrompt (default): the whole prompt's KV, as for every other policy, so that one budget means
+// one memory footprint whichever policy a request names; the always-kept text is paid first and
+// the span tokens get the rest. kSpans: the span tokens alone, the text kept on top (AirCache's
+// ρ, "keep 10% of the visual tokens").
+enum class BudgetBase { kPrompt, kSpans };
+absl::StatusOr<BudgetBase> GetBudgetBase(const PolicyConfig& config);
+
+// Span-mode evictable slots kept, summed over layers, for `budget` on `base`; within
+// [0, layers * split.evictable.size()].
+int64_t SpanModeCap(double budget, BudgetBase base, int32_t layers, int32_t num_tokens,
+                    const EvictableSplit& split);
 
 // Splits `total` over the layers in proportion to `weights` (negative weights count as 0), each
 // share clamped to [lo, hi]; what the clamping frees or absorbs is spread over the unclamped

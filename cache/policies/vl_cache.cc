@@ -20,12 +20,22 @@ class VlCachePolicy : public CompressionPolicy {
                                 options.max_window);
     // The text-only fallback keeps a per-layer recent window sized from that layer's budget,
     // so the observed rows themselves stay candidates there.
-    split_ = SplitEvictable(context.layout, window_, /*window_evictable=*/true);
+    split_ = context.layout.HasCompressibleSpans() && options.rank_text
+                 ? SplitBeforeWindow(context.layout, window_)
+                 : SplitEvictable(context.layout, window_, /*window_evictable=*/true);
     const int32_t layers = context.dims.num_layers;
     const int64_t base = static_cast<int64_t>(split_.evictable.size());
-    cap_ = static_cast<int64_t>(std::floor(config.budget() * layers * base + 1e-6));
-    // Without spans every token is evictable, but a layer must keep at least one.
-    if (!split_.span_mode) cap_ = std::max<int64_t>(cap_, layers);
+    if (split_.span_mode) {
+      cap_ = SpanModeCap(config.budget(), options.budget_base, layers, context.layout.num_tokens,
+                         split_);
+      // Alg. 1's α is a fraction of the tokens it ranks: the span tokens here.
+      alpha_ = base > 0 ? static_cast<double>(cap_) / (static_cast<double>(layers) * base) : 1.0;
+    } else {
+      // Every token is evictable, but a layer must keep at least one.
+      cap_ = std::max<int64_t>(
+          static_cast<int64_t>(std::floor(config.budget() * layers * base + 1e-6)), layers);
+      alpha_ = config.budget();
+    }
     sparsity_.assign(layers, -1.0);
     scores_.resize(layers);
   }
@@ -76,7 +86,7 @@ class VlCachePolicy : public CompressionPolicy {
             absl::StrCat("vl_cache: layer ", l, " was never observed"));
       }
     }
-    const double alpha = config().budget();
+    const double alpha = alpha_;
     std::vector<double> targets;
     if (options_.redistribute) {
       std::vector<double> density(layers);
@@ -129,6 +139,7 @@ class VlCachePolicy : public CompressionPolicy {
   WindowRange window_;
   EvictableSplit split_;
   int64_t cap_ = 0;                          // evictable tokens kept, summed over layers
+  double alpha_ = 1.0;                       // cap_ as a fraction of the evictable tokens
   std::vector<double> sparsity_;             // [layer]; -1 until observed
   std::vector<std::vector<float>> scores_;   // [layer][kv_head or 1][slot]
   std::vector<int32_t> budgets_;             // [layer] evictable tokens kept
@@ -165,6 +176,10 @@ absl::StatusOr<VlCacheOptions> ParseVlCacheOptions(const PolicyConfig& config) {
   absl::StatusOr<std::string> selection =
       config.GetEnum("selection", "per_head", {"per_head", "shared"});
   if (!selection.ok()) return selection.status();
+  absl::StatusOr<BudgetBase> budget_base = GetBudgetBase(config);
+  if (!budget_base.ok()) return budget_base.status();
+  absl::StatusOr<std::string> rank = config.GetEnum("rank", "all", {"all", "spans"});
+  if (!rank.ok()) return rank.status();
   o.p = *p;
   o.beta_min = *beta_min;
   o.beta_max = *beta_max;
@@ -177,6 +192,8 @@ absl::StatusOr<VlCacheOptions> ParseVlCacheOptions(const PolicyConfig& config) {
   o.pooling = *pooling;
   o.redistribute = *redistribute;
   o.shared_selection = *selection == "shared";
+  o.budget_base = *budget_base;
+  o.rank_text = *rank == "all";
   return o;
 }
 

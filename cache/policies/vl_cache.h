@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/policies/layer_budget_split.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -33,11 +34,15 @@ struct VlCacheOptions {
   Pooling pooling = Pooling::kNone;
   bool redistribute = false;  // water-fill what clipping frees (off: the paper drops it)
   bool shared_selection = false;  // one keep set per layer instead of per KV head
+  BudgetBase budget_base = BudgetBase::kPrompt;  // span mode: what `budget` is a fraction of
+  // Span mode: the top-k ranks text and span keys together, as the paper does (`rank=all`), or
+  // only the span tokens, all other text kept (`rank=spans`).
+  bool rank_text = true;
 };
 
 // Params: p, beta_min, beta_max, recent_frac, window, min_window, max_window, gqa
 // (sum|mean|max), kernel, pooling (none|avg|max), redistribute (bool), selection
-// (per_head|shared).
+// (per_head|shared), budget_of (prompt|spans), rank (all|spans).
 absl::StatusOr<VlCacheOptions> ParseVlCacheOptions(const PolicyConfig& config);
 
 // Alg. 1's sparsity of one layer: per query head, the fraction of causally valid (row, key)

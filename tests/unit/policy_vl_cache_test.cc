@@ -14,96 +14,30 @@
 #include "absl/container/flat_hash_map.h"
 #include "cache/policies/layer_budget_split.h"
 #include "cache/policies/policy.h"
+#include "tests/unit/policy_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {
 
-// One layer's observation built from logits: probs are the causal softmax of logit(h, r, j)
-// over j <= row position, exactly what the scoring kernel hands a policy.
-struct FakeLayer {
-  int32_t layer = 0;
-  int32_t heads = 0;
-  int32_t kv_heads = 0;
-  int32_t n = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> probs;
-  std::vector<float> log_normalizer;
+using policy_testing::Contains;
+using policy_testing::Context;
+using policy_testing::FakeLayer;
+using policy_testing::LogitFn;
+using policy_testing::MakeLayer;
+using policy_testing::RandomLogits;
+using policy_testing::RunPolicy;
 
-  ObservationAttention View() const {
-    ObservationAttention a;
-    a.layer = layer;
-    a.num_heads = heads;
-    a.num_kv_heads = kv_heads;
-    a.num_rows = static_cast<int32_t>(positions.size());
-    a.num_slots = n;
-    a.row_positions = positions;
-    a.probs = probs;
-    a.log_normalizer = log_normalizer;
-    return a;
-  }
-};
-
-using LogitFn = std::function<double(int32_t h, int32_t row_position, int32_t j)>;
-
-FakeLayer MakeLayer(int32_t layer, int32_t heads, int32_t kv_heads, int32_t n,
-                    int32_t window_begin, const LogitFn& logit) {
-  FakeLayer f{layer, heads, kv_heads, n, {}, {}, {}};
-  for (int32_t p = window_begin; p < n; ++p) f.positions.push_back(p);
-  const int32_t rows = n - window_begin;
-  f.probs.assign(static_cast<size_t>(heads) * rows * n, 0.0f);
-  f.log_normalizer.assign(static_cast<size_t>(heads) * rows, 0.0f);
-  for (int32_t h = 0; h < heads; ++h) {
-    for (int32_t r = 0; r < rows; ++r) {
-      const int32_t pos = f.positions[r];
-      double mx = -1e300;
-      for (int32_t j = 0; j <= pos; ++j) mx = std::max(mx, logit(h, pos, j));
-      double sum = 0.0;
-      for (int32_t j = 0; j <= pos; ++j) sum += std::exp(logit(h, pos, j) - mx);
-      for (int32_t j = 0; j <= pos; ++j) {
-        f.probs[(static_cast<size_t>(h) * rows + r) * n + j] =
-            static_cast<float>(std::exp(logit(h, pos, j) - mx) / sum);
-      }
-      f.log_normalizer[static_cast<size_t>(h) * rows + r] = static_cast<float>(mx + std::log(sum));
-    }
-  }
-  return f;
-}
-
-PolicyContext Context(int32_t layers, int32_t heads, int32_t kv_heads, int32_t n,
-                      std::vector<PromptSpan> spans) {
-  PolicyContext c;
-  c.dims = ModelDims{layers, heads, kv_heads, 8, 16};
-  c.layout.num_tokens = n;
-  c.layout.spans = std::move(spans);
-  return c;
-}
-
-// Runs a policy over per-layer logit functions and returns its plan.
-KeepPlan RunPolicy(CompressionPolicy& policy, const PolicyContext& c,
-                   const std::vector<LogitFn>& layers) {
-  const int32_t begin = policy.Observation().window_begin;
-  for (int32_t l = 0; l < c.dims.num_layers; ++l) {
-    FakeLayer f = MakeLayer(l, c.dims.num_heads, c.dims.num_kv_heads, c.layout.num_tokens,
-                            begin, layers[l]);
-    EXPECT_TRUE(policy.ObserveLayer(f.View()).ok());
-  }
-  absl::StatusOr<KeepPlan> plan = policy.Plan();
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  const int32_t n = c.layout.num_tokens;
-  EXPECT_TRUE(plan->Validate(c.dims, [n](int32_t) { return n; }).ok());
-  return *plan;
-}
-
+// The constructed patterns check the paper's per-layer split of the span tokens, so the budget
+// is a fraction of the spans (`budget_of=spans`) and only span tokens are ranked (`rank=spans`)
+// unless a test says otherwise.
 std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
                                         absl::flat_hash_map<std::string, std::string> p = {}) {
+  p.try_emplace("budget_of", "spans");
+  p.try_emplace("rank", "spans");
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
       CreatePolicy("vl_cache", PolicyConfig(budget, std::move(p)), c);
   EXPECT_TRUE(policy.ok()) << policy.status();
   return std::move(*policy);
-}
-
-bool Contains(const std::vector<int32_t>& v, int32_t x) {
-  return std::binary_search(v.begin(), v.end(), x);
 }
 
 TEST(VlCacheSparsity, HandExample) {
@@ -201,13 +135,7 @@ TEST(VlCachePolicy, RandomPatternsKeepInvariants) {
     const double budget = 0.05 + 0.9 * (rng() % 1000) / 1000.0;
     auto policy = Make(budget, c);
     std::vector<LogitFn> fns;
-    for (int32_t l = 0; l < 3; ++l) {
-      const uint32_t seed = rng();
-      fns.push_back([seed, l](int32_t h, int32_t pos, int32_t j) {
-        const uint32_t x = (seed ^ (h * 7919u) ^ (pos * 104729u) ^ (j * 15485863u)) * 2654435761u;
-        return (x % 1000) / 1000.0 * (2.0 + 4.0 * l);
-      });
-    }
+    for (int32_t l = 0; l < 3; ++l) fns.push_back(RandomLogits(rng(), 2.0 + 4.0 * l));
     const KeepPlan plan = RunPolicy(*policy, c, fns);
     const int32_t base = b - a;
     int64_t kept_visual = 0;
@@ -286,6 +214,20 @@ TEST(LayerBudgetSplit, WaterFillSpreadsWhatClampingFrees) {
   EXPECT_NEAR(w[0], 1.5, 1e-12);
 }
 
+TEST(LayerBudgetSplit, SpanModeCapPaysForTheTextFirst) {
+  // 100 tokens, 80 of them in a span, 4 layers.
+  const PromptLayout layout{100, {{SpanKind::kContext, 10, 90}}};
+  const EvictableSplit split = SplitEvictable(layout, WindowRange{90, 100}, false);
+  ASSERT_EQ(split.evictable.size(), 80u);
+  // budget 0.5 of the prompt = 50 slots per layer, 20 of them text: 30 span tokens per layer.
+  EXPECT_EQ(SpanModeCap(0.5, BudgetBase::kPrompt, 4, 100, split), 4 * 30);
+  // The text alone exceeds budget 0.1: no span token is kept (the text still is).
+  EXPECT_EQ(SpanModeCap(0.1, BudgetBase::kPrompt, 4, 100, split), 0);
+  // budget_of=spans: 0.5 of the 80 span tokens, the text on top.
+  EXPECT_EQ(SpanModeCap(0.5, BudgetBase::kSpans, 4, 100, split), 4 * 40);
+  EXPECT_EQ(SpanModeCap(1.0, BudgetBase::kPrompt, 4, 100, split), 4 * 80);
+}
+
 TEST(LayerBudgetSplit, RoundBudgetsNeverExceedsTheCap) {
   const std::vector<double> t = {2.5, 2.5, 5.0};
   EXPECT_EQ(RoundBudgets(t, 10, 0, 100), (std::vector<int32_t>{3, 2, 5}));  // remainder: lower
@@ -352,6 +294,40 @@ TEST(VlCachePolicy, SharedSelectionKeepsOneSetPerLayer) {
   ASSERT_EQ(plan.layers.size(), 1u);
   EXPECT_EQ(plan.layers[0].heads[0], plan.layers[0].heads[1]);
   for (int32_t t : {7, 8, 9, 10}) EXPECT_TRUE(Contains(plan.layers[0].heads[0], t));
+}
+
+// `budget` as a fraction of the whole prompt, the kept text included, so a request's footprint
+// is the same as under snapkv or h2o at that budget.
+TEST(VlCachePolicy, PromptBudgetCountsTheKeptText) {
+  policy_testing::ExpectPromptBudgetCountsKeptText("vl_cache",
+                                                   {{"budget_of", "prompt"}, {"rank", "spans"}});
+}
+
+// The defaults (rank=all, budget_of=prompt), as in the paper: text and span keys compete in one
+// top-k; only the post-vision window is forced; the whole prompt is the budget base.
+TEST(VlCachePolicy, DefaultRanksTextAndSpanKeysTogether) {
+  const int32_t n = 60;
+  const PolicyContext c = Context(2, 2, 1, n, {{SpanKind::kContext, 10, 50}});
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
+      CreatePolicy("vl_cache", PolicyConfig(0.3, {}), c);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_EQ((*policy)->Observation().window_begin, 50);
+  // The window attends to text token 3 and span tokens 20..24; everything else is flat.
+  LogitFn fn = [](int32_t, int32_t, int32_t j) { return j == 3 || (j >= 20 && j < 25) ? 6.0 : 0.0; };
+  const KeepPlan plan = RunPolicy(**policy, c, {fn, fn});
+  ASSERT_EQ(plan.layers.size(), 2u);
+  int64_t total = 0;
+  for (const LayerKeep& keep : plan.layers) {
+    ASSERT_FALSE(keep.untouched());
+    total += keep.kept();
+    for (const std::vector<int32_t>& head : keep.heads) {
+      EXPECT_TRUE(Contains(head, 3));
+      for (int32_t p = 20; p < 25; ++p) EXPECT_TRUE(Contains(head, p)) << p;
+      for (int32_t p = 50; p < n; ++p) EXPECT_TRUE(Contains(head, p)) << "window " << p;
+      EXPECT_FALSE(Contains(head, 0) && Contains(head, 1) && Contains(head, 2)) << "flat text kept";
+    }
+  }
+  EXPECT_LE(total, 2 * KeepCount(0.3, n));
 }
 
 }  // namespace

@@ -14,87 +14,19 @@
 #include "absl/container/flat_hash_map.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/scoring_helpers.h"
+#include "tests/unit/policy_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {
 
+using policy_testing::Contains;
+using policy_testing::Context;
+using policy_testing::FakeLayer;
+using policy_testing::LogitFn;
+using policy_testing::MakeLayer;
+using policy_testing::RunPolicy;
+
 constexpr char kPolicy[] = "xkv";
-
-// One layer's observation built from logits: probs are the causal softmax of logit(h, r, j)
-// over j <= row position, exactly what the scoring kernel hands a policy.
-struct FakeLayer {
-  int32_t layer = 0;
-  int32_t heads = 0;
-  int32_t kv_heads = 0;
-  int32_t n = 0;
-  std::vector<int32_t> positions;
-  std::vector<float> probs;
-  std::vector<float> log_normalizer;
-
-  ObservationAttention View() const {
-    ObservationAttention a;
-    a.layer = layer;
-    a.num_heads = heads;
-    a.num_kv_heads = kv_heads;
-    a.num_rows = static_cast<int32_t>(positions.size());
-    a.num_slots = n;
-    a.row_positions = positions;
-    a.probs = probs;
-    a.log_normalizer = log_normalizer;
-    return a;
-  }
-};
-
-using LogitFn = std::function<double(int32_t h, int32_t row_position, int32_t j)>;
-
-FakeLayer MakeLayer(int32_t layer, int32_t heads, int32_t kv_heads, int32_t n,
-                    int32_t window_begin, const LogitFn& logit) {
-  FakeLayer f{layer, heads, kv_heads, n, {}, {}, {}};
-  for (int32_t p = window_begin; p < n; ++p) f.positions.push_back(p);
-  const int32_t rows = n - window_begin;
-  f.probs.assign(static_cast<size_t>(heads) * rows * n, 0.0f);
-  f.log_normalizer.assign(static_cast<size_t>(heads) * rows, 0.0f);
-  for (int32_t h = 0; h < heads; ++h) {
-    for (int32_t r = 0; r < rows; ++r) {
-      const int32_t pos = f.positions[r];
-      double mx = -1e300;
-      for (int32_t j = 0; j <= pos; ++j) mx = std::max(mx, logit(h, pos, j));
-      double sum = 0.0;
-      for (int32_t j = 0; j <= pos; ++j) sum += std::exp(logit(h, pos, j) - mx);
-      for (int32_t j = 0; j <= pos; ++j) {
-        f.probs[(static_cast<size_t>(h) * rows + r) * n + j] =
-            static_cast<float>(std::exp(logit(h, pos, j) - mx) / sum);
-      }
-      f.log_normalizer[static_cast<size_t>(h) * rows + r] = static_cast<float>(mx + std::log(sum));
-    }
-  }
-  return f;
-}
-
-PolicyContext Context(int32_t layers, int32_t heads, int32_t kv_heads, int32_t n,
-                      std::vector<PromptSpan> spans) {
-  PolicyContext c;
-  c.dims = ModelDims{layers, heads, kv_heads, 8, 16};
-  c.layout.num_tokens = n;
-  c.layout.spans = std::move(spans);
-  return c;
-}
-
-// Runs a policy over per-layer logit functions and returns its plan.
-KeepPlan RunPolicy(CompressionPolicy& policy, const PolicyContext& c,
-                   const std::vector<LogitFn>& layers) {
-  const int32_t begin = policy.Observation().window_begin;
-  for (int32_t l = 0; l < c.dims.num_layers; ++l) {
-    FakeLayer f = MakeLayer(l, c.dims.num_heads, c.dims.num_kv_heads, c.layout.num_tokens,
-                            begin, layers[l]);
-    EXPECT_TRUE(policy.ObserveLayer(f.View()).ok());
-  }
-  absl::StatusOr<KeepPlan> plan = policy.Plan();
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  const int32_t n = c.layout.num_tokens;
-  EXPECT_TRUE(plan->Validate(c.dims, [n](int32_t) { return n; }).ok());
-  return *plan;
-}
 
 std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
                                         absl::flat_hash_map<std::string, std::string> p = {}) {
@@ -102,10 +34,6 @@ std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
       CreatePolicy(kPolicy, PolicyConfig(budget, std::move(p)), c);
   EXPECT_TRUE(policy.ok()) << policy.status();
   return std::move(*policy);
-}
-
-bool Contains(const std::vector<int32_t>& v, int32_t x) {
-  return std::binary_search(v.begin(), v.end(), x);
 }
 
 // Algorithm 1 as printed (typos fixed): a wait list of each layer's next-best normalised score,
