@@ -580,18 +580,47 @@ bool Engine::Impl::Step() {
   // peak), and every admission leaves those outstanding prefills room. Once compressed, a
   // sequence counts with the blocks it actually holds, so the blocks its compaction freed
   // admit waiting requests at the next iteration.
+  //
+  // Priority: a waiting sequence that does not fit may displace running sequences of strictly
+  // lower priority (lowest first; they are recomputed later, like any preemption), but only
+  // when displacing all of those would make room, so nothing is preempted for nothing. Equal
+  // priorities never preempt each other: that is plain arrival order.
   if (preempted_now == 0) {
     int32_t holding = 0;
     for (Sequence* s : running) holding += s->running ? 1 : 0;
-    int64_t outstanding = 0;  // blocks admitted compressing sequences still need to prefill
-    for (Sequence* s : running) {
-      if (s->running && s->compression != nullptr && !s->compression->compressed()) {
-        outstanding +=
-            s->kv.BlocksNeeded(static_cast<int32_t>(s->tokens.size()) - s->num_computed);
+    // Blocks an admitted compressing sequence still needs to finish its prefill.
+    auto outstanding_of = [](const Sequence* s) -> int64_t {
+      if (!s->running || s->compression == nullptr || s->compression->compressed()) return 0;
+      return s->kv.BlocksNeeded(static_cast<int32_t>(s->tokens.size()) - s->num_computed);
+    };
+    int64_t outstanding = 0;
+    for (Sequence* s : running) outstanding += outstanding_of(s);
+    auto fits = [&](int64_t need, int64_t freed, int64_t freed_outstanding, int32_t freed_seqs) {
+      return holding - freed_seqs < limits.max_seqs &&
+             need <= pool->num_free() + freed - (outstanding - freed_outstanding);
+    };
+    auto displace_lower_priority = [&](const Sequence* s, int64_t need) -> bool {
+      int64_t freed = 0, freed_outstanding = 0;
+      int32_t victims = 0;
+      for (auto it = running.rbegin(); it != running.rend(); ++it) {
+        const Sequence* r = *it;
+        if (!r->running) continue;
+        if (r->req.priority >= s->req.priority) break;  // sorted: no lower one is left
+        freed += r->kv.num_blocks_held();
+        freed_outstanding += outstanding_of(r);
+        ++victims;
+        if (fits(need, freed, freed_outstanding, victims)) {
+          // preempt_lowest takes them in the same order this loop counted them.
+          for (int32_t i = 0; i < victims; ++i) preempt_lowest();
+          holding -= victims;
+          outstanding -= freed_outstanding;
+          return true;
+        }
       }
-    }
+      return false;
+    };
     for (Sequence* s : waiting) {
-      if (holding >= limits.max_seqs || budget == 0) break;
+      if (budget == 0) break;
       const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
       const int32_t n = std::min(remaining, budget);
       const bool compressing = s->compression != nullptr;
@@ -605,7 +634,7 @@ bool Engine::Impl::Step() {
                    remaining, need, pool->num_blocks())));
         continue;
       }
-      if (need > pool->num_free() - outstanding) break;
+      if (!fits(need, 0, 0, 0) && !displace_lower_priority(s, need)) break;
       if (!s->kv.Reserve(*pool, n)) break;
       if (compressing) outstanding += s->kv.BlocksNeeded(remaining - n);
       s->running = true;
