@@ -222,17 +222,233 @@ struct Q4_1Format {
   }
 };
 
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The 32 five-bit quants of a Q5 block: nibble | (bit i of qh) << 4, as int32 lanes in element
+// order.
+#if defined(__AVX512F__)
+using VecI = __m512i;
+inline VecF ToFloat(VecI q) { return _mm512_cvtepi32_ps(q); }
+inline VecI SubI(VecI q, int k) { return _mm512_sub_epi32(q, _mm512_set1_epi32(k)); }
+
+inline void Q5Quants(const uint8_t* qs, uint32_t qh, __m512i* q) {
+  const __m512i bytes =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m512i nibbles[2] = {_mm512_and_si512(bytes, _mm512_set1_epi32(0x0f)),
+                              _mm512_srli_epi32(bytes, 4)};
+  for (int v = 0; v < 2; ++v) {
+    const __mmask16 high = static_cast<__mmask16>(qh >> (16 * v));
+    q[v] = _mm512_mask_add_epi32(nibbles[v], high, nibbles[v], _mm512_set1_epi32(16));
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+using VecI = __m256i;
+inline VecF ToFloat(VecI q) { return _mm256_cvtepi32_ps(q); }
+inline VecI SubI(VecI q, int k) { return _mm256_sub_epi32(q, _mm256_set1_epi32(k)); }
+
+inline void Q5Quants(const uint8_t* qs, uint32_t qh, __m256i* q) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(bytes, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  for (int v = 0; v < 4; ++v) {  // elements 8v..8v+7 take bits 8v..8v+7 of qh
+    const __m256i bits = _mm256_and_si256(
+        _mm256_set1_epi32(static_cast<int>((qh >> (8 * v)) & 0xffu)), lane_bit);
+    const __m256i high =
+        _mm256_and_si256(_mm256_cmpeq_epi32(bits, lane_bit), _mm256_set1_epi32(16));
+    q[v] = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[v]), high);
+  }
+}
+#endif
+
+inline int Q5Quant(const uint8_t* qs, uint32_t qh, int64_t i) {
+  return Nibble(qs, i) | static_cast<int>(((qh >> i) & 1u) << 4);
+}
+
+// Q5_0: fp16 d, 4 bytes qh (bit i = 5th bit of element i), 16 bytes of nibbles;
+// value = (q - 16) * d.
+struct Q5_0Format {
+  static constexpr bool kPlain = false;
+  static constexpr int64_t kBlockBytes = 22;
+  static float Element(const uint8_t* p, int64_t i) {
+    return vec::Fp16ToFloat(vec::LoadU16(p)) *
+           static_cast<float>(Q5Quant(p + 6, LoadU32(p + 2), i) - 16);
+  }
+  static void Unpack(const uint8_t* p, VecF* out) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    const VecF d = vec::Set1(vec::Fp16ToFloat(vec::LoadU16(p)));
+    VecI q[kVecsPerBlock];
+    Q5Quants(p + 6, LoadU32(p + 2), q);
+    for (int v = 0; v < kVecsPerBlock; ++v) {
+      out[v] = vec::Mul(ToFloat(SubI(q[v], 16)), d);
+    }
+#else
+    UnpackScalar<Q5_0Format>(p, out);
+#endif
+  }
+};
+
+// Q5_1: fp16 d, fp16 m, 4 bytes qh, 16 bytes of nibbles; value = d * q + m (one rounding, as
+// Q4_1's).
+struct Q5_1Format {
+  static constexpr bool kPlain = false;
+  static constexpr int64_t kBlockBytes = 24;
+  static float Element(const uint8_t* p, int64_t i) {
+    return std::fma(static_cast<float>(Q5Quant(p + 8, LoadU32(p + 4), i)),
+                    vec::Fp16ToFloat(vec::LoadU16(p)), vec::Fp16ToFloat(vec::LoadU16(p + 2)));
+  }
+  static void Unpack(const uint8_t* p, VecF* out) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    const VecF d = vec::Set1(vec::Fp16ToFloat(vec::LoadU16(p)));
+    const VecF m = vec::Set1(vec::Fp16ToFloat(vec::LoadU16(p + 2)));
+    VecI q[kVecsPerBlock];
+    Q5Quants(p + 8, LoadU32(p + 4), q);
+    for (int v = 0; v < kVecsPerBlock; ++v) out[v] = vec::Fmadd(ToFloat(q[v]), d, m);
+#else
+    UnpackScalar<Q5_1Format>(p, out);
+#endif
+  }
+};
+
+// K-quants store 256 elements per super-block; the kernels take them 32 at a time, so these
+// formats unpack sub-block `sub` (0..7) of a super-block, and kSubBlocks tells the callers.
+
+// Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128 bytes of nibbles. Sub-block
+// j reads the low (j even) or high (j odd) nibbles of bytes 32 * (j / 2) ..; value =
+// (d * scale_j) * q - dmin * min_j (one rounding for the last step).
+struct Q4_KFormat {
+  static constexpr bool kPlain = false;
+  static constexpr int kSubBlocks = 8;
+  static constexpr int64_t kBlockBytes = 144;
+  static void ScaleMin(const uint8_t* p, int sub, float* scale, float* min) {
+    const uint8_t* s = p + 4;
+    int sc, mn;
+    if (sub < 4) {
+      sc = s[sub] & 63;
+      mn = s[sub + 4] & 63;
+    } else {
+      sc = (s[sub + 4] & 0x0f) | ((s[sub - 4] >> 6) << 4);
+      mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+    }
+    *scale = vec::Fp16ToFloat(vec::LoadU16(p)) * static_cast<float>(sc);
+    *min = vec::Fp16ToFloat(vec::LoadU16(p + 2)) * static_cast<float>(mn);
+  }
+  static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
+    float scale, min;
+    ScaleMin(p, sub, &scale, &min);
+    const uint8_t* q = p + 16 + 32 * (sub / 2);
+    const int shift = 4 * (sub % 2);
+#if defined(__AVX512F__)
+    for (int v = 0; v < 2; ++v) {
+      const __m512i bytes =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * v)));
+      const __m512i n = _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15));
+      out[v] = _mm512_fmsub_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(scale), _mm512_set1_ps(min));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int v = 0; v < 4; ++v) {
+      const __m256i bytes =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * v)));
+      const __m256i n = _mm256_and_si256(_mm256_srli_epi32(bytes, shift), _mm256_set1_epi32(15));
+      out[v] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(scale), _mm256_set1_ps(min));
+    }
+#else
+    alignas(64) float tmp[kBlock];
+    for (int i = 0; i < kBlock; ++i) {
+      tmp[i] = std::fma(static_cast<float>((q[i] >> shift) & 15), scale, -min);
+    }
+    for (int v = 0; v < kVecsPerBlock; ++v) out[v] = vec::Load(tmp + v * kLanes);
+#endif
+  }
+};
+
+// Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, fp16 d. Sub-block
+// j = 4h + r reads nibble r / 2 of ql[64h + 32 (r % 2) + k] and bits 2r of qh[32h + k] for
+// k < 32; value = (d * scale[8h + 2r + k / 16]) * (q - 32).
+struct Q6_KFormat {
+  static constexpr bool kPlain = false;
+  static constexpr int kSubBlocks = 8;
+  static constexpr int64_t kBlockBytes = 210;
+  static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
+    const int h = sub / 4, r = sub % 4;
+    const uint8_t* ql = p + 64 * h + 32 * (r % 2);
+    const uint8_t* qh = p + 128 + 32 * h;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192) + 8 * h + 2 * r;
+    const float d = vec::Fp16ToFloat(vec::LoadU16(p + 208));
+    const float scale[2] = {d * static_cast<float>(scales[0]), d * static_cast<float>(scales[1])};
+    const int low_shift = 4 * (r / 2), high_shift = 2 * r;
+#if defined(__AVX512F__)
+    for (int v = 0; v < 2; ++v) {  // v = k / 16, the scale's index
+      const __m512i lo = _mm512_and_si512(
+          _mm512_srli_epi32(_mm512_cvtepu8_epi32(
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * v))),
+                            low_shift),
+          _mm512_set1_epi32(15));
+      const __m512i hi = _mm512_and_si512(
+          _mm512_srli_epi32(_mm512_cvtepu8_epi32(
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * v))),
+                            high_shift),
+          _mm512_set1_epi32(3));
+      const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)),
+                                         _mm512_set1_epi32(32));
+      out[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale[v]));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int v = 0; v < 4; ++v) {  // elements 8v..8v+7; scale index v / 2
+      const __m256i lo = _mm256_and_si256(
+          _mm256_srli_epi32(
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ql + 8 * v))),
+              low_shift),
+          _mm256_set1_epi32(15));
+      const __m256i hi = _mm256_and_si256(
+          _mm256_srli_epi32(
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + 8 * v))),
+              high_shift),
+          _mm256_set1_epi32(3));
+      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                         _mm256_set1_epi32(32));
+      out[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(scale[v / 2]));
+    }
+#else
+    alignas(64) float tmp[kBlock];
+    for (int k = 0; k < kBlock; ++k) {
+      const int q = (((ql[k] >> low_shift) & 15) | (((qh[k] >> high_shift) & 3) << 4)) - 32;
+      tmp[k] = scale[k / 16] * static_cast<float>(q);
+    }
+    for (int v = 0; v < kVecsPerBlock; ++v) out[v] = vec::Load(tmp + v * kLanes);
+#endif
+  }
+};
+
+// Block b (32 elements) of a row, whichever way the format stores it.
+template <typename Format>
+inline void UnpackAt(const uint8_t* row, int64_t b, VecF* out) {
+  if constexpr (requires { Format::kSubBlocks; }) {
+    Format::UnpackSub(row + b / Format::kSubBlocks * Format::kBlockBytes,
+                      static_cast<int>(b % Format::kSubBlocks), out);
+  } else {
+    Format::Unpack(row + b * Format::kBlockBytes, out);
+  }
+}
+
 // Dequantises one whole row of `cols` elements into dst.
 template <typename Format>
 void DequantRow(const uint8_t* row, int64_t cols, float* dst) {
-  const uint8_t* p = row;
-  int64_t k = 0;
-  for (; k + kBlock <= cols; k += kBlock, p += Format::kBlockBytes) {
+  const int64_t num_blocks = cols / kBlock;
+  for (int64_t b = 0; b < num_blocks; ++b) {
     VecF w[kVecsPerBlock];
-    Format::Unpack(p, w);
-    for (int v = 0; v < kVecsPerBlock; ++v) vec::Store(dst + k + v * kLanes, w[v]);
+    UnpackAt<Format>(row, b, w);
+    for (int v = 0; v < kVecsPerBlock; ++v) vec::Store(dst + b * kBlock + v * kLanes, w[v]);
   }
-  for (; k < cols; ++k) dst[k] = Format::Element(row, k);  // plain types only
+  if constexpr (Format::kPlain) {
+    for (int64_t k = num_blocks * kBlock; k < cols; ++k) dst[k] = Format::Element(row, k);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -323,14 +539,16 @@ void DotRowM(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, floa
   const int64_t num_blocks = cols / kBlock;
   for (int64_t b = 0; b < num_blocks; ++b) {
     VecF w[kVecsPerBlock];
-    Format::Unpack(row + b * Format::kBlockBytes, w);
+    UnpackAt<Format>(row, b, w);
     for (VecF& v : w) vec::KeepInRegister(v);  // F32 rows: load once, not once per input row
     AccumulateBlock<M>(w, x, ldx, b * kBlock, acc);
   }
   const int64_t k0 = num_blocks * kBlock;
   const int64_t n_tail = cols - k0;  // nonzero only for plain types
   float w_tail[kBlock];
-  for (int64_t t = 0; t < n_tail; ++t) w_tail[t] = Format::Element(row, k0 + t);
+  if constexpr (Format::kPlain) {
+    for (int64_t t = 0; t < n_tail; ++t) w_tail[t] = Format::Element(row, k0 + t);
+  }
   for (int j = 0; j < M; ++j) out[j * ldy] = FinishDot(acc[j], w_tail, x + j * ldx + k0, n_tail);
 }
 
@@ -637,6 +855,18 @@ absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, 
       return absl::OkStatus();
     case GgmlType::kQ4_1:
       MatMulFast<Q4_1Format>(w, x, m, y, pool);
+      return absl::OkStatus();
+    case GgmlType::kQ5_0:
+      MatMulFast<Q5_0Format>(w, x, m, y, pool);
+      return absl::OkStatus();
+    case GgmlType::kQ5_1:
+      MatMulFast<Q5_1Format>(w, x, m, y, pool);
+      return absl::OkStatus();
+    case GgmlType::kQ4_K:
+      MatMulFast<Q4_KFormat>(w, x, m, y, pool);
+      return absl::OkStatus();
+    case GgmlType::kQ6_K:
+      MatMulFast<Q6_KFormat>(w, x, m, y, pool);
       return absl::OkStatus();
     default:
       return MatMulGeneric(w, x, m, y, pool);

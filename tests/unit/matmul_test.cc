@@ -36,7 +36,12 @@ std::vector<int> HalfOffsets(GgmlType type) {
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
       return {0, 2};
+    case GgmlType::kQ2_K:
+      return {80, 82};
+    case GgmlType::kQ3_K:
+      return {108};
     case GgmlType::kQ6_K:
       return {208};
     default:
@@ -130,13 +135,20 @@ struct Shape {
 constexpr Shape kShapes[] = {{1, 64}, {37, 64}, {100, 96}, {129, 576}, {77, 2048}, {45, 1536}};
 constexpr int64_t kMs[] = {1, 3, 8, 17, 130};
 
+// cols rounded up to whole blocks of the type (256 for K-quants).
+int64_t WholeBlocks(GgmlType type, int64_t cols) {
+  const int64_t block = TraitsOf(type).block_elements;
+  return (cols + block - 1) / block * block;
+}
+
 class MatMulTypeTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(MatMulTypeTest, MatchesDequantisedReference) {
   ThreadPool pool(3);
   uint32_t seed = 1;
   for (const Shape& s : kShapes) {
-    for (int64_t m : kMs) CheckAgainstReference(GetParam(), s.rows, s.cols, m, pool, seed++);
+    const int64_t cols = WholeBlocks(GetParam(), s.cols);
+    for (int64_t m : kMs) CheckAgainstReference(GetParam(), s.rows, cols, m, pool, seed++);
   }
 }
 
@@ -145,14 +157,16 @@ TEST_P(MatMulTypeTest, EveryTileRemainder) {
   // remainder of m: on one thread and on more threads than panels (input rows split too).
   ThreadPool one(1), many(4);
   for (int64_t m = 1; m <= 40; ++m) {
-    CheckAgainstReference(GetParam(), 70, 128, m, one, 100 + m);
-    CheckAgainstReference(GetParam(), 19, 96, m, many, 200 + m);
+    CheckAgainstReference(GetParam(), 70, WholeBlocks(GetParam(), 128), m, one, 100 + m);
+    CheckAgainstReference(GetParam(), 19, WholeBlocks(GetParam(), 96), m, many, 200 + m);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(FastPaths, MatMulTypeTest,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16,
-                                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1),
+                                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
+                                           GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(TraitsOf(info.param).name); });
 
 TEST(MatMulTest, PlainTypesAcceptAnyRowLength) {
@@ -166,7 +180,7 @@ TEST(MatMulTest, PlainTypesAcceptAnyRowLength) {
 
 TEST(MatMulTest, GenericPathForOtherTypes) {
   ThreadPool pool(2);
-  for (GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K}) {
     if (!CanDequantize(type)) continue;
     const int64_t block = TraitsOf(type).block_elements;
     for (int64_t m : {1, 4, 9, 40}) {
@@ -180,9 +194,10 @@ TEST(MatMulTest, GenericPathForOtherTypes) {
 // bit for bit: a row's output must not depend on m, on which path m selects, or on the pool.
 TEST(MatMulTest, RowsAreBitIdenticalWhateverTheBatch) {
   ThreadPool one(1), three(3);
-  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kQ5_0}) {
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kQ5_0,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ2_K}) {
     if (!CanDequantize(type)) continue;
-    for (int64_t cols : {96, 576}) {
+    for (int64_t cols : {WholeBlocks(type, 96), WholeBlocks(type, 576)}) {
       std::mt19937 rng(static_cast<uint32_t>(cols) + static_cast<uint32_t>(type));
       const int64_t rows = 75, m = 45;
       const Weights w = RandomWeights(type, rows, cols, rng);
