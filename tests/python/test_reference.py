@@ -2,7 +2,8 @@
 
 Checks: argmax identical at every position and next-token log-probabilities within 1e-2 on
 8 prompts (one over 1000 tokens); greedy 64-token continuations identical; chunked prefill
-(7, 64, 512) equal to one-shot prefill.
+(7, 64, 512) equal to one-shot prefill; the same checks (2 prompts, 32 tokens) on a Q4_K_M
+requantisation of the model (Q5_0, Q8_0, Q4_K and Q6_K weights).
 """
 import json
 
@@ -123,3 +124,53 @@ def test_chunked_prefill_equals_one_shot(chunk, prompt_ids, winnow_bin, model_pa
     assert chunked["argmax"] == whole["argmax"]
     np.testing.assert_allclose(chunked["logprob_next"], whole["logprob_next"], atol=1e-4)
     np.testing.assert_allclose(chunked["last_logits"], whole["last_logits"], atol=1e-4)
+
+
+# Most GGUFs users bring are Q4_K_M. llama.cpp's requantisation of the default model gives a mix
+# of Q5_0, Q8_0, Q4_K and Q6_K weights, each with its own matmul kernel in winnow.
+@pytest.fixture(scope="module")
+def kquant_model_path(model_path, tmp_path_factory):
+    import ctypes
+    import os
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out = tmp_path_factory.mktemp("kquant") / "smollm2-q4_k_m.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    assert llama_cpp.llama_model_quantize(str(model_path).encode(), str(out).encode(),
+                                          ctypes.byref(params)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def kquant_hf_model(kquant_model_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(kquant_model_path.parent),
+                                                 gguf_file=kquant_model_path.name,
+                                                 dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def test_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, prompt_ids,
+                                       winnow_bin, tmp_path):
+    tensors = run_winnow_json(winnow_bin, "inspect", "--model", str(kquant_model_path),
+                              "--tensors")
+    types = {t["type"] for t in tensors}
+    assert {"Q4_K", "Q6_K", "Q5_0"} <= types, types
+    for name in ("chat", "story"):
+        ids = prompt_ids[name]
+        ours = score(winnow_bin, kquant_model_path, tmp_path, ids)
+        logits = reference_logits(kquant_hf_model, ids)
+        assert ours["argmax"] == logits.argmax(dim=-1).tolist(), name
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+        delta = np.abs(np.array(ours["logprob_next"]) - ref_next)
+        assert delta.max() <= LOGPROB_TOLERANCE, f"{name}: max |Δ logprob| = {delta.max():.3g}"
+    ours = run_winnow_json(winnow_bin, "generate", "--model", str(kquant_model_path), "--prompt",
+                           "The capital of France is", "--max-tokens", "32", "--ignore-eos",
+                           "--json", "--quiet")
+    assert ours["token_ids"] == reference_greedy(kquant_hf_model, ours["prompt_token_ids"], 32)
