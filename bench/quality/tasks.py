@@ -7,7 +7,7 @@ one *context* segment (the haystack or document, which modality-aware policies s
 and a text segment with the question and the assistant header (their observation window).
 
 Kinds (each deterministic from the seed):
-  passkey   a five-digit pass key hidden at a random depth of varied filler prose;
+  passkey   a five-digit pass key hidden at a random depth of the filler;
   kv        several "special magic number for <city>" facts in filler; the question names one;
   doc       staff notes on three people (city and job each) in filler; asked where one lives
             and what their job is; the job is scored;
