@@ -319,52 +319,95 @@ struct Q5_1Format {
 // K-quants store 256 elements per super-block; the kernels take them 32 at a time, so these
 // formats unpack sub-block `sub` (0..7) of a super-block, and kSubBlocks tells the callers.
 
-// Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128 bytes of nibbles. Sub-block
-// j reads the low (j even) or high (j odd) nibbles of bytes 32 * (j / 2) ..; value =
-// (d * scale_j) * q - dmin * min_j (one rounding for the last step).
+// Q4_K and Q5_K share a header: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs.
+// Sub-block j's step is d * scale_j and its offset dmin * min_j.
+inline void KScaleMin(const uint8_t* p, int sub, float* step, float* offset) {
+  const uint8_t* s = p + 4;
+  int sc, mn;
+  if (sub < 4) {
+    sc = s[sub] & 63;
+    mn = s[sub + 4] & 63;
+  } else {
+    sc = (s[sub + 4] & 0x0f) | ((s[sub - 4] >> 6) << 4);
+    mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+  }
+  *step = vec::Fp16ToFloat(vec::LoadU16(p)) * static_cast<float>(sc);
+  *offset = vec::Fp16ToFloat(vec::LoadU16(p + 2)) * static_cast<float>(mn);
+}
+
+// Sub-block `sub` of a Q4_K/Q5_K super-block: q = nibble (low for even sub, high for odd) of
+// bytes qs[32 * (sub / 2) ..], plus (Q5_K) bit `sub` of qh[k] as the fifth bit; value =
+// step * q - offset, one rounding.
+template <bool kFifthBit>
+inline void UnpackKSub(const uint8_t* qs, const uint8_t* qh, int sub, float step, float offset,
+                       VecF* out) {
+  const uint8_t* q = qs + 32 * (sub / 2);
+  const int shift = 4 * (sub % 2);
+#if defined(__AVX512F__)
+  for (int v = 0; v < 2; ++v) {
+    __m512i n = _mm512_and_si512(
+        _mm512_srli_epi32(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * v))),
+            shift),
+        _mm512_set1_epi32(15));
+    if constexpr (kFifthBit) {
+      const __m512i h = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * v)));
+      n = _mm512_or_si512(
+          n, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, sub), _mm512_set1_epi32(1)),
+                               4));
+    }
+    out[v] = _mm512_fmsub_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(step), _mm512_set1_ps(offset));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (int v = 0; v < 4; ++v) {
+    __m256i n = _mm256_and_si256(
+        _mm256_srli_epi32(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * v))),
+            shift),
+        _mm256_set1_epi32(15));
+    if constexpr (kFifthBit) {
+      const __m256i h =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + 8 * v)));
+      n = _mm256_or_si256(
+          n, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, sub), _mm256_set1_epi32(1)),
+                               4));
+    }
+    out[v] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(step), _mm256_set1_ps(offset));
+  }
+#else
+  alignas(64) float tmp[kBlock];
+  for (int k = 0; k < kBlock; ++k) {
+    int n = (q[k] >> shift) & 15;
+    if constexpr (kFifthBit) n |= ((qh[k] >> sub) & 1) << 4;
+    tmp[k] = std::fma(static_cast<float>(n), step, -offset);
+  }
+  for (int v = 0; v < kVecsPerBlock; ++v) out[v] = vec::Load(tmp + v * kLanes);
+#endif
+}
+
+// Q4_K: the shared header, then 128 bytes of nibbles.
 struct Q4_KFormat {
   static constexpr bool kPlain = false;
   static constexpr int kSubBlocks = 8;
   static constexpr int64_t kBlockBytes = 144;
-  static void ScaleMin(const uint8_t* p, int sub, float* scale, float* min) {
-    const uint8_t* s = p + 4;
-    int sc, mn;
-    if (sub < 4) {
-      sc = s[sub] & 63;
-      mn = s[sub + 4] & 63;
-    } else {
-      sc = (s[sub + 4] & 0x0f) | ((s[sub - 4] >> 6) << 4);
-      mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-    }
-    *scale = vec::Fp16ToFloat(vec::LoadU16(p)) * static_cast<float>(sc);
-    *min = vec::Fp16ToFloat(vec::LoadU16(p + 2)) * static_cast<float>(mn);
-  }
   static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
-    float scale, min;
-    ScaleMin(p, sub, &scale, &min);
-    const uint8_t* q = p + 16 + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2);
-#if defined(__AVX512F__)
-    for (int v = 0; v < 2; ++v) {
-      const __m512i bytes =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * v)));
-      const __m512i n = _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15));
-      out[v] = _mm512_fmsub_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(scale), _mm512_set1_ps(min));
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    for (int v = 0; v < 4; ++v) {
-      const __m256i bytes =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * v)));
-      const __m256i n = _mm256_and_si256(_mm256_srli_epi32(bytes, shift), _mm256_set1_epi32(15));
-      out[v] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(scale), _mm256_set1_ps(min));
-    }
-#else
-    alignas(64) float tmp[kBlock];
-    for (int i = 0; i < kBlock; ++i) {
-      tmp[i] = std::fma(static_cast<float>((q[i] >> shift) & 15), scale, -min);
-    }
-    for (int v = 0; v < kVecsPerBlock; ++v) out[v] = vec::Load(tmp + v * kLanes);
-#endif
+    float step, offset;
+    KScaleMin(p, sub, &step, &offset);
+    UnpackKSub<false>(p + 16, nullptr, sub, step, offset, out);
+  }
+};
+
+// Q5_K: the shared header, 32 bytes of fifth bits (bit j of qh[k] for sub-block j), then 128
+// bytes of nibbles.
+struct Q5_KFormat {
+  static constexpr bool kPlain = false;
+  static constexpr int kSubBlocks = 8;
+  static constexpr int64_t kBlockBytes = 176;
+  static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
+    float step, offset;
+    KScaleMin(p, sub, &step, &offset);
+    UnpackKSub<true>(p + 48, p + 16, sub, step, offset, out);
   }
 };
 
@@ -864,6 +907,9 @@ absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, 
       return absl::OkStatus();
     case GgmlType::kQ4_K:
       MatMulFast<Q4_KFormat>(w, x, m, y, pool);
+      return absl::OkStatus();
+    case GgmlType::kQ5_K:
+      MatMulFast<Q5_KFormat>(w, x, m, y, pool);
       return absl::OkStatus();
     case GgmlType::kQ6_K:
       MatMulFast<Q6_KFormat>(w, x, m, y, pool);

@@ -2,8 +2,8 @@
 
 Checks: argmax identical at every position and next-token log-probabilities within 1e-2 on
 8 prompts (one over 1000 tokens); greedy 64-token continuations identical; chunked prefill
-(7, 64, 512) equal to one-shot prefill; the same checks (2 prompts, 32 tokens) on a Q4_K_M
-requantisation of the model (Q5_0, Q8_0, Q4_K and Q6_K weights).
+(7, 64, 512) equal to one-shot prefill; the same checks (2 prompts, 32 tokens) on Q4_K_M and
+Q5_K_M requantisations of the model (Q5_0/Q5_1, Q8_0, Q4_K/Q5_K and Q6_K weights).
 """
 import json
 
@@ -126,17 +126,20 @@ def test_chunked_prefill_equals_one_shot(chunk, prompt_ids, winnow_bin, model_pa
     np.testing.assert_allclose(chunked["last_logits"], whole["last_logits"], atol=1e-4)
 
 
-# Most GGUFs users bring are Q4_K_M. llama.cpp's requantisation of the default model gives a mix
-# of Q5_0, Q8_0, Q4_K and Q6_K weights, each with its own matmul kernel in winnow.
-@pytest.fixture(scope="module")
-def kquant_model_path(model_path, tmp_path_factory):
+# Most GGUFs users bring are Q4_K_M or Q5_K_M. llama.cpp's requantisations of the default model
+# give mixes of Q5_0/Q5_1, Q8_0, Q4_K/Q5_K and Q6_K weights, each with its own matmul kernel.
+KQUANT_TYPES = {"Q4_K_M": {"Q4_K", "Q6_K", "Q5_0"}, "Q5_K_M": {"Q5_K", "Q6_K", "Q5_1"}}
+
+
+@pytest.fixture(scope="module", params=list(KQUANT_TYPES))
+def kquant_model_path(request, model_path, tmp_path_factory):
     import ctypes
     import os
 
     llama_cpp = pytest.importorskip("llama_cpp")
-    out = tmp_path_factory.mktemp("kquant") / "smollm2-q4_k_m.gguf"
+    out = tmp_path_factory.mktemp("kquant") / f"smollm2-{request.param}.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{request.param}")
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
     assert llama_cpp.llama_model_quantize(str(model_path).encode(), str(out).encode(),
@@ -160,7 +163,8 @@ def test_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, promp
     tensors = run_winnow_json(winnow_bin, "inspect", "--model", str(kquant_model_path),
                               "--tensors")
     types = {t["type"] for t in tensors}
-    assert {"Q4_K", "Q6_K", "Q5_0"} <= types, types
+    expected = KQUANT_TYPES[kquant_model_path.stem.split("-")[-1]]
+    assert expected <= types, types
     for name in ("chat", "story"):
         ids = prompt_ids[name]
         ours = score(winnow_bin, kquant_model_path, tmp_path, ids)
