@@ -35,7 +35,8 @@ using vec::kLanes;
 using vec::VecF;
 
 // Every fast format is unpacked 32 elements at a time: that is the quantisation block of
-// Q4_0/Q4_1/Q8_0, and a whole number of vectors at every width.
+// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, a sub-block of the K-quants' 256-element super-blocks, and a whole
+// number of vectors at every width.
 constexpr int kBlock = 32;
 constexpr int kVecsPerBlock = kBlock / kLanes;
 

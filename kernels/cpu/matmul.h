@@ -21,8 +21,8 @@ struct WeightMatrix {
 
 // y[m x rows] = x[m x cols] * W^T, all float32, row-major. Weights are dequantised on the fly,
 // so the result equals (to float rounding) the product with the dequantised matrix. Fast paths
-// exist for F32, F16, BF16, Q8_0, Q4_0 and Q4_1; any other type DequantizeRow supports works
-// through a generic path. Returns an error for a type that cannot be dequantised.
+// exist for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; any other type
+// DequantizeRow supports (Q2_K, Q3_K, ...) works through a generic path. Returns an error for a type that cannot be dequantised.
 // Every output element is summed in one fixed order whatever m, the code path or the thread
 // count, so a row's result is bit-identical alone or batched (continuous batching relies on it).
 absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool);
