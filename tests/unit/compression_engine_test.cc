@@ -7,58 +7,22 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
-#include <filesystem>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "cache/compression.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
+#include "tests/unit/model_session_test_util.h"
 
 namespace winnow {
 namespace {
 
 using cache::CompressionSession;
-using cache::policies::PolicyConfig;
-using cache::policies::PolicyContext;
 
-class CompressionModelTest : public ::testing::Test {
+class CompressionModelTest : public testing_util::ModelSessionTest {
  protected:
-  static void SetUpTestSuite() {
-    const char* path = std::getenv("WINNOW_TEST_MODEL");
-    if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = model::Model::Load(path, {.num_threads = 2});
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = loaded->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
-    pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(kBlock), L() * 40);
-  }
-  static int32_t L() { return model_->config().num_layers; }
-
-  static std::vector<int32_t> CountingPrompt() {
-    std::string text = "Count with me:";
-    for (int i = 1; i <= 40; ++i) absl::StrAppend(&text, " ", i, ",");
-    return model_->tokenizer().Encode(text, true, true);
-  }
-
-  using Params = absl::flat_hash_map<std::string, std::string>;
-  std::unique_ptr<CompressionSession> Session(const std::string& policy, double budget,
-                                              int32_t tokens, Params p = {}) {
-    const model::ModelConfig& c = model_->config();
-    PolicyContext context;
-    context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlock};
-    context.layout.num_tokens = tokens;
-    auto s = CompressionSession::Create(policy, PolicyConfig(budget, std::move(p)), context);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *std::move(s) : nullptr;
-  }
+  static constexpr int32_t kBlock = kModelBlock;
 
   struct Run {
     std::vector<std::vector<float>> logits;  // after the prompt, then after each decode step
@@ -75,46 +39,14 @@ class CompressionModelTest : public ::testing::Test {
     Run run;
     cache::SequenceKv kv(L(), kBlock);
     const int32_t n = static_cast<int32_t>(prompt.size());
-    for (int32_t start = 0; start < n; start += 24) {
-      const int32_t count = std::min(24, n - start);
-      EXPECT_TRUE(kv.Reserve(*pool_, count));
-      model::BatchEntry e{&kv, std::span<const int32_t>(prompt).subspan(start, count), {},
-                          start, start + count == n ? model::LogitsMode::kLast
-                                                    : model::LogitsMode::kNone};
-      if (session != nullptr) e.capture = session->PrefillCapture(start, count);
-      model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
-      if (session != nullptr) {
-        EXPECT_TRUE(session->AfterPrefillChunk(kv, *pool_, model_->threads()).ok());
-      }
-      if (start + count == n) run.logits.emplace_back(out.Row(0).begin(), out.Row(0).end());
-    }
+    cache::CompactionStats stats;
+    run.logits.push_back(PrefillAndCompress(prompt, 24, session, kv, &stats));
     if (session != nullptr) {
-      auto st = session->Compress(kv, *pool_, model_->threads());
-      EXPECT_TRUE(st.ok()) << st.status();
       run.kept_per_layer = session->stats().kept_per_layer;
-      run.blocks_freed = st.ok() ? st->blocks_freed : 0;
-      EXPECT_EQ(pool_->num_used(), kv.num_blocks_held());
+      run.blocks_freed = stats.blocks_freed;
     }
     for (int s = 0; s < steps; ++s) {
-      const std::vector<float>& last = run.logits.back();
-      const int32_t token =
-          static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
-      EXPECT_TRUE(kv.Reserve(*pool_, 1));
-      model::BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, n + s,
-                          model::LogitsMode::kLast};
-      if (session != nullptr) {
-        e.attention_probs = session->DecodeAttentionBuffer();
-        e.selector = session->selector();
-      }
-      if (selector != nullptr) e.selector = selector;
-      model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
-      run.logits.emplace_back(out.Row(0).begin(), out.Row(0).end());
-      if (session != nullptr) {
-        auto st = session->AfterDecodeStep(n + s, kv, *pool_);
-        EXPECT_TRUE(st.ok()) << st.status();
-      }
+      run.logits.push_back(DecodeStep(kv, Argmax(run.logits.back()), n + s, session, selector));
       for (int32_t l = 0; l < L(); ++l) run.max_slots = std::max(run.max_slots, kv.num_slots(l));
       EXPECT_EQ(pool_->num_used(), kv.num_blocks_held());
     }
@@ -122,14 +54,6 @@ class CompressionModelTest : public ::testing::Test {
     EXPECT_EQ(pool_->num_used(), 0);
     return run;
   }
-
-  static int32_t Argmax(const std::vector<float>& v) {
-    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-  }
-
-  static constexpr int32_t kBlock = 16;
-  static inline model::Model* model_ = nullptr;
-  std::unique_ptr<cache::BlockPool> pool_;
 };
 
 TEST_F(CompressionModelTest, BudgetOneGivesIdenticalLogits) {

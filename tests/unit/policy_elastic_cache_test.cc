@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
@@ -16,6 +14,7 @@
 #include "cache/policies/scoring_helpers.h"
 #include "cache/sequence_kv.h"
 #include "model/model.h"
+#include "tests/unit/model_session_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {
@@ -327,31 +326,8 @@ TEST(ElasticCacheTest, BudgetOneIsANoOpAndBadParamsAreInvalidArgument) {
 // ---------------------------------------------------------------------------------------------
 // The real model.
 
-class ElasticCacheModelTest : public ::testing::Test {
+class ElasticCacheModelTest : public testing_util::ModelSessionTest {
  protected:
-  static void SetUpTestSuite() {
-    const char* path = std::getenv("WINNOW_TEST_MODEL");
-    if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = model::Model::Load(path, {.num_threads = 2});
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = loaded->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
-    pool_ = *BlockPool::Create(model_->KvLayoutFor(kModelBlock), L() * 40);
-  }
-  static int32_t L() { return model_->config().num_layers; }
-
-  static std::vector<int32_t> Prompt() {
-    std::string text = "Count with me:";
-    for (int i = 1; i <= 40; ++i) absl::StrAppend(&text, " ", i, ",");
-    return model_->tokenizer().Encode(text, true, true);
-  }
-
   struct Run {
     std::vector<std::vector<float>> logits;
     std::vector<int32_t> tokens;
@@ -364,45 +340,12 @@ class ElasticCacheModelTest : public ::testing::Test {
     Run run;
     SequenceKv kv(L(), kModelBlock);
     const int32_t n = static_cast<int32_t>(prompt.size());
-    for (int32_t start = 0; start < n; start += 24) {
-      const int32_t count = std::min(24, n - start);
-      EXPECT_TRUE(kv.Reserve(*pool_, count));
-      model::BatchEntry e{&kv, std::span<const int32_t>(prompt).subspan(start, count), {},
-                          start, start + count == n ? model::LogitsMode::kLast
-                                                    : model::LogitsMode::kNone};
-      if (session != nullptr) e.capture = session->PrefillCapture(start, count);
-      model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
-      if (session != nullptr) {
-        EXPECT_TRUE(session->AfterPrefillChunk(kv, *pool_, model_->threads()).ok());
-      }
-      if (start + count == n) run.logits.emplace_back(out.Row(0).begin(), out.Row(0).end());
-    }
-    if (session != nullptr) {
-      auto st = session->Compress(kv, *pool_, model_->threads());
-      EXPECT_TRUE(st.ok()) << st.status();
-      run.blocks_freed = st.ok() ? st->blocks_freed : 0;
-    }
-    EXPECT_EQ(pool_->num_used(), kv.num_blocks_held());
+    CompactionStats stats;
+    run.logits.push_back(PrefillAndCompress(prompt, 24, session, kv, &stats));
+    run.blocks_freed = stats.blocks_freed;
     for (int s = 0; s < steps; ++s) {
-      const std::vector<float>& last = run.logits.back();
-      const int32_t token =
-          static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
-      run.tokens.push_back(token);
-      EXPECT_TRUE(kv.Reserve(*pool_, 1));
-      model::BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, n + s,
-                          model::LogitsMode::kLast};
-      if (session != nullptr) {
-        e.attention_probs = session->DecodeAttentionBuffer();
-        e.selector = session->selector();
-      }
-      model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
-      run.logits.emplace_back(out.Row(0).begin(), out.Row(0).end());
-      if (session != nullptr) {
-        auto st = session->AfterDecodeStep(n + s, kv, *pool_);
-        EXPECT_TRUE(st.ok()) << st.status();
-      }
+      run.tokens.push_back(Argmax(run.logits.back()));
+      run.logits.push_back(DecodeStep(kv, run.tokens.back(), n + s, session));
       run.slots_after_step.push_back(kv.num_slots(0));
       for (int32_t l = 1; l < L(); ++l) EXPECT_EQ(kv.num_slots(l), kv.num_slots(0));
       EXPECT_EQ(pool_->num_used(), kv.num_blocks_held());
@@ -412,25 +355,13 @@ class ElasticCacheModelTest : public ::testing::Test {
     return run;
   }
 
-  std::unique_ptr<CompressionSession> Session(double budget, int32_t tokens,
-      absl::flat_hash_map<std::string, std::string> p = {}) {
-    const model::ModelConfig& c = model_->config();
-    PolicyContext context;
-    context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kModelBlock};
-    context.layout.num_tokens = tokens;
-    auto s = CompressionSession::Create("elastic_cache", PolicyConfig(budget, std::move(p)),
-                                        context);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *std::move(s) : nullptr;
+  std::unique_ptr<CompressionSession> Session(double budget, int32_t tokens, Params p = {}) {
+    return ModelSessionTest::Session("elastic_cache", budget, tokens, std::move(p));
   }
-
-  static constexpr int32_t kModelBlock = 16;
-  static inline model::Model* model_ = nullptr;
-  std::unique_ptr<BlockPool> pool_;
 };
 
 TEST_F(ElasticCacheModelTest, BudgetOneGivesIdenticalLogits) {
-  const std::vector<int32_t> prompt = Prompt();
+  const std::vector<int32_t> prompt = CountingPrompt();
   const Run full = Generate(prompt, 6, nullptr);
   std::unique_ptr<CompressionSession> session = Session(1.0, prompt.size());
   const Run run = Generate(prompt, 6, session.get());
@@ -440,7 +371,7 @@ TEST_F(ElasticCacheModelTest, BudgetOneGivesIdenticalLogits) {
 }
 
 TEST_F(ElasticCacheModelTest, MergesAtPrefillThenHoldsTheBudgetWhileDecoding) {
-  const std::vector<int32_t> prompt = Prompt();
+  const std::vector<int32_t> prompt = CountingPrompt();
   const int32_t n = static_cast<int32_t>(prompt.size());
   const int steps = 12;
   const Run full = Generate(prompt, steps, nullptr);

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <numeric>
 #include <random>
 #include <set>
@@ -20,6 +18,7 @@
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
+#include "tests/unit/model_session_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {
@@ -331,30 +330,10 @@ class SinksAndRecent : public AttentionSelector {
   int32_t sinks_, recent_;
 };
 
-class TokenSelectModelTest : public ::testing::Test {
+class TokenSelectModelTest : public testing_util::ModelSessionTest {
  protected:
-  static void SetUpTestSuite() {
-    const char* path = std::getenv("WINNOW_TEST_MODEL");
-    if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = model::Model::Load(path, {.num_threads = 2});
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = loaded->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
-    pool_ = *BlockPool::Create(model_->KvLayoutFor(kModelBlock), L() * 40);
-  }
-  static int32_t L() { return model_->config().num_layers; }
-  static int32_t H() { return model_->config().num_heads; }
-
   static std::vector<int32_t> Prompt() {
-    std::string text = "Remember: the secret word is 'marmalade'. Now count with me:";
-    for (int i = 1; i <= 40; ++i) absl::StrAppend(&text, " ", i, ",");
-    return model_->tokenizer().Encode(text, true, true);
+    return CountingPrompt("Remember: the secret word is 'marmalade'. Now count with me:");
   }
 
   struct Run {
@@ -372,20 +351,10 @@ class TokenSelectModelTest : public ::testing::Test {
     Run run;
     SequenceKv kv(L(), kModelBlock);
     const int32_t n = static_cast<int32_t>(prompt.size());
-    EXPECT_TRUE(kv.Reserve(*pool_, n));
-    model::BatchEntry pe{&kv, prompt, {}, 0, model::LogitsMode::kLast};
-    if (session != nullptr) pe.capture = session->PrefillCapture(0, n);
-    model::ForwardOutput pout;
-    EXPECT_TRUE(model_->Forward({&pe, 1}, *pool_, &pout).ok());
-    run.logits.emplace_back(pout.Row(0).begin(), pout.Row(0).end());
-    const int32_t held = pool_->num_used();
-    if (session != nullptr) {
-      EXPECT_TRUE(session->AfterPrefillChunk(kv, *pool_, model_->threads()).ok());
-      auto st = session->Compress(kv, *pool_, model_->threads());
-      EXPECT_TRUE(st.ok()) << st.status();
-      EXPECT_EQ(st->blocks_freed, 0);
-      EXPECT_EQ(pool_->num_used(), held);  // nothing is freed
-    }
+    CompactionStats stats;
+    run.logits.push_back(PrefillAndCompress(prompt, n, session, kv, &stats));
+    EXPECT_EQ(stats.blocks_freed, 0);  // nothing is freed: every prompt block is still held
+    EXPECT_EQ(pool_->num_used(), L() * ((n + kModelBlock - 1) / kModelBlock));
     std::unique_ptr<Recording> recording;
     AttentionSelector* inner = other != nullptr ? other
                                : session != nullptr ? session->selector()
@@ -396,17 +365,7 @@ class TokenSelectModelTest : public ::testing::Test {
       const std::vector<float>& last = run.logits.back();
       const int32_t token = forced != nullptr ? (*forced)[s] : Argmax(last);
       run.tokens.push_back(token);
-      EXPECT_TRUE(kv.Reserve(*pool_, 1));
-      model::BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, n + s,
-                          model::LogitsMode::kLast};
-      e.selector = recording.get();
-      e.attention_probs = &probs;
-      model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
-      run.logits.emplace_back(out.Row(0).begin(), out.Row(0).end());
-      if (session != nullptr) {
-        EXPECT_TRUE(session->AfterDecodeStep(n + s, kv, *pool_).ok());
-      }
+      run.logits.push_back(DecodeStep(kv, token, n + s, session, recording.get(), &probs));
       const int32_t past = n + s;
       for (int32_t l = 0; l < L(); ++l) {
         std::vector<char> listed(past, recording == nullptr ? 1 : 0);
@@ -431,24 +390,12 @@ class TokenSelectModelTest : public ::testing::Test {
     return run;
   }
 
-  std::unique_ptr<CompressionSession> Session(double budget, int32_t tokens,
-      absl::flat_hash_map<std::string, std::string> p = {}) {
-    const model::ModelConfig& c = model_->config();
-    PolicyContext context;
-    context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kModelBlock};
-    context.layout.num_tokens = tokens;
-    auto s =
-        CompressionSession::Create("tokenselect", PolicyConfig(budget, std::move(p)), context);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *std::move(s) : nullptr;
+  std::unique_ptr<CompressionSession> Session(double budget, int32_t tokens, Params p = {}) {
+    return ModelSessionTest::Session("tokenselect", budget, tokens, std::move(p));
   }
 
   static TokenSelectSelector& SelectorOf(CompressionSession& s) {
     return *dynamic_cast<TokenSelectSelector*>(s.selector());
-  }
-
-  static int32_t Argmax(const std::vector<float>& v) {
-    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
   }
 
   static double Kl(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
@@ -465,10 +412,6 @@ class TokenSelectModelTest : public ::testing::Test {
     for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
     return kl;
   }
-
-  static constexpr int32_t kModelBlock = 16;
-  static inline model::Model* model_ = nullptr;
-  std::unique_ptr<BlockPool> pool_;
 };
 
 TEST_F(TokenSelectModelTest, BudgetCoveringEveryTokenGivesIdenticalLogits) {
