@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "model/model.h"
@@ -257,58 +258,38 @@ absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Optio
   return best;
 }
 
-bool ParseInt(absl::string_view text, int32_t* out) { return absl::SimpleAtoi(text, out); }
-
-// Accepts both "--flag=value" and "--flag value".
 absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
+  absl::StatusOr<cli::Args> args =
+      bench::ParseArgs(argc, argv,
+                       {"model", "threads", "prompt-tokens", "prefill-chunk", "decode-tokens",
+                        "decode-context", "reps", "batches"},
+                       {"json"});
+  if (!args.ok()) return args.status();
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    bool ok = true;
-    if (arg == "--json") {
-      opt.json = true;
-    } else if (arg == "--model") {
-      ok = take();
-      opt.model = value;
-    } else if (arg == "--threads") {
-      ok = take() && ParseInt(value, &opt.threads);
-    } else if (arg == "--prompt-tokens") {
-      ok = take() && ParseInt(value, &opt.prompt_tokens) && opt.prompt_tokens > 0;
-    } else if (arg == "--prefill-chunk") {
-      ok = take() && ParseInt(value, &opt.prefill_chunk) && opt.prefill_chunk > 0;
-    } else if (arg == "--decode-tokens") {
-      ok = take() && ParseInt(value, &opt.decode_tokens) && opt.decode_tokens > 0;
-    } else if (arg == "--decode-context") {
-      ok = take() && ParseInt(value, &opt.decode_context) && opt.decode_context > 0;
-    } else if (arg == "--reps") {
-      ok = take() && ParseInt(value, &opt.reps) && opt.reps > 0;
-    } else if (arg == "--batches") {
-      ok = take();
-      opt.batches.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        int32_t b = 0;
-        ok = ok && ParseInt(part, &b) && b > 0;
-        opt.batches.push_back(b);
-      }
-      ok = ok && !opt.batches.empty();
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
-    }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("bad value for ", arg));
+  opt.json = args->Has("json");
+  opt.model = args->GetString("model", opt.model);
+  struct IntField {
+    const char* flag;
+    int32_t* field;
+    int64_t min;
+  };
+  for (const IntField& f : {IntField{"threads", &opt.threads, 0},
+                            IntField{"prompt-tokens", &opt.prompt_tokens, 1},
+                            IntField{"prefill-chunk", &opt.prefill_chunk, 1},
+                            IntField{"decode-tokens", &opt.decode_tokens, 1},
+                            IntField{"decode-context", &opt.decode_context, 1},
+                            IntField{"reps", &opt.reps, 1}}) {
+    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
+    if (!v.ok()) return v.status();
+    *f.field = *v;
   }
+  absl::StatusOr<std::vector<int32_t>> batches =
+      bench::ListFlag<int32_t>(*args, "batches", opt.batches);
+  if (!batches.ok()) return batches.status();
+  for (int32_t b : *batches) {
+    if (b <= 0) return absl::InvalidArgumentError("--batches must be positive");
+  }
+  opt.batches = *batches;
   return opt;
 }
 

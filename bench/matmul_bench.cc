@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "bench/bench_util.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/matmul.h"
@@ -39,16 +41,6 @@ struct Options {
   std::string json_path;
   bool cpu_time = false;
 };
-
-// Seconds on the chosen clock: wall (steady) or this thread's CPU time.
-double Now(bool cpu_time) {
-  if (cpu_time) {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
 
 struct Case {
   const char* name;
@@ -101,11 +93,11 @@ Result Run(const Case& c, int64_t m, ThreadPool& pool, const Options& opt, std::
   for (int64_t i = 0; i < std::min<int64_t>(copies, 8) + 2; ++i) call(i);  // warm up
 
   std::vector<double> samples;
-  const double start = Now(opt.cpu_time);
+  const double start = bench::Now(opt.cpu_time);
   for (int64_t i = 0;; ++i) {
-    const double t0 = Now(opt.cpu_time);
+    const double t0 = bench::Now(opt.cpu_time);
     call(i);
-    const double t1 = Now(opt.cpu_time);
+    const double t1 = bench::Now(opt.cpu_time);
     samples.push_back(t1 - t0);
     if (samples.size() >= 5 && t1 - start > opt.min_seconds) break;
   }
@@ -153,24 +145,26 @@ void WriteJson(const std::string& path, const std::vector<Result>& results, int 
 }
 
 Options ParseOptions(int argc, char** argv) {
+  auto exit_if = [&](const absl::Status& s) {
+    if (s.ok()) return;
+    std::fprintf(stderr,
+                 "matmul_bench: %s\nusage: %s [--threads=N] [--min_seconds=S] [--json=PATH] "
+                 "[--cpu_time]\n",
+                 std::string(s.message()).c_str(), argv[0]);
+    std::exit(2);
+  };
+  absl::StatusOr<cli::Args> args =
+      bench::ParseArgs(argc, argv, {"threads", "min_seconds", "json"}, {"cpu_time"});
+  exit_if(args.status());
+  absl::StatusOr<int32_t> threads = bench::IntFlag(*args, "threads", 0, 0);
+  exit_if(threads.status());
+  absl::StatusOr<double> min_seconds = args->GetDouble("min_seconds", 0.3);
+  exit_if(min_seconds.status());
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("--threads=", 0) == 0) {
-      opt.threads = std::stoi(arg.substr(10));
-    } else if (arg.rfind("--min_seconds=", 0) == 0) {
-      opt.min_seconds = std::stod(arg.substr(14));
-    } else if (arg.rfind("--json=", 0) == 0) {
-      opt.json_path = arg.substr(7);
-    } else if (arg == "--cpu_time") {
-      opt.cpu_time = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--threads=N] [--min_seconds=S] [--json=PATH] [--cpu_time]\n",
-                   argv[0]);
-      std::exit(2);
-    }
-  }
+  opt.threads = *threads;
+  opt.min_seconds = *min_seconds;
+  opt.json_path = args->GetString("json");
+  opt.cpu_time = args->Has("cpu_time");
   if (opt.cpu_time && opt.threads != 1) {
     std::fprintf(stderr, "--cpu_time measures one thread; pass --threads=1 with it\n");
     std::exit(2);

@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
@@ -509,9 +510,6 @@ absl::StatusOr<json> CheckReplay(model::Model& model, cache::BlockPool& pool, co
 // --------------------------------------------------------------------------------------------
 // Flags.
 
-bool ParseDouble(absl::string_view text, double* out) { return absl::SimpleAtod(text, out); }
-bool ParseInt(absl::string_view text, int32_t* out) { return absl::SimpleAtoi(text, out); }
-
 // "--params=vl_cache:kernel=7,pooling=max;aircache:alpha=0.8"
 bool ParseParams(const std::string& value, Options* opt) {
   for (absl::string_view group : absl::StrSplit(value, ';', absl::SkipEmpty())) {
@@ -528,68 +526,49 @@ bool ParseParams(const std::string& value, Options* opt) {
 }
 
 absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
+  absl::StatusOr<cli::Args> args = bench::ParseArgs(
+      argc, argv,
+      {"model", "tasks", "json-out", "threads", "gen-tokens", "chunk", "policies", "budgets",
+       "params", "free-run"},
+      {"check-replay"});
+  if (!args.ok()) return args.status();
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    bool ok = true;
-    if (arg == "--free-run") {
-      ok = take();
-      if (value == "all") {
-        opt.free_run = {"*"};
-      } else if (value == "none") {
-        opt.free_run.clear();
-      } else {
-        opt.free_run = absl::StrSplit(value, ',', absl::SkipEmpty());
-      }
-    } else if (arg == "--check-replay") {
-      opt.check_replay = true;
-    } else if (arg == "--model") {
-      ok = take();
-      opt.model = value;
-    } else if (arg == "--tasks") {
-      ok = take();
-      opt.tasks = value;
-    } else if (arg == "--json-out") {
-      ok = take();
-      opt.json_out = value;
-    } else if (arg == "--threads") {
-      ok = take() && ParseInt(value, &opt.threads);
-    } else if (arg == "--gen-tokens") {
-      ok = take() && ParseInt(value, &opt.gen_tokens) && opt.gen_tokens >= 2;
-    } else if (arg == "--chunk") {
-      ok = take() && ParseInt(value, &opt.chunk) && opt.chunk > 0;
-    } else if (arg == "--policies") {
-      ok = take();
-      // Empty: the full-cache references only (checks that the model can do the tasks).
-      opt.policies = absl::StrSplit(value, ',', absl::SkipEmpty());
-    } else if (arg == "--budgets") {
-      ok = take();
-      opt.budgets.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        double b = 0;
-        ok = ok && ParseDouble(part, &b);
-        opt.budgets.push_back(b);
-      }
-      ok = ok && !opt.budgets.empty();
-    } else if (arg == "--params") {
-      ok = take() && ParseParams(value, &opt);
+  opt.model = args->GetString("model", opt.model);
+  opt.tasks = args->GetString("tasks");
+  opt.json_out = args->GetString("json-out");
+  opt.check_replay = args->Has("check-replay");
+  struct IntField {
+    const char* flag;
+    int32_t* field;
+    int64_t min;
+  };
+  for (const IntField& f : {IntField{"threads", &opt.threads, 0},
+                            IntField{"gen-tokens", &opt.gen_tokens, 2},
+                            IntField{"chunk", &opt.chunk, 1}}) {
+    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
+    if (!v.ok()) return v.status();
+    *f.field = *v;
+  }
+  // Empty --policies: the full-cache references only (checks that the model can do the tasks).
+  if (args->Has("policies")) {
+    opt.policies = absl::StrSplit(args->GetString("policies"), ',', absl::SkipEmpty());
+  }
+  absl::StatusOr<std::vector<double>> budgets =
+      bench::ListFlag<double>(*args, "budgets", opt.budgets);
+  if (!budgets.ok()) return budgets.status();
+  opt.budgets = *budgets;
+  if (args->Has("params") && !ParseParams(args->GetString("params"), &opt)) {
+    return absl::InvalidArgumentError("--params: expected POLICY:k=v,k=v;POLICY2:k=v");
+  }
+  if (args->Has("free-run")) {
+    const std::string value = args->GetString("free-run");
+    if (value == "all") {
+      opt.free_run = {"*"};
+    } else if (value == "none") {
+      opt.free_run.clear();
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
+      opt.free_run = absl::StrSplit(value, ',', absl::SkipEmpty());
     }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("bad value for ", arg));
   }
   if (opt.tasks.empty()) return absl::InvalidArgumentError("--tasks is required");
   return opt;

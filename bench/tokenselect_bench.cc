@@ -30,7 +30,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
 #include "cache/policies/tokenselect.h"
@@ -42,7 +44,6 @@
 namespace winnow {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using cache::policies::TokenSelectOptions;
 using cache::policies::TokenSelectSelector;
 
@@ -56,16 +57,6 @@ struct Options {
   bool cpu_time = false;
 };
 
-// Seconds on the chosen clock: wall (steady) or this thread's CPU time.
-double Now(bool cpu_time) {
-  if (cpu_time) {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
 // The fastest call: the least disturbed by other load on a shared machine.
 double MinMicros(const std::vector<double>& v) {
   return *std::min_element(v.begin(), v.end()) * 1e6;
@@ -76,9 +67,9 @@ double Time(const Options& opt, Fn fn) {
   std::vector<double> t;
   fn();  // warm up
   for (int r = 0; r < opt.reps; ++r) {
-    const double t0 = Now(opt.cpu_time);
+    const double t0 = bench::Now(opt.cpu_time);
     fn();
-    t.push_back(Now(opt.cpu_time) - t0);
+    t.push_back(bench::Now(opt.cpu_time) - t0);
   }
   return MinMicros(t);
 }
@@ -273,9 +264,9 @@ void ModelLevel(const Options& opt) {
                           model::LogitsMode::kLast};
       if (session) e.selector = session->selector();
       model::ForwardOutput out;
-      const double t0 = Now(opt.cpu_time);
+      const double t0 = bench::Now(opt.cpu_time);
       if (!m->Forward({&e, 1}, *pool, &out).ok()) std::abort();
-      seconds += Now(opt.cpu_time) - t0;
+      seconds += bench::Now(opt.cpu_time) - t0;
       if (session && !session->AfterDecodeStep(n + s, kv, *pool).ok()) std::abort();
       last.assign(out.Row(0).begin(), out.Row(0).end());
       logits.push_back(last);
@@ -306,44 +297,43 @@ void ModelLevel(const Options& opt) {
   }
 }
 
-bool Flag(const char* arg, const char* name, std::string* value) {
-  const size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *value = arg + len + 1;
-  return true;
+absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
+  absl::StatusOr<cli::Args> args = bench::ParseArgs(
+      argc, argv, {"threads", "reps", "contexts", "model", "prompt_tokens", "decode_tokens"},
+      {"cpu_time"});
+  if (!args.ok()) return args.status();
+  Options opt;
+  opt.cpu_time = args->Has("cpu_time");
+  opt.model = args->GetString("model");
+  struct IntField {
+    const char* flag;
+    int32_t* field;
+    int64_t min;
+  };
+  for (const IntField& f : {IntField{"threads", &opt.threads, 1}, IntField{"reps", &opt.reps, 1},
+                            IntField{"prompt_tokens", &opt.prompt_tokens, 1},
+                            IntField{"decode_tokens", &opt.decode_tokens, 1}}) {
+    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
+    if (!v.ok()) return v.status();
+    *f.field = *v;
+  }
+  absl::StatusOr<std::vector<int32_t>> contexts =
+      bench::ListFlag<int32_t>(*args, "contexts", opt.contexts);
+  if (!contexts.ok()) return contexts.status();
+  opt.contexts = *contexts;
+  return opt;
 }
 
 }  // namespace
 }  // namespace winnow
 
 int main(int argc, char** argv) {
-  winnow::Options opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string v;
-    if (winnow::Flag(argv[i], "--threads", &v)) {
-      opt.threads = std::atoi(v.c_str());
-    } else if (winnow::Flag(argv[i], "--reps", &v)) {
-      opt.reps = std::max(1, std::atoi(v.c_str()));
-    } else if (winnow::Flag(argv[i], "--contexts", &v)) {
-      opt.contexts.clear();
-      for (size_t p = 0; p < v.size();) {
-        const size_t comma = std::min(v.find(',', p), v.size());
-        opt.contexts.push_back(std::atoi(v.substr(p, comma - p).c_str()));
-        p = comma + 1;
-      }
-    } else if (std::strcmp(argv[i], "--cpu_time") == 0) {
-      opt.cpu_time = true;
-    } else if (winnow::Flag(argv[i], "--model", &v)) {
-      opt.model = v;
-    } else if (winnow::Flag(argv[i], "--prompt_tokens", &v)) {
-      opt.prompt_tokens = std::atoi(v.c_str());
-    } else if (winnow::Flag(argv[i], "--decode_tokens", &v)) {
-      opt.decode_tokens = std::atoi(v.c_str());
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return 2;
-    }
+  absl::StatusOr<winnow::Options> parsed = winnow::ParseOptions(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "tokenselect_bench: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
   }
+  const winnow::Options& opt = *parsed;
   winnow::Shape shape;
   winnow::KernelLevel(opt, shape);
   if (!opt.model.empty()) winnow::ModelLevel(opt);
