@@ -19,9 +19,11 @@ namespace {
 
 using policy_testing::Contains;
 using policy_testing::Context;
+using policy_testing::ExpectTextKept;
 using policy_testing::FakeLayer;
 using policy_testing::LogitFn;
 using policy_testing::MakeLayer;
+using policy_testing::PlanTotals;
 using policy_testing::RandomLogits;
 using policy_testing::RunPolicy;
 
@@ -189,28 +191,10 @@ TEST(AirCachePolicy, RandomPatternsEvictOnlySpanTokensWithinBudget) {
     for (int32_t l = 0; l < 3; ++l) fns.push_back(RandomLogits(rng(), 1.0 + 3.0 * l));
     const KeepPlan plan = RunPolicy(*policy, c, fns);
     const int32_t base = (b - a) + (c1 - c0);
-    int64_t kept_span = 0;
-    for (int32_t l = 0; l < 3; ++l) {
-      if (plan.layers.empty() || plan.layers[l].untouched()) {
-        kept_span += base;
-        continue;
-      }
-      for (const std::vector<int32_t>& head : plan.layers[l].heads) {
-        for (int32_t p = 0; p < n; ++p) {
-          const bool in_span = (p >= a && p < b) || (p >= c0 && p < c1);
-          if (!in_span) {
-            EXPECT_TRUE(Contains(head, p)) << "text position " << p << " evicted";
-          }
-        }
-      }
-      kept_span += plan.layers[l].kept() - (n - base);
-    }
-    EXPECT_LE(kept_span, static_cast<int64_t>(std::floor(budget * 3 * base + 1e-6)));
-    int64_t slots = 0;
-    for (int32_t l = 0; l < 3; ++l) {
-      slots += plan.layers.empty() || plan.layers[l].untouched() ? n : plan.layers[l].kept();
-    }
-    EXPECT_LE(slots, policy->SteadyStateSlots(n, 0));
+    const PlanTotals kept = ExpectTextKept(
+        plan, 3, n, [&](int32_t p) { return (p >= a && p < b) || (p >= c0 && p < c1); });
+    EXPECT_LE(kept.span, static_cast<int64_t>(std::floor(budget * 3 * base + 1e-6)));
+    EXPECT_LE(kept.slots, policy->SteadyStateSlots(n, 0));
   }
 }
 

@@ -115,6 +115,37 @@ inline bool Contains(const std::vector<int32_t>& v, int32_t x) {
   return std::binary_search(v.begin(), v.end(), x);
 }
 
+// Checks that every compressed layer's every head keeps all positions outside the spans
+// (`in_span`), and sums the plan over layers: span slots kept and all slots kept (an untouched
+// layer keeps all n).
+struct PlanTotals {
+  int64_t span = 0;
+  int64_t slots = 0;
+};
+inline PlanTotals ExpectTextKept(const KeepPlan& plan, int32_t layers, int32_t n,
+                                 const std::function<bool(int32_t)>& in_span) {
+  int32_t span_tokens = 0;
+  for (int32_t p = 0; p < n; ++p) span_tokens += in_span(p);
+  PlanTotals totals;
+  for (int32_t l = 0; l < layers; ++l) {
+    if (plan.layers.empty() || plan.layers[l].untouched()) {
+      totals.span += span_tokens;
+      totals.slots += n;
+      continue;
+    }
+    for (const std::vector<int32_t>& head : plan.layers[l].heads) {
+      for (int32_t p = 0; p < n; ++p) {
+        if (!in_span(p)) {
+          EXPECT_TRUE(Contains(head, p)) << "layer " << l << ": text position " << p;
+        }
+      }
+    }
+    totals.span += plan.layers[l].kept() - (n - span_tokens);
+    totals.slots += plan.layers[l].kept();
+  }
+  return totals;
+}
+
 // A modality-aware policy whose `budget` is a fraction of the whole prompt (`params` select
 // that): on random prompts with one context span it keeps every text token and, summed over
 // layers, at most L x max(KeepCount(budget, n), text) slots: the text is paid first.
@@ -131,19 +162,8 @@ inline void ExpectPromptBudgetCountsKeptText(
     ASSERT_TRUE(policy.ok()) << policy.status();
     const KeepPlan plan = RunPolicy(**policy, c, RandomLayers(rng, 3));
     const int32_t text = n - (b - a);
-    int64_t slots = 0;
-    for (int32_t l = 0; l < 3; ++l) {
-      const bool untouched = plan.layers.empty() || plan.layers[l].untouched();
-      slots += untouched ? n : plan.layers[l].kept();
-      if (untouched) continue;
-      for (const std::vector<int32_t>& head : plan.layers[l].heads) {
-        for (int32_t p = 0; p < n; ++p) {
-          if (p < a || p >= b) {
-            EXPECT_TRUE(Contains(head, p)) << "text position " << p;
-          }
-        }
-      }
-    }
+    const int64_t slots =
+        ExpectTextKept(plan, 3, n, [&](int32_t p) { return p >= a && p < b; }).slots;
     EXPECT_LE(slots, 3 * std::max(KeepCount(budget, n), text))
         << "budget " << budget << ", n " << n << ", text " << text;
     EXPECT_LE(slots, (*policy)->SteadyStateSlots(n, 0));
