@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/vec.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -23,42 +24,11 @@ namespace {
 
 constexpr int kQK = 256;  // QK_K
 
-inline uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+using vec::BitsToFloat;
+using vec::LoadU16;
+using vec::LoadU32;
 
-inline uint32_t LoadU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline float BitsToFloat(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// Exact IEEE binary16 -> binary32. NaNs come out quiet (as F16C's vcvtph2ps produces them), so
-// the scalar and vector paths agree bit for bit.
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) {
-    return BitsToFloat(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0u));
-  }
-  if (exp == 0) {
-    // Zero or subnormal: mant * 2^-24 is exactly representable as a normal float.
-    const float magnitude = static_cast<float>(mant) * 0x1p-24f;
-    return sign != 0 ? -magnitude : magnitude;
-  }
-  return BitsToFloat(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
-}
-
-inline float LoadHalf(const uint8_t* p) { return HalfToFloat(LoadU16(p)); }
+inline float LoadHalf(const uint8_t* p) { return vec::Fp16ToFloat(LoadU16(p)); }
 
 void RowF16(const uint8_t* src, int64_t n, float* dst) {
   int64_t i = 0;

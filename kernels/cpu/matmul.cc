@@ -223,11 +223,7 @@ struct Q4_1Format {
   }
 };
 
-inline uint32_t LoadU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+using vec::LoadU32;
 
 // The 32 five-bit quants of a Q5 block: nibble | (bit i of qh) << 4, as int32 lanes in element
 // order.
@@ -588,7 +584,8 @@ void DotRowM(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, floa
     AccumulateBlock<M>(w, x, ldx, b * kBlock, acc);
   }
   const int64_t k0 = num_blocks * kBlock;
-  const int64_t n_tail = cols - k0;  // nonzero only for plain types
+  // Only plain types have a partial block (the quantised ones are validated to whole blocks).
+  const int64_t n_tail = Format::kPlain ? cols - k0 : 0;
   float w_tail[kBlock];
   if constexpr (Format::kPlain) {
     for (int64_t t = 0; t < n_tail; ++t) w_tail[t] = Format::Element(row, k0 + t);

@@ -29,13 +29,20 @@ inline uint16_t LoadU16(const void* p) {
   return v;
 }
 
+inline uint32_t LoadU32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 inline float BitsToFloat(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
 }
 
-// IEEE binary16 -> float32, exact for every input (subnormals, inf and NaN included).
+// IEEE binary16 -> float32, exact for every input (subnormals, inf and NaN included). The one
+// conversion the kernels and DequantizeRow share.
 inline float Fp16ToFloat(uint16_t h) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);
@@ -48,7 +55,10 @@ inline float Fp16ToFloat(uint16_t h) {
     const float magnitude = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
     return sign ? -magnitude : magnitude;
   }
-  if (exponent == 31) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  // Inf, or NaN made quiet, as F16C's vcvtph2ps does, so both builds agree bit for bit.
+  if (exponent == 31) {
+    return BitsToFloat(sign | 0x7f800000u | (mantissa << 13) | (mantissa ? 0x00400000u : 0u));
+  }
   return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
 #endif
 }
