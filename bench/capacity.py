@@ -133,28 +133,11 @@ def build_request(segments, index: int, max_tokens: int, policy: str, budget: fl
 
 def run_one(client: WinnowClient, rec: loadgen.Record, request, t0: float, usage: dict,
             timeout: float) -> None:
-    """Like loadgen.run_request, for a prebuilt request, and keeps the final usage."""
-    start = time.perf_counter()
-    rec.start = start - t0
-    last = None
-    try:
-        for msg in client.generate(request=request, timeout=timeout):
-            if msg.HasField("usage"):
-                usage[rec.index] = msg.usage
-            n = len(msg.token_ids)
-            if n == 0:
-                continue
-            now = time.perf_counter()
-            if rec.ttft is None:
-                rec.ttft = now - start
-                rec.itl.extend([0.0] * (n - 1))
-            else:
-                rec.itl.extend([(now - last) / n] * n)
-            last = now
-            rec.output_tokens += n
-    except grpc.RpcError as e:
-        rec.status, rec.error = e.code().name, e.details() or ""
-    rec.e2e = time.perf_counter() - start
+    """loadgen.stream_request, keeping the final usage."""
+    def keep_usage(msg):
+        if msg.HasField("usage"):
+            usage[rec.index] = msg.usage
+    loadgen.stream_request(client, rec, request, timeout, t0, on_message=keep_usage)
 
 
 def burst(daemon: Daemon, prompts, lengths, policy: str, budget: float, output_tokens: int,

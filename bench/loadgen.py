@@ -105,11 +105,20 @@ def run_request(client: WinnowClient, rec: Record, prompt_ids: list[int], ignore
     req = WinnowClient.build_request(token_ids=prompt_ids, max_tokens=rec.max_tokens,
                                      ignore_eos=ignore_eos, temperature=0.0,
                                      request_id=f"loadgen-{rec.index}")
+    return stream_request(client, rec, req, timeout, t0)
+
+
+def stream_request(client: WinnowClient, rec: Record, request, timeout: float, t0: float,
+                   on_message=None) -> Record:
+    """Sends a built GenerateRequest and records its timings in rec; on_message (optional)
+    sees every streamed response."""
     start = time.perf_counter()
     rec.start = start - t0
     last = None
     try:
-        for msg in client.generate(request=req, timeout=timeout):
+        for msg in client.generate(request=request, timeout=timeout):
+            if on_message is not None:
+                on_message(msg)
             n = len(msg.token_ids)
             if n == 0:
                 continue
