@@ -10,19 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "scheduler/request.h"
 
 namespace winnow::scheduler {
-
-enum class FinishReason {
-  kStop,       // end-of-generation token, a stop token id or a stop string
-  kLength,     // max_tokens reached, or the model's context length
-  kCancelled,  // Cancel(), or Shutdown() with the request still in flight
-  kDeadline,   // the request's deadline passed
-  kError,      // the forward pass failed; FinishEvent::status says why
-};
-
-// "stop", "length", "cancelled", "deadline", "error": stable names for logs and metric labels.
-const char* FinishReasonName(FinishReason reason);
 
 // One engine iteration: a single varlen forward over the scheduled batch.
 struct IterationStats {

@@ -232,7 +232,9 @@ class CompressionEngineTest : public CompressionModelTest {
   }
 };
 
-TEST_F(CompressionEngineTest, BadSpecsAreInvalidArgumentNamingTheField) {
+// The server validates specs (tests/unit/server/request_builder_test.cc); one that reaches the
+// engine unvalidated is refused as a broken contract, still naming the field.
+TEST_F(CompressionEngineTest, UnvalidatedBadSpecsAreRefusedNamingTheField) {
   Recorder recorder;
   auto engine = MakeEngine(40, &recorder);
   auto submit = [&](scheduler::GenerationRequest r) {
@@ -248,17 +250,17 @@ TEST_F(CompressionEngineTest, BadSpecsAreInvalidArgumentNamingTheField) {
                         Case{"snapkv", 1.5, "compression.budget"},
                         Case{"h2o", -1, "compression.budget"}}) {
     absl::Status s = submit(Request(Prompt(20, 1), 4, c.policy, c.budget));
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.policy << " " << c.budget;
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << c.policy << " " << c.budget;
     EXPECT_NE(s.message().find(c.field), absl::string_view::npos) << s.message();
   }
   scheduler::GenerationRequest r = Request(Prompt(20, 1), 4, "snapkv", 0.5);
   r.compression.params["kernal"] = "5";
   absl::Status s = submit(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("compression.params.kernal"), absl::string_view::npos);
   r = Request(Prompt(20, 1), 4, "snapkv", 0.5);
   r.prompt_spans = {{cache::policies::SpanKind::kContext, 10, 30}};  // past the prompt
-  EXPECT_EQ(submit(r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(submit(r).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(submit(Request(Prompt(20, 1), 2, "none")).ok());
   EXPECT_TRUE(submit(Request(Prompt(20, 1), 2, "snapkv", 1.0)).ok());
   EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(120)));

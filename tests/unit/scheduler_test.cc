@@ -1,549 +1,370 @@
+// The scheduler alone: no model, no tokenizer. A scripted worker stands in for the forward (it
+// records the K/V slots the scheduler reserved, and "samples" token 7), so every test runs in
+// microseconds and checks only decisions: admission, chunk sizes, preemption, priorities and
+// block accounting.
+#include "scheduler/scheduler.h"
+
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <memory>
-#include <mutex>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "model/model.h"
-#include "scheduler/engine.h"
-#include "scheduler/stop_strings.h"
+#include "cache/block_pool.h"
+#include "kernels/cpu/thread_pool.h"
+#include "scheduler/sequence.h"
 
 namespace winnow::scheduler {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// StopStringMatcher (no model needed).
+constexpr int32_t kLayers = 2;
+constexpr int32_t kBlockSize = 4;
 
-TEST(StopStringMatcherTest, PassesTextThroughWithoutStops) {
-  StopStringMatcher m({});
-  bool matched = true;
-  EXPECT_EQ(m.Append("hello", &matched), "hello");
-  EXPECT_FALSE(matched);
-}
+struct Arrival {
+  Arrival(int32_t prompt_len, int32_t max_tokens = 4, int32_t priority = 0,
+          std::string policy = "", double budget = 0.0)
+      : prompt_len(prompt_len),
+        max_tokens(max_tokens),
+        priority(priority),
+        policy(std::move(policy)),
+        budget(budget) {}
 
-TEST(StopStringMatcherTest, HoldsBackPossiblePrefixAndTrimsMatch) {
-  StopStringMatcher m({"END"});
-  bool matched = false;
-  EXPECT_EQ(m.Append("abc E", &matched), "abc ");
-  EXPECT_FALSE(matched);
-  EXPECT_EQ(m.Append("N", &matched), "");
-  EXPECT_FALSE(matched);
-  EXPECT_EQ(m.Append("Dxyz", &matched), "");
-  EXPECT_TRUE(matched);
-}
+  int32_t prompt_len;
+  int32_t max_tokens;
+  int32_t priority;
+  std::string policy;  // "" or a compression policy
+  double budget;
+};
 
-TEST(StopStringMatcherTest, ReleasesHeldTextWhenItCannotMatch) {
-  StopStringMatcher m({"END"});
-  bool matched = false;
-  EXPECT_EQ(m.Append("E", &matched), "");
-  EXPECT_EQ(m.Append("X", &matched), "EX");
-  EXPECT_EQ(m.Append("EN", &matched), "");
-  EXPECT_EQ(m.Flush(), "EN");
-}
-
-TEST(StopStringMatcherTest, EarliestOfSeveralStopsWins) {
-  StopStringMatcher m({"world", "lo w"});
-  bool matched = false;
-  EXPECT_EQ(m.Append("hello world", &matched), "hel");
-  EXPECT_TRUE(matched);
-}
-
-TEST(StopStringMatcherTest, MatchInsideOneDelta) {
-  StopStringMatcher m({"\n\n"});
-  bool matched = false;
-  EXPECT_EQ(m.Append("a\n", &matched), "a");
-  EXPECT_EQ(m.Append("\nb", &matched), "");
-  EXPECT_TRUE(matched);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Engine, against the real model.
-
-class CollectingSink : public RequestSink {
+// A pool, a scheduler and the sequences it schedules, driven one iteration at a time.
+class Harness {
  public:
-  void OnTokens(const TokenEvent& event) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_.insert(tokens_.end(), event.token_ids.begin(), event.token_ids.end());
-    text_ += event.text;
-    cv_.notify_all();
+  Harness(int32_t num_blocks, SchedulerLimits limits) {
+    const cache::KvLayout layout{kLayers, /*num_kv_heads=*/1, /*head_dim=*/4, kBlockSize};
+    pool_ = *cache::BlockPool::Create(layout, num_blocks);
+    scheduler_ = std::make_unique<Scheduler>(limits, *pool_);
   }
-  void OnFinish(const FinishEvent& event) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    finish_ = event;
-    done_ = true;
-    ++finish_calls_;
-    cv_.notify_all();
+  ~Harness() {
+    for (auto& s : seqs_) s->kv.Release(*pool_);
   }
-  // Waits for OnFinish (fails the test after a generous timeout instead of hanging).
-  bool WaitDone() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120), [this] { return done_; });
+
+  Sequence* Add(const Arrival& a) {
+    GenerationRequest r;
+    r.prompt_tokens.assign(a.prompt_len, 1);
+    r.max_tokens = a.max_tokens;
+    r.priority = a.priority;
+    r.compression.policy = a.policy;
+    r.compression.budget = a.budget;
+    if (!a.policy.empty()) r.compression.params["decode"] = "off";
+    auto seq = std::make_unique<Sequence>(std::move(r), kLayers, kBlockSize);
+    seq->id = seq->arrival = static_cast<uint64_t>(seqs_.size());
+    if (!a.policy.empty()) {
+      auto session = MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, seq->req,
+                                            a.prompt_len);
+      EXPECT_TRUE(session.ok()) << session.status();
+      seq->compression = std::move(*session);
+    }
+    seqs_.push_back(std::move(seq));
+    return seqs_.back().get();
   }
-  bool WaitTokens(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120),
-                        [&] { return done_ || tokens_.size() >= n; });
+
+  // Plans one iteration and executes it with the scripted worker.
+  IterationPlan Step() {
+    std::vector<Sequence*> live;
+    for (auto& s : seqs_) {
+      if (!s->finished()) live.push_back(s.get());
+    }
+    IterationPlan plan = scheduler_->Schedule(live);
+    for (IterationPlan::Rejection& r : plan.rejected) scheduler_->Release(*r.seq);
+    for (Sequence* s : plan.preempted) {
+      if (s->compression == nullptr) continue;
+      s->compression = *MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, s->req,
+                                               s->num_tokens());
+    }
+    for (const ScheduledChunk& c : plan.chunks) Execute(c);
+    return plan;
   }
-  std::vector<int32_t> tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
+
+  // Steps until every sequence finished; false after `max_steps`.
+  bool RunToCompletion(int max_steps) {
+    for (int i = 0; i < max_steps; ++i) {
+      if (AllFinished()) return true;
+      Step();
+    }
+    return AllFinished();
   }
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return text_;
+
+  bool AllFinished() const {
+    for (const auto& s : seqs_) {
+      if (!s->finished()) return false;
+    }
+    return true;
   }
-  FinishEvent finish() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finish_;
-  }
-  int finish_calls() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finish_calls_;
-  }
+
+  Scheduler& scheduler() { return *scheduler_; }
+  cache::BlockPool& pool() { return *pool_; }
+  Sequence* seq(int i) { return seqs_[i].get(); }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int32_t> tokens_;
-  std::string text_;
-  FinishEvent finish_;
-  bool done_ = false;
-  int finish_calls_ = 0;
-};
-
-class EngineTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    const char* path = std::getenv("WINNOW_TEST_MODEL");
-    if (path == nullptr) return;
-    absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::Load(path);
-    if (m.ok()) model_ = std::move(*m).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set or not loadable";
-  }
-
-  std::unique_ptr<Engine> MakeEngine(EngineOptions options, EngineObserver* observer = nullptr) {
-    // A small pool keeps the tests fast; the tests that need a tiny one set kv_blocks.
-    options.kv_cache_bytes = int64_t{64} << 20;
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, options, observer);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? std::move(*engine) : nullptr;
-  }
-
-  // A deterministic prompt of `n` ordinary token ids (no tokenizer needed), different per seed.
-  static std::vector<int32_t> Prompt(int n, int seed) {
-    std::vector<int32_t> ids;
-    for (int i = 0; i < n; ++i) ids.push_back(200 + (seed * 7919 + i * 104729) % 20000);
-    return ids;
-  }
-
-  static GenerationRequest Greedy(std::vector<int32_t> prompt, int max_tokens) {
-    GenerationRequest r;
-    r.prompt_tokens = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;  // fixed lengths make outputs comparable
-    return r;
-  }
-
-  // Runs each request alone on a fresh default engine.
-  std::vector<std::vector<int32_t>> RunAlone(const std::vector<GenerationRequest>& requests) {
-    std::vector<std::vector<int32_t>> out;
-    std::unique_ptr<Engine> engine = MakeEngine({});
-    for (const GenerationRequest& r : requests) {
-      auto sink = std::make_shared<CollectingSink>();
-      EXPECT_TRUE(engine->Submit(r, sink).ok());
-      EXPECT_TRUE(sink->WaitDone());
-      out.push_back(sink->tokens());
+  void Execute(const ScheduledChunk& c) {
+    Sequence& s = *c.seq;
+    ASSERT_EQ(c.start, s.num_computed);
+    for (int32_t l = 0; l < kLayers; ++l) s.kv.AppendSlots(l, c.count);  // as the forward does
+    s.num_computed += c.count;
+    if (s.awaits_compression() && c.samples) {
+      ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, threads_).ok());
     }
-    return out;
+    if (!c.samples) return;
+    s.tokens.push_back(7);
+    if (++s.num_generated >= s.req.max_tokens) scheduler_->Release(s);
   }
 
-  static model::Model* model_;
+  std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+  kernels::ThreadPool threads_{1};
 };
 
-model::Model* EngineTest::model_ = nullptr;
+// (sequence index, tokens) of each chunk, in batch order.
+using Chunks = std::vector<std::pair<int, int>>;
 
-// Counts hooks; all run on the engine thread, the test reads after the engine is idle.
-class CountingObserver : public EngineObserver {
- public:
-  void OnRequestQueued(uint64_t, int32_t) override { ++queued; }
-  void OnRequestStarted(uint64_t, absl::Duration) override { ++started; }
-  void OnFirstToken(uint64_t, absl::Duration) override { ++tokens; }
-  void OnToken(uint64_t, absl::Duration) override { ++tokens; }
-  void OnPreemption(uint64_t) override { ++preemptions; }
-  void OnRequestFinished(const RequestStats& stats) override {
-    ++finished;
-    completion_tokens += stats.completion_tokens;
+Chunks ChunksOf(const IterationPlan& plan, Harness& h, int num_seqs) {
+  Chunks out;
+  for (const ScheduledChunk& c : plan.chunks) {
+    for (int i = 0; i < num_seqs; ++i) {
+      if (h.seq(i) == c.seq) out.push_back({i, c.count});
+    }
   }
-  void OnIteration(const IterationStats& stats) override {
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The first iteration over a set of arrivals: admission, budgets and order.
+
+struct FirstPlanCase {
+  std::string name;
+  int32_t num_blocks;  // the pool; each token takes one slot in each of the 2 layers
+  SchedulerLimits limits;
+  std::vector<Arrival> arrivals;
+  Chunks expected;
+
+  friend void PrintTo(const FirstPlanCase& c, std::ostream* os) { *os << c.name; }
+};
+
+class FirstPlanTest : public ::testing::TestWithParam<FirstPlanCase> {};
+
+TEST_P(FirstPlanTest, PlansTheExpectedChunks) {
+  const FirstPlanCase& c = GetParam();
+  Harness h(c.num_blocks, c.limits);
+  for (const Arrival& a : c.arrivals) h.Add(a);
+  const IterationPlan plan = h.Step();
+  EXPECT_EQ(ChunksOf(plan, h, static_cast<int>(c.arrivals.size())), c.expected);
+  EXPECT_TRUE(plan.preempted.empty());
+  int32_t reserved = 0;
+  for (int i = 0; i < static_cast<int>(c.arrivals.size()); ++i) {
+    reserved += h.seq(i)->kv.num_blocks_held();
+  }
+  EXPECT_EQ(reserved, h.pool().num_used());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Admission, FirstPlanTest,
+    ::testing::Values(
+        FirstPlanCase{"ChunkedPrefillTakesTheTokenBudget", 64, {16, 8}, {{40}}, {{0, 16}}},
+        FirstPlanCase{"BudgetSharedInArrivalOrder", 64, {16, 8}, {{10}, {10}}, {{0, 10}, {1, 6}}},
+        FirstPlanCase{"MaxSeqsCapsAdmission", 64, {64, 2}, {{4}, {4}, {4}}, {{0, 4}, {1, 4}}},
+        // 12 tokens take 3 blocks per layer; the second prompt's 2 x 2 blocks do not fit in 2.
+        FirstPlanCase{"FirstChunkMustFitThePool", 8, {64, 8}, {{12}, {8}}, {{0, 12}}},
+        // The 2-token request would fit, but passing the waiting 12-token one would starve it.
+        FirstPlanCase{"StrictOrderNoSlippingPast", 8, {64, 8}, {{12}, {12}, {2}}, {{0, 12}}},
+        FirstPlanCase{"HigherPriorityFirst", 64, {8, 8}, {{8, 4, 0}, {8, 4, 5}}, {{1, 8}}},
+        FirstPlanCase{"EqualPriorityByArrival", 64, {8, 8}, {{8, 4, 3}, {8, 4, 3}}, {{0, 8}}},
+        // A running 12-token prompt holds 6 of 24 blocks. Without a policy, the 40-token
+        // prompt behind it starts with what the token budget leaves (16 tokens, 8 blocks)...
+        FirstPlanCase{"PlainPromptNeedsOnlyItsChunk", 24, {28, 8}, {{12}, {40}},
+                      {{0, 12}, {1, 16}}},
+        // ...with a policy its whole prompt (2 x 10 blocks) must fit first: the prefill peak.
+        FirstPlanCase{"CompressingPromptNeedsItsPeak", 24, {28, 8},
+                      {{12}, {40, 4, 0, "streaming_llm", 0.25}}, {{0, 12}}},
+        FirstPlanCase{"CompressingPromptAdmittedAtItsPeak", 26, {28, 8},
+                      {{12}, {40, 4, 0, "streaming_llm", 0.25}}, {{0, 12}, {1, 16}}}),
+    [](const ::testing::TestParamInfo<FirstPlanCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------------------------
+// Over several iterations.
+
+TEST(SchedulerTest, DecodesComeBeforePrefillChunks) {
+  Harness h(64, {8, 8});
+  h.Add({4, 8});
+  h.Step();  // seq 0 prefilled, sampled its first token
+  h.Add({20, 4});
+  EXPECT_EQ(ChunksOf(h.Step(), h, 2), (Chunks{{0, 1}, {1, 7}}));
+  EXPECT_EQ(ChunksOf(h.Step(), h, 2), (Chunks{{0, 1}, {1, 7}}));
+}
+
+TEST(SchedulerTest, DecodeThatDoesNotFitPreemptsTheLatestLowestPriority) {
+  Harness h(8, {64, 8});  // 16 tokens per sequence
+  Sequence* high = h.Add({4, 8, /*priority=*/1});
+  Sequence* early = h.Add({4, 8});
+  Sequence* late = h.Add({4, 8});
+  h.Step();  // each holds 1 block per layer, 4 slots full: 2 blocks free
+  IterationPlan plan = h.Step();  // the next decode of each needs a new block per layer
+  ASSERT_EQ(plan.preempted, (std::vector<Sequence*>{late}));
+  EXPECT_EQ(ChunksOf(plan, h, 3), (Chunks{{0, 1}, {1, 1}}));
+  EXPECT_TRUE(plan.admitted.empty());  // never admit in an iteration that preempted
+  EXPECT_EQ(late->state, SequenceState::kWaiting);
+  EXPECT_EQ(late->num_computed, 0);
+  EXPECT_EQ(late->kv.num_blocks_held(), 0);
+  EXPECT_EQ(late->preemptions, 1);
+  EXPECT_TRUE(high->running());
+  EXPECT_TRUE(early->running());
+  // Recompute: the prompt and the generated token are fed again as one chunk.
+  ASSERT_TRUE(h.RunToCompletion(100));
+  EXPECT_EQ(late->num_generated, 8);
+  EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks());
+}
+
+// The pool just proved short: admitting now would only set up the next preemption.
+TEST(SchedulerTest, NothingIsAdmittedInAnIterationThatPreempted) {
+  Harness h(10, {64, 8});
+  h.Add({4, 8, /*priority=*/1});
+  Sequence* late = h.Add({12, 8});
+  h.Step();  // 2 + 6 blocks held
+  Sequence* small = h.Add({4, 4, /*priority=*/1});
+  IterationPlan plan = h.Step();  // both decodes need a block per layer; 2 are free
+  ASSERT_EQ(plan.preempted, (std::vector<Sequence*>{late}));
+  EXPECT_TRUE(plan.admitted.empty());  // though `small` would fit in late's 6 blocks
+  EXPECT_FALSE(small->running());
+  plan = h.Step();
+  EXPECT_EQ(plan.admitted, (std::vector<Sequence*>{small}));
+}
+
+TEST(SchedulerTest, HigherPriorityDisplacesLowerWhenThatMakesRoom) {
+  Harness h(8, {64, 8});
+  Sequence* low_a = h.Add({12, 4});
+  h.Step();  // 3 blocks per layer held
+  Sequence* high = h.Add({8, 4, /*priority=*/2});  // needs 2 blocks per layer, 2 free
+  const IterationPlan plan = h.Step();
+  EXPECT_EQ(plan.preempted, (std::vector<Sequence*>{low_a}));
+  EXPECT_EQ(plan.admitted, (std::vector<Sequence*>{high}));
+  ASSERT_TRUE(h.RunToCompletion(100));
+  EXPECT_EQ(low_a->num_generated, 4);
+}
+
+TEST(SchedulerTest, EqualPriorityWaitsInsteadOfDisplacing) {
+  Harness h(8, {64, 8});
+  Sequence* first = h.Add({12, 4, 2});
+  h.Step();
+  Sequence* second = h.Add({8, 4, 2});
+  const IterationPlan plan = h.Step();
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_TRUE(first->running());
+  EXPECT_FALSE(second->running());
+}
+
+TEST(SchedulerTest, NoDisplacementWhenEvenAllLowerPriorityCannotMakeRoom) {
+  Harness h(12, {64, 8});
+  Sequence* low = h.Add({4, 20, 0});
+  Sequence* peer = h.Add({12, 20, 9});
+  h.Step();  // 1 + 3 blocks per layer held; their next decodes take the 4 free ones
+  // Needs 5 blocks per layer: only `low` may be displaced (`peer` has its priority), and
+  // freeing it gives 2.
+  Sequence* top = h.Add({20, 4, 9});
+  const IterationPlan plan = h.Step();
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_TRUE(low->running());
+  EXPECT_TRUE(peer->running());
+  EXPECT_FALSE(top->running());
+}
+
+TEST(SchedulerTest, ReleaseFreesEveryBlockInEveryState) {
+  Harness h(60, {32, 8});
+  Sequence* compressed = h.Add({16, 100, 0, "streaming_llm", 0.5});
+  Sequence* decoding = h.Add({8, 100});
+  Sequence* prefilling = h.Add({60, 4});
+  Sequence* waiting = h.Add({8, 4});
+  h.Step();
+  h.Step();
+  ASSERT_TRUE(decoding->running());
+  ASSERT_TRUE(prefilling->running());
+  ASSERT_LT(prefilling->num_computed, 60);  // still prefilling: a cancel mid-prompt
+  ASSERT_TRUE(compressed->compression->compressed());
+  for (Sequence* s : {decoding, prefilling, compressed, waiting}) h.scheduler().Release(*s);
+  EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks());
+  for (Sequence* s : {decoding, prefilling, compressed, waiting}) EXPECT_TRUE(s->finished());
+  EXPECT_TRUE(h.Step().chunks.empty());
+}
+
+TEST(SchedulerTest, BlocksFreedByCompressionAdmitWaitingRequestsNextIteration) {
+  Harness h(20, {64, 8});
+  Sequence* compressing = h.Add({40, 20, 0, "streaming_llm", 0.25});
+  Sequence* next = h.Add({16, 4});
+  IterationPlan plan = h.Step();  // the whole prompt; compressed after it: 10 -> 3 blocks/layer
+  EXPECT_EQ(plan.admitted, (std::vector<Sequence*>{compressing}));
+  EXPECT_LE(compressing->kv.num_blocks_held(), 2 * 3);
+  plan = h.Step();
+  EXPECT_EQ(plan.admitted, (std::vector<Sequence*>{next}));
+}
+
+TEST(SchedulerTest, PreemptedCompressingSequenceThatOutgrewThePoolIsRejected) {
+  Harness h(20, {64, 8});  // 40 tokens per sequence
+  Sequence* compressing = h.Add({36, 30, 0, "streaming_llm", 0.25});
+  h.Step();  // compressed to 9 slots per layer, then decodes
+  for (int i = 0; i < 8; ++i) h.Step();  // 36 + 9 tokens: more than the pool holds at once
+  Sequence* top = h.Add({36, 2, /*priority=*/1});
+  IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.preempted, (std::vector<Sequence*>{compressing}));
+  ASSERT_TRUE(h.RunToCompletion(10));
+  EXPECT_EQ(top->num_generated, 2);
+  // Its recompute would hold 45 tokens uncompressed before its policy could run.
+  EXPECT_TRUE(compressing->finished());
+  EXPECT_LT(compressing->num_generated, 30);
+  EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks());
+}
+
+TEST(SchedulerTest, LongPromptIsNotStarvedByAStreamOfShortOnes) {
+  Harness h(16, {64, 8});  // 32 tokens per sequence
+  h.Add({8, 6});
+  Sequence* long_prompt = h.Add({28, 2});
+  int iterations = 0;
+  while (!long_prompt->finished() && iterations < 200) {
+    h.Add({4, 6});  // a new short request every iteration
+    h.Step();
     ++iterations;
-    max_batch_tokens = std::max(max_batch_tokens.load(), stats.batch_tokens);
   }
-  void OnSchedulerState(const SchedulerState& state) override {
-    std::lock_guard<std::mutex> lock(mu);
-    last_state = state;
-  }
-  SchedulerState state() {
-    std::lock_guard<std::mutex> lock(mu);
-    return last_state;
-  }
+  EXPECT_TRUE(long_prompt->finished()) << "after " << iterations << " iterations";
+  EXPECT_LT(iterations, 20);
+}
 
-  std::atomic<int> queued{0}, started{0}, tokens{0}, preemptions{0}, finished{0};
-  std::atomic<int> completion_tokens{0}, iterations{0}, max_batch_tokens{0};
-
- private:
-  std::mutex mu;
-  SchedulerState last_state;
-};
-
-std::vector<GenerationRequest> MixedRequests(int count, int max_tokens) {
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < count; ++i) {
-    GenerationRequest r;
-    // Mixed prompt lengths, so prefill chunks and decode tokens share iterations.
-    for (int j = 0; j < 5 + (i * 13) % 40; ++j) {
-      r.prompt_tokens.push_back(200 + (i * 7919 + j * 104729) % 20000);
+// Random arrivals against a small pool: whatever the interleaving of admissions and
+// preemptions, every sequence gets all its tokens and every block comes back.
+TEST(SchedulerTest, RandomWorkloadConservesTokensAndBlocks) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    Harness h(24, {16 + static_cast<int32_t>(rng() % 48), 1 + static_cast<int32_t>(rng() % 6)});
+    std::vector<Sequence*> seqs;
+    for (int i = 0; i < 12; ++i) {
+      Arrival a{1 + static_cast<int32_t>(rng() % 30), 1 + static_cast<int32_t>(rng() % 16),
+                static_cast<int32_t>(rng() % 3)};
+      if (rng() % 3 == 0) {
+        a.policy = "streaming_llm";
+        a.budget = 0.5;
+      }
+      seqs.push_back(h.Add(a));
+      h.Step();
     }
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    requests.push_back(std::move(r));
+    ASSERT_TRUE(h.RunToCompletion(2000)) << "round " << round;
+    for (Sequence* s : seqs) {
+      if (s->num_generated < s->req.max_tokens) {
+        // Only a preempted compressing sequence may be refused (it outgrew the pool).
+        EXPECT_NE(s->compression, nullptr) << "round " << round;
+        EXPECT_GT(s->preemptions, 0) << "round " << round;
+      }
+    }
+    EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks()) << "round " << round;
   }
-  return requests;
-}
-
-TEST_F(EngineTest, ConcurrentGreedyMatchesAlone) {
-  const std::vector<GenerationRequest> requests = MixedRequests(8, 12);
-  const std::vector<std::vector<int32_t>> alone = RunAlone(requests);
-
-  EngineOptions options;
-  options.max_batched_tokens = 24;  // forces chunked prefill alongside decodes
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const GenerationRequest& r : requests) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
-  }
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    ASSERT_TRUE(sinks[i]->WaitDone());
-    EXPECT_EQ(sinks[i]->finish().reason, FinishReason::kLength);
-    EXPECT_EQ(sinks[i]->tokens(), alone[i]) << "request " << i;
-    EXPECT_EQ(sinks[i]->finish().usage.completion_tokens, 12);
-    EXPECT_EQ(sinks[i]->finish_calls(), 1);
-  }
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  const EngineSnapshot snap = engine->Snapshot();
-  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
-  EXPECT_EQ(snap.running, 0);
-  EXPECT_EQ(snap.waiting, 0);
-}
-
-TEST_F(EngineTest, TinyPoolPreemptsWithIdenticalOutputs) {
-  const std::vector<GenerationRequest> requests = MixedRequests(6, 16);
-  const std::vector<std::vector<int32_t>> alone = RunAlone(requests);
-
-  EngineOptions options;
-  options.max_batched_tokens = 32;
-  options.block_size = 8;
-  // Eight 8-token blocks per layer: 64 tokens, enough for the longest request alone (44 prompt
-  // + 16 generated) but far from all six at once.
-  options.kv_blocks = model_->config().num_layers * 8;
-  CountingObserver observer;
-  std::unique_ptr<Engine> engine = MakeEngine(options, &observer);
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const GenerationRequest& r : requests) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
-  }
-  int preemptions = 0;
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    ASSERT_TRUE(sinks[i]->WaitDone());
-    EXPECT_EQ(sinks[i]->tokens(), alone[i]) << "request " << i;
-    EXPECT_LE(sinks[i]->finish().usage.kv_blocks_peak, options.kv_blocks);
-    preemptions += sinks[i]->finish().usage.preemptions;
-  }
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  const EngineSnapshot snap = engine->Snapshot();
-  EXPECT_GT(snap.preemptions_total, 0);
-  EXPECT_EQ(snap.preemptions_total, preemptions);
-  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
-
-  EXPECT_EQ(observer.queued, 6);
-  EXPECT_EQ(observer.started, 6);
-  EXPECT_EQ(observer.finished, 6);
-  EXPECT_EQ(observer.tokens, 6 * 16);
-  EXPECT_EQ(observer.completion_tokens, 6 * 16);
-  EXPECT_EQ(observer.preemptions, preemptions);
-  EXPECT_LE(observer.max_batch_tokens, options.max_batched_tokens);
-  EXPECT_GT(observer.iterations, 16);
-  const SchedulerState state = observer.state();
-  EXPECT_EQ(state.running + state.waiting, 0);
-  EXPECT_EQ(state.kv_blocks_free, state.kv_blocks_total);
-  EXPECT_EQ(state.preemptions_total, preemptions);
-}
-
-TEST_F(EngineTest, CancelFreesAllBlocks) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto sink = std::make_shared<CollectingSink>();
-  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(20, 1), 500), sink);
-  ASSERT_TRUE(id.ok());
-  ASSERT_TRUE(sink->WaitTokens(2));
-  EXPECT_TRUE(engine->Cancel(*id));
-  ASSERT_TRUE(sink->WaitDone());
-  EXPECT_EQ(sink->finish().reason, FinishReason::kCancelled);
-  EXPECT_GT(sink->finish().usage.kv_blocks_at_finish, 0);
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  const EngineSnapshot snap = engine->Snapshot();
-  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
-  EXPECT_FALSE(engine->Cancel(*id));  // already finished
-}
-
-TEST_F(EngineTest, DeadlineExpiryFreesAllBlocks) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto sink = std::make_shared<CollectingSink>();
-  GenerationRequest r = Greedy(Prompt(20, 2), 500);
-  r.deadline = absl::Now() + absl::Milliseconds(200);
-  ASSERT_TRUE(engine->Submit(r, sink).ok());
-  ASSERT_TRUE(sink->WaitDone());
-  EXPECT_EQ(sink->finish().reason, FinishReason::kDeadline);
-  EXPECT_LT(sink->tokens().size(), 500u);
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
-}
-
-TEST_F(EngineTest, RequestThatCanNeverFitIsRejectedAtOnce) {
-  EngineOptions options;
-  options.kv_blocks = model_->config().num_layers * 2;  // 32 tokens per sequence
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  auto sink = std::make_shared<CollectingSink>();
-  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(30, 3), 8), sink);
-  ASSERT_FALSE(id.ok());
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(id.status().message().find("KV blocks"), std::string::npos) << id.status();
-
-  const int32_t context = model_->config().context_length;
-  id = engine->Submit(Greedy(Prompt(10, 3), context), sink);
-  ASSERT_FALSE(id.ok());
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(id.status().message().find("context"), std::string::npos) << id.status();
-  EXPECT_EQ(sink->finish_calls(), 0);
-
-  // Exactly at the edge: 30 + 3 tokens store 32 slots, which fits.
-  id = engine->Submit(Greedy(Prompt(30, 3), 3), sink);
-  ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(sink->WaitDone());
-  EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
-}
-
-TEST_F(EngineTest, InvalidRequestsNameTheField) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto sink = std::make_shared<CollectingSink>();
-  auto expect_invalid = [&](GenerationRequest r, const std::string& field) {
-    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r), sink);
-    ASSERT_FALSE(id.ok()) << field;
-    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
-    EXPECT_NE(id.status().message().find(field), std::string::npos) << id.status();
-  };
-  expect_invalid(Greedy({}, 4), "prompt_tokens");
-  expect_invalid(Greedy({1, model_->config().vocab_size}, 4), "prompt_tokens[1]");
-  expect_invalid(Greedy({1, -7}, 4), "prompt_tokens[1]");
-  expect_invalid(Greedy(Prompt(4, 0), 0), "max_tokens");
-  GenerationRequest r = Greedy({1, model::kEmbeddingInput, 2}, 4);
-  r.embeddings.assign(model_->config().hidden_size - 1, 0.0f);
-  expect_invalid(r, "embeddings");
-  r = Greedy(Prompt(4, 0), 4);
-  r.compression.policy = "snapkv-typo";
-  expect_invalid(r, "compression.policy");
-  r = Greedy(Prompt(4, 0), 4);
-  r.stop_strings = {""};
-  expect_invalid(r, "stop_strings[0]");
-  r = Greedy(Prompt(4, 0), 4);
-  r.sampling.temperature = std::nanf("");
-  absl::StatusOr<uint64_t> id = engine->Submit(r, sink);
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(sink->finish_calls(), 0);
-
-  // Still serving.
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(4, 0), 2), sink).ok());
-  ASSERT_TRUE(sink->WaitDone());
-}
-
-TEST_F(EngineTest, EmbeddingInputsMatchTokenEmbeddingsAreAccepted) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto sink = std::make_shared<CollectingSink>();
-  GenerationRequest r = Greedy({1, model::kEmbeddingInput, model::kEmbeddingInput, 2}, 3);
-  r.embeddings.assign(2 * model_->config().hidden_size, 0.01f);
-  ASSERT_TRUE(engine->Submit(r, sink).ok());
-  ASSERT_TRUE(sink->WaitDone());
-  EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
-  EXPECT_EQ(sink->tokens().size(), 3u);
-}
-
-TEST_F(EngineTest, QueueFullIsResourceExhausted) {
-  EngineOptions options;
-  options.max_seqs = 1;
-  options.max_queue = 1;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  auto a = std::make_shared<CollectingSink>();
-  auto b = std::make_shared<CollectingSink>();
-  auto c = std::make_shared<CollectingSink>();
-  absl::StatusOr<uint64_t> id_a = engine->Submit(Greedy(Prompt(8, 4), 400), a);
-  ASSERT_TRUE(id_a.ok());
-  // The second token comes an iteration after the engine published a as running; b can only
-  // wait behind it.
-  ASSERT_TRUE(a->WaitTokens(2));
-  absl::StatusOr<uint64_t> id_b = engine->Submit(Greedy(Prompt(8, 5), 2), b);
-  ASSERT_TRUE(id_b.ok());
-  absl::StatusOr<uint64_t> id_c = engine->Submit(Greedy(Prompt(8, 6), 2), c);
-  ASSERT_FALSE(id_c.ok());
-  EXPECT_EQ(id_c.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(id_c.status().message().find("queue"), std::string::npos);
-  EXPECT_EQ(engine->Snapshot().waiting, 1);
-  EXPECT_EQ(engine->Snapshot().running, 1);
-  engine->Cancel(*id_a);
-  ASSERT_TRUE(b->WaitDone());
-  EXPECT_EQ(b->finish().reason, FinishReason::kLength);
-}
-
-TEST_F(EngineTest, DrainRejectsNewWorkAndFinishesInFlight) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto a = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 7), 6), a).ok());
-  engine->BeginDrain();
-  EXPECT_TRUE(engine->Snapshot().draining);
-  auto b = std::make_shared<CollectingSink>();
-  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(10, 8), 6), b);
-  ASSERT_FALSE(id.ok());
-  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(60)));
-  EXPECT_EQ(a->finish().reason, FinishReason::kLength);
-  EXPECT_EQ(a->tokens().size(), 6u);
-}
-
-TEST_F(EngineTest, ShutdownCancelsRemaining) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  auto a = std::make_shared<CollectingSink>();
-  auto b = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 9), 1000), a).ok());
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 10), 1000), b).ok());
-  ASSERT_TRUE(a->WaitTokens(1));
-  engine->Shutdown();
-  EXPECT_EQ(a->finish().reason, FinishReason::kCancelled);
-  EXPECT_EQ(b->finish().reason, FinishReason::kCancelled);
-  EXPECT_EQ(a->finish().status.code(), absl::StatusCode::kUnavailable);
-  auto c = std::make_shared<CollectingSink>();
-  EXPECT_EQ(engine->Submit(Greedy(Prompt(4, 0), 2), c).status().code(),
-            absl::StatusCode::kUnavailable);
-}
-
-TEST_F(EngineTest, StopStringTrimsOutputAndSeededSamplingIsReproducible) {
-  std::unique_ptr<Engine> engine = MakeEngine({});
-  GenerationRequest r = Greedy(Prompt(12, 11), 16);
-  r.sampling.temperature = 0.8f;
-  r.sampling.seed = 42;
-  auto first = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(r, first).ok());
-  ASSERT_TRUE(first->WaitDone());
-  const std::string text = first->text();
-  auto again = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(r, again).ok());
-  ASSERT_TRUE(again->WaitDone());
-  EXPECT_EQ(again->tokens(), first->tokens());
-  EXPECT_EQ(again->text(), text);
-
-  // Stop at a string taken from the middle of that output: the text ends right before it.
-  if (text.size() < 6) GTEST_SKIP() << "output too short for a stop-string check";
-  size_t cut = text.size() / 2;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  const std::string stop = text.substr(cut, 2);
-  const size_t first_at = text.find(stop);
-  r.stop_strings = {stop};
-  auto stopped = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(r, stopped).ok());
-  ASSERT_TRUE(stopped->WaitDone());
-  EXPECT_EQ(stopped->finish().reason, FinishReason::kStop);
-  EXPECT_EQ(stopped->text(), text.substr(0, first_at));
-}
-
-TEST_F(EngineTest, HigherPriorityRunsFirst) {
-  EngineOptions options;
-  options.max_seqs = 1;
-  std::unique_ptr<Engine> engine = MakeEngine(options);
-  auto blocker = std::make_shared<CollectingSink>();
-  absl::StatusOr<uint64_t> blocker_id = engine->Submit(Greedy(Prompt(8, 12), 400), blocker);
-  ASSERT_TRUE(blocker_id.ok());
-  ASSERT_TRUE(blocker->WaitTokens(1));
-  // Both queue behind the blocker; the later, more important one must be admitted first.
-  auto low = std::make_shared<CollectingSink>();
-  auto high = std::make_shared<CollectingSink>();
-  GenerationRequest low_req = Greedy(Prompt(8, 13), 4);
-  GenerationRequest high_req = Greedy(Prompt(8, 14), 4);
-  high_req.priority = 5;
-  ASSERT_TRUE(engine->Submit(low_req, low).ok());
-  ASSERT_TRUE(engine->Submit(high_req, high).ok());
-  engine->Cancel(*blocker_id);
-  ASSERT_TRUE(high->WaitDone());
-  // With max_seqs 1, low cannot have produced anything before high finished.
-  EXPECT_TRUE(low->tokens().empty());
-  ASSERT_TRUE(low->WaitDone());
-}
-
-// A pool that holds one of these requests at a time: 8 blocks of 8 tokens per layer.
-EngineOptions OneRequestPool(const model::Model& m) {
-  EngineOptions options;
-  options.block_size = 8;
-  options.kv_blocks = m.config().num_layers * 8;
-  return options;
-}
-
-TEST_F(EngineTest, HigherPriorityDisplacesLowerPriorityWhenThePoolIsFull) {
-  GenerationRequest low_req = Greedy(Prompt(40, 21), 20);
-  GenerationRequest high_req = Greedy(Prompt(30, 22), 8);
-  high_req.priority = 5;
-  const std::vector<std::vector<int32_t>> alone = RunAlone({low_req, high_req});
-
-  std::unique_ptr<Engine> engine = MakeEngine(OneRequestPool(*model_));
-  auto low = std::make_shared<CollectingSink>();
-  auto high = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(low_req, low).ok());
-  ASSERT_TRUE(low->WaitTokens(1));
-  // Low holds 6 of the 8 blocks per layer after its prefill; high's 30-token prompt needs 4, so
-  // it cannot even start beside low: low is preempted (recompute) and resumes after high.
-  ASSERT_TRUE(engine->Submit(high_req, high).ok());
-  ASSERT_TRUE(high->WaitDone());
-  EXPECT_FALSE(low->finish_calls() > 0) << "low finished before the more important request";
-  ASSERT_TRUE(low->WaitDone());
-  EXPECT_EQ(high->tokens(), alone[1]);
-  EXPECT_EQ(low->tokens(), alone[0]);  // recomputation does not change greedy output
-  EXPECT_GE(low->finish().usage.preemptions, 1);
-  EXPECT_EQ(high->finish().usage.preemptions, 0);
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  const EngineSnapshot snap = engine->Snapshot();
-  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
-}
-
-TEST_F(EngineTest, EqualPriorityWaitsInsteadOfPreempting) {
-  std::unique_ptr<Engine> engine = MakeEngine(OneRequestPool(*model_));
-  auto first = std::make_shared<CollectingSink>();
-  auto second = std::make_shared<CollectingSink>();
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(40, 23), 20), first).ok());
-  ASSERT_TRUE(first->WaitTokens(1));
-  // As above, the second cannot start beside the first; at equal priority it waits.
-  ASSERT_TRUE(engine->Submit(Greedy(Prompt(30, 24), 8), second).ok());
-  ASSERT_TRUE(first->WaitDone());
-  ASSERT_TRUE(second->WaitDone());
-  EXPECT_EQ(first->finish().usage.preemptions, 0);
-  EXPECT_EQ(engine->Snapshot().preemptions_total, 0);
 }
 
 }  // namespace

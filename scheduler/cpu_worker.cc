@@ -1,0 +1,96 @@
+#include "scheduler/cpu_worker.h"
+
+#include <algorithm>
+
+namespace winnow::scheduler {
+
+std::vector<model::BatchEntry> CpuWorker::BuildBatch(
+    std::span<const ScheduledChunk> chunks) const {
+  const int64_t hidden = model_.config().hidden_size;
+  std::vector<model::BatchEntry> batch;
+  batch.reserve(chunks.size());
+  for (const ScheduledChunk& c : chunks) {
+    Sequence* s = c.seq;
+    model::BatchEntry e;
+    e.kv = &s->kv;
+    e.tokens = std::span<const int32_t>(s->tokens).subspan(c.start, c.count);
+    e.start_position = c.start;
+    if (c.start < s->prompt_len) {
+      const int32_t first_row = s->emb_prefix[c.start];
+      const int32_t rows = s->emb_prefix[std::min(c.start + c.count, s->prompt_len)] - first_row;
+      e.embeddings = std::span<const float>(s->req.embeddings)
+                         .subspan(first_row * hidden, rows * hidden);
+    }
+    e.logits = c.samples ? model::LogitsMode::kLast : model::LogitsMode::kNone;
+    if (s->compression != nullptr) {
+      if (!s->compression->compressed()) {
+        e.capture = s->compression->PrefillCapture(c.start, c.count);
+      } else {
+        e.attention_probs = s->compression->DecodeAttentionBuffer();
+        e.selector = s->compression->selector();
+      }
+    }
+    batch.push_back(e);
+  }
+  return batch;
+}
+
+WorkerOutput CpuWorker::Execute(std::span<const ScheduledChunk> chunks) {
+  WorkerOutput result;
+  const std::vector<model::BatchEntry> batch = BuildBatch(chunks);
+  model::ForwardOutput out;
+  const absl::Time t0 = absl::Now();
+  result.status = model_.Forward(batch, pool_, &out);
+  result.forward_time = absl::Now() - t0;
+  if (!result.status.ok()) return result;
+
+  result.chunks.resize(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& c = chunks[i];
+    ChunkResult& r = result.chunks[i];
+    if (c.seq->compression != nullptr) {
+      // Before sampling: the first token comes from the full cache's logits (computed), and a
+      // sequence that finishes on it must not be compressed after its blocks are gone.
+      absl::StatusOr<std::optional<CompressionEvent>> event = RunCompression(c);
+      if (!event.ok()) {
+        r.status = event.status();
+        continue;
+      }
+      r.compression = *event;
+    }
+    if (!c.samples) continue;
+    const int32_t row = i < out.first_row.size() ? out.first_row[i] : -1;
+    if (row < 0) {
+      r.status = absl::InternalError("forward returned no logits");
+      continue;
+    }
+    r.token = c.seq->sampler.Sample(out.Row(row));
+  }
+  return result;
+}
+
+absl::StatusOr<std::optional<CompressionEvent>> CpuWorker::RunCompression(
+    const ScheduledChunk& chunk) {
+  Sequence& s = *chunk.seq;
+  cache::CompressionSession& c = *s.compression;
+  if (c.compressed()) {
+    // A decode step: the token at `start` has its K/V written; the policy may evict.
+    const int32_t blocks_before = s.kv.num_blocks_held();
+    int64_t slots_before = 0;
+    for (int32_t l = 0; l < s.kv.num_layers(); ++l) slots_before += s.kv.num_slots(l);
+    absl::StatusOr<cache::CompactionStats> st = c.AfterDecodeStep(chunk.start, s.kv, pool_);
+    if (!st.ok()) return st.status();
+    if (st->layers_changed == 0) return std::nullopt;
+    return CompressionEvent{s.id, c.policy_name(), /*prefill=*/false, slots_before,
+                            slots_before - st->slots_removed,
+                            blocks_before - s.kv.num_blocks_held()};
+  }
+  if (absl::Status st = c.AfterPrefillChunk(s.kv, pool_, model_.threads()); !st.ok()) return st;
+  if (!chunk.samples) return std::nullopt;  // more of the prompt to come
+  absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool_, model_.threads());
+  if (!st.ok()) return st.status();
+  return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
+                          c.stats().slots_after, st->blocks_freed};
+}
+
+}  // namespace winnow::scheduler

@@ -1,0 +1,32 @@
+// The CPU worker: model::Model's varlen forward on the engine thread's kernel thread pool, the
+// compression hooks, and sampling.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "model/model.h"
+#include "scheduler/worker.h"
+
+namespace winnow::scheduler {
+
+class CpuWorker : public Worker {
+ public:
+  // The model and pool must outlive the worker.
+  CpuWorker(model::Model& model, cache::BlockPool& pool) : model_(model), pool_(pool) {}
+
+  WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
+
+ private:
+  std::vector<model::BatchEntry> BuildBatch(std::span<const ScheduledChunk> chunks) const;
+  // After the forward of `chunk`: prefill capture bookkeeping, compression once the prompt is
+  // complete, or decode-time eviction.
+  absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk);
+
+  model::Model& model_;
+  cache::BlockPool& pool_;
+};
+
+}  // namespace winnow::scheduler

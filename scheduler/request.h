@@ -1,0 +1,113 @@
+// What a client hands the engine (a validated, typed request and a sink for its stream) and
+// what it gets back (token events, then one finish event with usage).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cache/policies/policy.h"
+#include "model/sampler.h"
+
+namespace winnow::scheduler {
+
+enum class FinishReason {
+  kStop,       // end-of-generation token, a stop token id or a stop string
+  kLength,     // max_tokens reached, or the model's context length
+  kCancelled,  // Cancel(), or Shutdown() with the request still in flight
+  kDeadline,   // the request's deadline passed
+  kError,      // the forward pass failed; FinishEvent::status says why
+};
+
+// "stop", "length", "cancelled", "deadline", "error": stable names for logs and metric labels.
+const char* FinishReasonName(FinishReason reason);
+
+// Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
+// (0, 1], is the fraction of the prompt's KV kept; params are the policy's own (see
+// docs/compression.md).
+struct CompressionSpec {
+  std::string policy;
+  double budget = 0.0;
+  absl::flat_hash_map<std::string, std::string> params;
+
+  bool enabled() const { return !policy.empty() && policy != "none"; }
+};
+
+// A request as the engine takes it. The server builds it from the wire request and validates
+// every field there (server/request_builder.h); the engine trusts it and checks only what
+// depends on its own state (context, pool, queue).
+struct GenerationRequest {
+  std::string request_id;  // the client's id, echoed in RequestStats/logs; may be empty
+  // Prompt token ids. model::kEmbeddingInput (-1) marks a position whose input is the next row
+  // of `embeddings` instead of a token embedding.
+  std::vector<int32_t> prompt_tokens;
+  // Rows of the model's hidden size, one per kEmbeddingInput position, in order.
+  std::vector<float> embeddings;
+  model::SamplingParams sampling;  // sampling.top_logprobs: alternatives per token when logprobs
+  bool logprobs = false;           // report each generated token's log-probability
+  int32_t max_tokens = 16;         // generated tokens, >= 1
+  std::vector<std::string> stop_strings;  // generation stops before the first match (trimmed)
+  std::vector<int32_t> stop_token_ids;    // generation stops after emitting one of these ids
+  bool ignore_eos = false;                // do not stop on the model's end-of-generation ids
+  int32_t priority = 0;                   // larger = more important; ties go by arrival
+  absl::Time deadline = absl::InfiniteFuture();
+  CompressionSpec compression;
+  // Image-embedding and client-marked context spans of the prompt ([begin, end) positions,
+  // sorted, disjoint): what modality-aware policies score and evict; the text after the last
+  // one is their observation window. Empty: a plain text prompt.
+  std::vector<cache::policies::PromptSpan> prompt_spans;
+};
+
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // highest first; sampling.top_logprobs entries
+};
+
+// Generated tokens and the text they complete. Text is always valid UTF-8; text that might be
+// the start of a stop string is held back until it is known not to be, and a matched stop
+// string is never emitted. So `text` can be empty while `token_ids` is not, and (for the last
+// event before OnFinish) the reverse.
+struct TokenEvent {
+  std::vector<int32_t> token_ids;      // includes a final EOS/stop token id
+  std::string text;
+  std::vector<TokenLogprob> logprobs;  // parallel to token_ids when the request asked
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t kv_blocks_peak = 0;       // most blocks (all layers) the sequence held at once
+  int32_t kv_blocks_at_finish = 0;  // blocks held just before they were freed
+  std::vector<int32_t> kv_tokens_per_layer;  // slots held per layer at finish
+  int32_t preemptions = 0;
+  // Compression (zero / empty without a policy). Summed over every prefill (a preempted
+  // request is compressed again when it recomputes) and every decode-time eviction.
+  int32_t kv_blocks_freed_by_compression = 0;
+  int64_t kv_tokens_evicted = 0;              // slots removed, summed over layers
+  std::vector<int32_t> kv_tokens_kept_per_layer;  // slots per layer right after the last
+                                                  // prefill compression
+};
+
+struct FinishEvent {
+  FinishReason reason = FinishReason::kStop;
+  absl::Status status;  // OK, except for kError (why), kCancelled/kDeadline (a matching code)
+  Usage usage;
+};
+
+// Receives one request's stream. OnTokens may be called any number of times, then OnFinish
+// exactly once (also for cancelled, expired and failed requests); no call follows OnFinish, and
+// the engine drops its reference to the sink right after it. Both run on the engine thread and
+// must not block.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void OnTokens(const TokenEvent& event) = 0;
+  virtual void OnFinish(const FinishEvent& event) = 0;
+};
+
+}  // namespace winnow::scheduler

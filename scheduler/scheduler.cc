@@ -1,0 +1,208 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace winnow::scheduler {
+namespace {
+
+// Builds one IterationPlan. Holds the iteration's running tallies (token budget, sequences
+// holding blocks, blocks that admitted compressing sequences still need) so each step below
+// reads like the rule it implements.
+class IterationBuilder {
+ public:
+  IterationBuilder(const SchedulerLimits& limits, cache::BlockPool& pool,
+                   std::span<Sequence* const> live)
+      : limits_(limits), pool_(pool), budget_(limits.max_batched_tokens) {
+    for (Sequence* s : live) (s->running() ? running_ : waiting_).push_back(s);
+    std::sort(running_.begin(), running_.end(), ScheduledBefore);
+    std::sort(waiting_.begin(), waiting_.end(), ScheduledBefore);
+  }
+
+  IterationPlan Build() {
+    for (Sequence* s : running_) {
+      if (s->num_uncomputed() == 1) ScheduleRunning(s);
+    }
+    for (Sequence* s : running_) {
+      if (s->num_uncomputed() > 1) ScheduleRunning(s);
+    }
+    // After a preemption the pool is known to be short: admitting now would only set up the
+    // next preemption.
+    if (plan_.preempted.empty()) AdmitWaiting();
+    return std::move(plan_);
+  }
+
+ private:
+  void ScheduleRunning(Sequence* s);
+  void AdmitWaiting();
+  // Preempts the last running sequence in scheduling order; returns it (null: none left).
+  Sequence* PreemptLowest();
+  // Preempts running sequences of lower priority than `s` when that makes room for `need`
+  // blocks; false (and nothing preempted) otherwise.
+  bool DisplaceLowerPriority(const Sequence* s, int64_t need);
+  // Whether `need` more blocks and one more sequence fit once `freed_seqs` sequences holding
+  // `freed` blocks (of which `freed_outstanding` were owed to prefills) are gone.
+  bool Fits(int64_t need, int64_t freed, int64_t freed_outstanding, int32_t freed_seqs) const {
+    return holding_ - freed_seqs < limits_.max_seqs &&
+           need <= pool_.num_free() + freed - (outstanding_ - freed_outstanding);
+  }
+  // Blocks an admitted compressing sequence still needs to finish its prefill.
+  static int64_t Outstanding(const Sequence* s) {
+    if (!s->running() || !s->awaits_compression()) return 0;
+    return s->kv.BlocksNeeded(s->num_uncomputed());
+  }
+  // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
+  int32_t TokensThatFit(const Sequence& s, int32_t want) const;
+  void AddChunk(Sequence* s, int32_t count);
+
+  const SchedulerLimits& limits_;
+  cache::BlockPool& pool_;
+  std::vector<Sequence*> running_;  // sorted by ScheduledBefore
+  std::vector<Sequence*> waiting_;  // sorted by ScheduledBefore
+  IterationPlan plan_;
+  int32_t budget_;           // tokens this forward may still take
+  int32_t holding_ = 0;      // sequences holding blocks (set by AdmitWaiting)
+  int64_t outstanding_ = 0;  // sum of Outstanding() over running sequences (AdmitWaiting)
+};
+
+void IterationBuilder::ScheduleRunning(Sequence* s) {
+  if (!s->running() || budget_ == 0) return;
+  int32_t n = std::min(s->num_uncomputed(), budget_);
+  while (true) {
+    // A prefill chunk shrinks to what the pool holds rather than evicting anyone; a decode
+    // token cannot shrink, so it preempts.
+    const int32_t fit = TokensThatFit(*s, n);
+    if (fit > 0) {
+      n = fit;
+      break;
+    }
+    Sequence* victim = PreemptLowest();
+    if (victim == nullptr || victim == s) return;
+  }
+  if (!s->kv.Reserve(pool_, n)) {
+    spdlog::critical("scheduler: KV reservation failed after fitting {} tokens", n);
+    std::abort();
+  }
+  AddChunk(s, n);
+}
+
+Sequence* IterationBuilder::PreemptLowest() {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    Sequence* victim = *it;
+    if (!victim->running()) continue;
+    std::erase_if(plan_.chunks, [&](const ScheduledChunk& c) {
+      if (c.seq != victim) return false;
+      budget_ += c.count;
+      return true;
+    });
+    // Recompute, not swap: the tokens are kept, so re-prefilling them later rebuilds exactly
+    // this cache.
+    victim->kv.Release(pool_);
+    victim->state = SequenceState::kWaiting;
+    victim->num_computed = 0;
+    ++victim->preemptions;
+    plan_.preempted.push_back(victim);
+    return victim;
+  }
+  return nullptr;
+}
+
+void IterationBuilder::AdmitWaiting() {
+  for (Sequence* s : running_) {
+    holding_ += s->running() ? 1 : 0;
+    outstanding_ += Outstanding(s);
+  }
+  for (Sequence* s : waiting_) {
+    if (budget_ == 0) break;
+    const int32_t remaining = s->num_uncomputed();
+    const int32_t n = std::min(remaining, budget_);
+    const bool compressing = s->awaits_compression();
+    // A compressing sequence must be able to hold its whole prompt before its policy runs.
+    const int64_t need = s->kv.BlocksNeeded(compressing ? remaining : n);
+    if (compressing && need > pool_.num_blocks()) {
+      // Only after a preemption: the recomputed prompt + generated tokens outgrew the pool.
+      plan_.rejected.push_back(
+          {s, absl::ResourceExhaustedError(absl::StrFormat(
+                  "preempted request must recompute %d tokens uncompressed before its policy "
+                  "can compress them, which needs %d KV blocks; the pool has %d",
+                  remaining, need, pool_.num_blocks()))});
+      continue;
+    }
+    // Strict order: letting a smaller, lower-priority request slip past would starve long
+    // prompts.
+    if (!Fits(need, 0, 0, 0) && !DisplaceLowerPriority(s, need)) break;
+    if (!s->kv.Reserve(pool_, n)) break;
+    if (compressing) outstanding_ += s->kv.BlocksNeeded(remaining - n);
+    s->state = SequenceState::kRunning;
+    ++holding_;
+    plan_.admitted.push_back(s);
+    AddChunk(s, n);
+  }
+}
+
+bool IterationBuilder::DisplaceLowerPriority(const Sequence* s, int64_t need) {
+  int64_t freed = 0, freed_outstanding = 0;
+  int32_t victims = 0;
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    const Sequence* r = *it;
+    if (!r->running()) continue;
+    if (r->req.priority >= s->req.priority) break;  // sorted: no lower one is left
+    freed += r->kv.num_blocks_held();
+    freed_outstanding += Outstanding(r);
+    ++victims;
+    if (Fits(need, freed, freed_outstanding, victims)) {
+      // PreemptLowest takes them in the order this loop counted them.
+      for (int32_t i = 0; i < victims; ++i) PreemptLowest();
+      holding_ -= victims;
+      outstanding_ -= freed_outstanding;
+      return true;
+    }
+  }
+  return false;
+}
+
+int32_t IterationBuilder::TokensThatFit(const Sequence& s, int32_t want) const {
+  const int32_t free_blocks = pool_.num_free();
+  if (s.kv.BlocksNeeded(want) <= free_blocks) return want;
+  int32_t lo = 0, hi = want;  // invariant: lo fits, hi does not
+  while (hi - lo > 1) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    (s.kv.BlocksNeeded(mid) <= free_blocks ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+void IterationBuilder::AddChunk(Sequence* s, int32_t count) {
+  ScheduledChunk chunk;
+  chunk.seq = s;
+  chunk.start = s->num_computed;
+  chunk.count = count;
+  chunk.samples = s->num_computed + count == s->num_tokens();
+  plan_.chunks.push_back(chunk);
+  budget_ -= count;
+}
+
+}  // namespace
+
+int32_t IterationPlan::num_tokens() const {
+  int32_t n = 0;
+  for (const ScheduledChunk& c : chunks) n += c.count;
+  return n;
+}
+
+Scheduler::Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool)
+    : limits_(limits), pool_(pool) {}
+
+IterationPlan Scheduler::Schedule(std::span<Sequence* const> live) {
+  return IterationBuilder(limits_, pool_, live).Build();
+}
+
+void Scheduler::Release(Sequence& seq) {
+  seq.kv.Release(pool_);
+  seq.state = SequenceState::kFinished;
+}
+
+}  // namespace winnow::scheduler

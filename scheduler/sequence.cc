@@ -1,0 +1,41 @@
+#include "scheduler/sequence.h"
+
+#include <utility>
+
+#include "model/model.h"
+
+namespace winnow::scheduler {
+
+Sequence::Sequence(GenerationRequest request, int32_t num_layers, int32_t block_size)
+    : req(std::move(request)), kv(num_layers, block_size), sampler(req.sampling) {
+  tokens = req.prompt_tokens;
+  prompt_len = num_tokens();
+  tokens.reserve(int64_t{prompt_len} + req.max_tokens);
+  emb_prefix.resize(prompt_len + 1);
+  std::vector<int32_t> prompt_ids;  // what the repetition penalty sees: tokens, not embeddings
+  prompt_ids.reserve(prompt_len);
+  for (int32_t i = 0; i < prompt_len; ++i) {
+    const bool embedding = tokens[i] == model::kEmbeddingInput;
+    emb_prefix[i + 1] = emb_prefix[i] + (embedding ? 1 : 0);
+    if (!embedding) prompt_ids.push_back(tokens[i]);
+  }
+  sampler.AddPromptTokens(prompt_ids);
+}
+
+bool ScheduledBefore(const Sequence* a, const Sequence* b) {
+  if (a->req.priority != b->req.priority) return a->req.priority > b->req.priority;
+  return a->arrival < b->arrival;
+}
+
+absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
+    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens) {
+  cache::policies::PolicyContext context;
+  context.dims = dims;
+  context.layout.num_tokens = num_tokens;
+  context.layout.spans = req.prompt_spans;
+  return cache::CompressionSession::Create(
+      req.compression.policy,
+      cache::policies::PolicyConfig(req.compression.budget, req.compression.params), context);
+}
+
+}  // namespace winnow::scheduler

@@ -1,0 +1,104 @@
+// One request inside the engine, from Submit to finish: its tokens, how many of them have K/V
+// in the pool, its KV block tables, compression session, sampler and stream state. The engine
+// owns sequences; the scheduler, worker and output processor each touch their own fields, all
+// on the engine thread once the sequence has left the submit inbox.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cache/compression.h"
+#include "cache/policies/policy.h"
+#include "cache/sequence_kv.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "scheduler/request.h"
+#include "scheduler/stop_strings.h"
+
+namespace winnow::scheduler {
+
+enum class SequenceState {
+  kWaiting,   // holds no KV blocks: never admitted yet, or preempted and waiting to recompute
+  kRunning,   // admitted: holds KV blocks, prefilling or decoding
+  kFinished,  // its finish event was delivered and its blocks freed
+};
+
+// What the output processor needs to turn tokens into a client's stream.
+struct OutputStream {
+  OutputStream(const model::Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+               std::shared_ptr<RequestSink> request_sink)
+      : detok(tokenizer), stops(std::move(stop_strings)), sink(std::move(request_sink)) {}
+
+  model::StreamingDetokenizer detok;
+  StopStringMatcher stops;
+  std::shared_ptr<RequestSink> sink;  // reset right after OnFinish
+};
+
+struct Sequence {
+  Sequence(GenerationRequest request, int32_t num_layers, int32_t block_size);
+
+  // --- Identity. ---
+  uint64_t id = 0;
+  uint64_t arrival = 0;  // submit order; breaks priority ties (earlier first)
+  GenerationRequest req;
+
+  // --- Tokens and KV (scheduler and worker). ---
+  // Prompt then generated tokens; position i of the request is tokens[i]. After a preemption
+  // the whole list is recomputed, which is why generated tokens live here too.
+  std::vector<int32_t> tokens;
+  // emb_prefix[i]: how many kEmbeddingInput positions precede prompt position i (size
+  // prompt_len + 1), so a chunk finds its embedding rows without scanning.
+  std::vector<int32_t> emb_prefix;
+  int32_t prompt_len = 0;
+  int32_t num_computed = 0;  // leading tokens whose K/V sit in `kv`
+  int32_t num_generated = 0;
+  SequenceState state = SequenceState::kWaiting;
+  cache::SequenceKv kv;
+  // The session of the current prefill (null without a policy); recreated on preemption so the
+  // recomputed cache is compressed again.
+  std::unique_ptr<cache::CompressionSession> compression;
+  model::Sampler sampler;
+
+  // --- Stream (output processor); null where no client listens (scheduler tests). ---
+  std::unique_ptr<OutputStream> output;
+
+  // --- Timings and totals for usage, metrics and logs. ---
+  absl::Time submit_time;
+  bool started = false;  // admitted at least once
+  absl::Time start_time;
+  bool has_first_token = false;
+  absl::Time first_token_time;
+  absl::Time last_token_time;
+  int32_t preemptions = 0;
+  int32_t kv_blocks_peak = 0;
+  // Compression totals of sessions lost to preemptions, and the last prefill's kept slots.
+  int32_t compression_blocks_freed = 0;
+  int64_t compression_slots_evicted = 0;
+  std::vector<int32_t> compression_kept_per_layer;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  // Tokens whose K/V the next iterations must still compute (1 for a decoding sequence).
+  int32_t num_uncomputed() const { return num_tokens() - num_computed; }
+  bool running() const { return state == SequenceState::kRunning; }
+  bool finished() const { return state == SequenceState::kFinished; }
+  // True while the sequence will hold its whole prompt uncompressed before its policy runs:
+  // what admission must reserve for (the prefill peak).
+  bool awaits_compression() const {
+    return compression != nullptr && !compression->compressed();
+  }
+};
+
+// Scheduling order: higher priority first, then earlier arrival. Preemption victims are taken
+// from the other end.
+bool ScheduledBefore(const Sequence* a, const Sequence* b);
+
+// The compression session for a prefill of `num_tokens` tokens of `req`; null without a
+// policy. Errors only for a spec the server did not validate.
+absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
+    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
+
+}  // namespace winnow::scheduler

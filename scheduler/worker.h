@@ -1,0 +1,42 @@
+// A worker executes an iteration plan on one device: it builds the varlen batch of prefill
+// chunks and decode tokens, runs the forward (which writes the new K/V into the reserved
+// blocks), runs each sequence's compression hooks, and samples. It decides nothing: which
+// sequences run, how many tokens each and where their K/V go were settled by the scheduler.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "model/sampler.h"
+#include "scheduler/engine_observer.h"
+#include "scheduler/scheduler.h"
+
+namespace winnow::scheduler {
+
+// What became of one scheduled chunk.
+struct ChunkResult {
+  absl::Status status;  // not OK: this sequence failed (e.g. its compression); it must finish
+  std::optional<model::SampledToken> token;     // when the chunk samples
+  std::optional<CompressionEvent> compression;  // a compaction ran (prefill or decode eviction)
+};
+
+struct WorkerOutput {
+  // Not OK: the forward failed. The batch's caches may be half written, so none of its
+  // sequences can continue; `chunks` is then empty.
+  absl::Status status;
+  std::vector<ChunkResult> chunks;  // parallel to the plan's chunks
+  absl::Duration forward_time;
+};
+
+class Worker {
+ public:
+  virtual ~Worker() = default;
+  // Runs the chunks (their blocks are reserved). Updates nothing the scheduler reads except
+  // the KV the forward and compaction write; the caller advances num_computed.
+  virtual WorkerOutput Execute(std::span<const ScheduledChunk> chunks) = 0;
+};
+
+}  // namespace winnow::scheduler

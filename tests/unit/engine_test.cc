@@ -1,0 +1,498 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "scheduler/engine.h"
+
+namespace winnow::scheduler {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Engine, against the real model.
+
+class CollectingSink : public RequestSink {
+ public:
+  void OnTokens(const TokenEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.insert(tokens_.end(), event.token_ids.begin(), event.token_ids.end());
+    text_ += event.text;
+    cv_.notify_all();
+  }
+  void OnFinish(const FinishEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_ = event;
+    done_ = true;
+    ++finish_calls_;
+    cv_.notify_all();
+  }
+  // Waits for OnFinish (fails the test after a generous timeout instead of hanging).
+  bool WaitDone() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(120), [this] { return done_; });
+  }
+  bool WaitTokens(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(120),
+                        [&] { return done_ || tokens_.size() >= n; });
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return text_;
+  }
+  FinishEvent finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finish_;
+  }
+  int finish_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finish_calls_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  std::string text_;
+  FinishEvent finish_;
+  bool done_ = false;
+  int finish_calls_ = 0;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* path = std::getenv("WINNOW_TEST_MODEL");
+    if (path == nullptr) return;
+    absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::Load(path);
+    if (m.ok()) model_ = std::move(*m).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set or not loadable";
+  }
+
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options, EngineObserver* observer = nullptr) {
+    // A small pool keeps the tests fast; the tests that need a tiny one set kv_blocks.
+    options.kv_cache_bytes = int64_t{64} << 20;
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, options, observer);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+
+  // A deterministic prompt of `n` ordinary token ids (no tokenizer needed), different per seed.
+  static std::vector<int32_t> Prompt(int n, int seed) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(200 + (seed * 7919 + i * 104729) % 20000);
+    return ids;
+  }
+
+  static GenerationRequest Greedy(std::vector<int32_t> prompt, int max_tokens) {
+    GenerationRequest r;
+    r.prompt_tokens = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;  // fixed lengths make outputs comparable
+    return r;
+  }
+
+  // Runs each request alone on a fresh default engine.
+  std::vector<std::vector<int32_t>> RunAlone(const std::vector<GenerationRequest>& requests) {
+    std::vector<std::vector<int32_t>> out;
+    std::unique_ptr<Engine> engine = MakeEngine({});
+    for (const GenerationRequest& r : requests) {
+      auto sink = std::make_shared<CollectingSink>();
+      EXPECT_TRUE(engine->Submit(r, sink).ok());
+      EXPECT_TRUE(sink->WaitDone());
+      out.push_back(sink->tokens());
+    }
+    return out;
+  }
+
+  static model::Model* model_;
+};
+
+model::Model* EngineTest::model_ = nullptr;
+
+// Counts hooks; all run on the engine thread, the test reads after the engine is idle.
+class CountingObserver : public EngineObserver {
+ public:
+  void OnRequestQueued(uint64_t, int32_t) override { ++queued; }
+  void OnRequestStarted(uint64_t, absl::Duration) override { ++started; }
+  void OnFirstToken(uint64_t, absl::Duration) override { ++tokens; }
+  void OnToken(uint64_t, absl::Duration) override { ++tokens; }
+  void OnPreemption(uint64_t) override { ++preemptions; }
+  void OnRequestFinished(const RequestStats& stats) override {
+    ++finished;
+    completion_tokens += stats.completion_tokens;
+  }
+  void OnIteration(const IterationStats& stats) override {
+    ++iterations;
+    max_batch_tokens = std::max(max_batch_tokens.load(), stats.batch_tokens);
+  }
+  void OnSchedulerState(const SchedulerState& state) override {
+    std::lock_guard<std::mutex> lock(mu);
+    last_state = state;
+  }
+  SchedulerState state() {
+    std::lock_guard<std::mutex> lock(mu);
+    return last_state;
+  }
+
+  std::atomic<int> queued{0}, started{0}, tokens{0}, preemptions{0}, finished{0};
+  std::atomic<int> completion_tokens{0}, iterations{0}, max_batch_tokens{0};
+
+ private:
+  std::mutex mu;
+  SchedulerState last_state;
+};
+
+std::vector<GenerationRequest> MixedRequests(int count, int max_tokens) {
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < count; ++i) {
+    GenerationRequest r;
+    // Mixed prompt lengths, so prefill chunks and decode tokens share iterations.
+    for (int j = 0; j < 5 + (i * 13) % 40; ++j) {
+      r.prompt_tokens.push_back(200 + (i * 7919 + j * 104729) % 20000);
+    }
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+TEST_F(EngineTest, ConcurrentGreedyMatchesAlone) {
+  const std::vector<GenerationRequest> requests = MixedRequests(8, 12);
+  const std::vector<std::vector<int32_t>> alone = RunAlone(requests);
+
+  EngineOptions options;
+  options.max_batched_tokens = 24;  // forces chunked prefill alongside decodes
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const GenerationRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitDone());
+    EXPECT_EQ(sinks[i]->finish().reason, FinishReason::kLength);
+    EXPECT_EQ(sinks[i]->tokens(), alone[i]) << "request " << i;
+    EXPECT_EQ(sinks[i]->finish().usage.completion_tokens, 12);
+    EXPECT_EQ(sinks[i]->finish_calls(), 1);
+  }
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  const EngineSnapshot snap = engine->Snapshot();
+  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
+  EXPECT_EQ(snap.running, 0);
+  EXPECT_EQ(snap.waiting, 0);
+}
+
+TEST_F(EngineTest, TinyPoolPreemptsWithIdenticalOutputs) {
+  const std::vector<GenerationRequest> requests = MixedRequests(6, 16);
+  const std::vector<std::vector<int32_t>> alone = RunAlone(requests);
+
+  EngineOptions options;
+  options.max_batched_tokens = 32;
+  options.block_size = 8;
+  // Eight 8-token blocks per layer: 64 tokens, enough for the longest request alone (44 prompt
+  // + 16 generated) but far from all six at once.
+  options.kv_blocks = model_->config().num_layers * 8;
+  CountingObserver observer;
+  std::unique_ptr<Engine> engine = MakeEngine(options, &observer);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const GenerationRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+  }
+  int preemptions = 0;
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitDone());
+    EXPECT_EQ(sinks[i]->tokens(), alone[i]) << "request " << i;
+    EXPECT_LE(sinks[i]->finish().usage.kv_blocks_peak, options.kv_blocks);
+    preemptions += sinks[i]->finish().usage.preemptions;
+  }
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  const EngineSnapshot snap = engine->Snapshot();
+  EXPECT_GT(snap.preemptions_total, 0);
+  EXPECT_EQ(snap.preemptions_total, preemptions);
+  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
+
+  EXPECT_EQ(observer.queued, 6);
+  EXPECT_EQ(observer.started, 6);
+  EXPECT_EQ(observer.finished, 6);
+  EXPECT_EQ(observer.tokens, 6 * 16);
+  EXPECT_EQ(observer.completion_tokens, 6 * 16);
+  EXPECT_EQ(observer.preemptions, preemptions);
+  EXPECT_LE(observer.max_batch_tokens, options.max_batched_tokens);
+  EXPECT_GT(observer.iterations, 16);
+  const SchedulerState state = observer.state();
+  EXPECT_EQ(state.running + state.waiting, 0);
+  EXPECT_EQ(state.kv_blocks_free, state.kv_blocks_total);
+  EXPECT_EQ(state.preemptions_total, preemptions);
+}
+
+TEST_F(EngineTest, CancelFreesAllBlocks) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto sink = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(20, 1), 500), sink);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(sink->WaitTokens(2));
+  EXPECT_TRUE(engine->Cancel(*id));
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->finish().reason, FinishReason::kCancelled);
+  EXPECT_GT(sink->finish().usage.kv_blocks_at_finish, 0);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  const EngineSnapshot snap = engine->Snapshot();
+  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
+  EXPECT_FALSE(engine->Cancel(*id));  // already finished
+}
+
+TEST_F(EngineTest, DeadlineExpiryFreesAllBlocks) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto sink = std::make_shared<CollectingSink>();
+  GenerationRequest r = Greedy(Prompt(20, 2), 500);
+  r.deadline = absl::Now() + absl::Milliseconds(200);
+  ASSERT_TRUE(engine->Submit(r, sink).ok());
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->finish().reason, FinishReason::kDeadline);
+  EXPECT_LT(sink->tokens().size(), 500u);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+}
+
+TEST_F(EngineTest, RequestThatCanNeverFitIsRejectedAtOnce) {
+  EngineOptions options;
+  options.kv_blocks = model_->config().num_layers * 2;  // 32 tokens per sequence
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  auto sink = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(30, 3), 8), sink);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(id.status().message().find("KV blocks"), std::string::npos) << id.status();
+
+  const int32_t context = model_->config().context_length;
+  id = engine->Submit(Greedy(Prompt(10, 3), context), sink);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(id.status().message().find("context"), std::string::npos) << id.status();
+  EXPECT_EQ(sink->finish_calls(), 0);
+
+  // Exactly at the edge: 30 + 3 tokens store 32 slots, which fits.
+  id = engine->Submit(Greedy(Prompt(30, 3), 3), sink);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
+}
+
+// The server validates requests (tests/unit/server/request_builder_test.cc); the engine only
+// refuses, without touching the sink, what would break its forward or its loop.
+TEST_F(EngineTest, UnvalidatedRequestsAreRefusedAsFailedPrecondition) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto sink = std::make_shared<CollectingSink>();
+  auto expect_refused = [&](GenerationRequest r) {
+    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r), sink);
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition) << id.status();
+  };
+  expect_refused(Greedy({}, 4));
+  expect_refused(Greedy({1, model_->config().vocab_size}, 4));
+  expect_refused(Greedy({1, -7}, 4));
+  expect_refused(Greedy(Prompt(4, 0), 0));
+  GenerationRequest r = Greedy({1, model::kEmbeddingInput, 2}, 4);
+  r.embeddings.assign(model_->config().hidden_size - 1, 0.0f);
+  expect_refused(r);
+  r = Greedy(Prompt(4, 0), 4);
+  r.compression.policy = "snapkv-typo";
+  expect_refused(r);
+  EXPECT_EQ(sink->finish_calls(), 0);
+
+  // Still serving.
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(4, 0), 2), sink).ok());
+  ASSERT_TRUE(sink->WaitDone());
+}
+
+TEST_F(EngineTest, EmbeddingInputsMatchTokenEmbeddingsAreAccepted) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto sink = std::make_shared<CollectingSink>();
+  GenerationRequest r = Greedy({1, model::kEmbeddingInput, model::kEmbeddingInput, 2}, 3);
+  r.embeddings.assign(2 * model_->config().hidden_size, 0.01f);
+  ASSERT_TRUE(engine->Submit(r, sink).ok());
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
+  EXPECT_EQ(sink->tokens().size(), 3u);
+}
+
+TEST_F(EngineTest, QueueFullIsResourceExhausted) {
+  EngineOptions options;
+  options.max_seqs = 1;
+  options.max_queue = 1;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  auto a = std::make_shared<CollectingSink>();
+  auto b = std::make_shared<CollectingSink>();
+  auto c = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> id_a = engine->Submit(Greedy(Prompt(8, 4), 400), a);
+  ASSERT_TRUE(id_a.ok());
+  // The second token comes an iteration after the engine published a as running; b can only
+  // wait behind it.
+  ASSERT_TRUE(a->WaitTokens(2));
+  absl::StatusOr<uint64_t> id_b = engine->Submit(Greedy(Prompt(8, 5), 2), b);
+  ASSERT_TRUE(id_b.ok());
+  absl::StatusOr<uint64_t> id_c = engine->Submit(Greedy(Prompt(8, 6), 2), c);
+  ASSERT_FALSE(id_c.ok());
+  EXPECT_EQ(id_c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(id_c.status().message().find("queue"), std::string::npos);
+  EXPECT_EQ(engine->Snapshot().waiting, 1);
+  EXPECT_EQ(engine->Snapshot().running, 1);
+  engine->Cancel(*id_a);
+  ASSERT_TRUE(b->WaitDone());
+  EXPECT_EQ(b->finish().reason, FinishReason::kLength);
+}
+
+TEST_F(EngineTest, DrainRejectsNewWorkAndFinishesInFlight) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto a = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 7), 6), a).ok());
+  engine->BeginDrain();
+  EXPECT_TRUE(engine->Snapshot().draining);
+  auto b = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> id = engine->Submit(Greedy(Prompt(10, 8), 6), b);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(60)));
+  EXPECT_EQ(a->finish().reason, FinishReason::kLength);
+  EXPECT_EQ(a->tokens().size(), 6u);
+}
+
+TEST_F(EngineTest, ShutdownCancelsRemaining) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto a = std::make_shared<CollectingSink>();
+  auto b = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 9), 1000), a).ok());
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 10), 1000), b).ok());
+  ASSERT_TRUE(a->WaitTokens(1));
+  engine->Shutdown();
+  EXPECT_EQ(a->finish().reason, FinishReason::kCancelled);
+  EXPECT_EQ(b->finish().reason, FinishReason::kCancelled);
+  EXPECT_EQ(a->finish().status.code(), absl::StatusCode::kUnavailable);
+  auto c = std::make_shared<CollectingSink>();
+  EXPECT_EQ(engine->Submit(Greedy(Prompt(4, 0), 2), c).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(EngineTest, StopStringTrimsOutputAndSeededSamplingIsReproducible) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  GenerationRequest r = Greedy(Prompt(12, 11), 16);
+  r.sampling.temperature = 0.8f;
+  r.sampling.seed = 42;
+  auto first = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(r, first).ok());
+  ASSERT_TRUE(first->WaitDone());
+  const std::string text = first->text();
+  auto again = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(r, again).ok());
+  ASSERT_TRUE(again->WaitDone());
+  EXPECT_EQ(again->tokens(), first->tokens());
+  EXPECT_EQ(again->text(), text);
+
+  // Stop at a string taken from the middle of that output: the text ends right before it.
+  if (text.size() < 6) GTEST_SKIP() << "output too short for a stop-string check";
+  size_t cut = text.size() / 2;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  const std::string stop = text.substr(cut, 2);
+  const size_t first_at = text.find(stop);
+  r.stop_strings = {stop};
+  auto stopped = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(r, stopped).ok());
+  ASSERT_TRUE(stopped->WaitDone());
+  EXPECT_EQ(stopped->finish().reason, FinishReason::kStop);
+  EXPECT_EQ(stopped->text(), text.substr(0, first_at));
+}
+
+TEST_F(EngineTest, HigherPriorityRunsFirst) {
+  EngineOptions options;
+  options.max_seqs = 1;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  auto blocker = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> blocker_id = engine->Submit(Greedy(Prompt(8, 12), 400), blocker);
+  ASSERT_TRUE(blocker_id.ok());
+  ASSERT_TRUE(blocker->WaitTokens(1));
+  // Both queue behind the blocker; the later, more important one must be admitted first.
+  auto low = std::make_shared<CollectingSink>();
+  auto high = std::make_shared<CollectingSink>();
+  GenerationRequest low_req = Greedy(Prompt(8, 13), 4);
+  GenerationRequest high_req = Greedy(Prompt(8, 14), 4);
+  high_req.priority = 5;
+  ASSERT_TRUE(engine->Submit(low_req, low).ok());
+  ASSERT_TRUE(engine->Submit(high_req, high).ok());
+  engine->Cancel(*blocker_id);
+  ASSERT_TRUE(high->WaitDone());
+  // With max_seqs 1, low cannot have produced anything before high finished.
+  EXPECT_TRUE(low->tokens().empty());
+  ASSERT_TRUE(low->WaitDone());
+}
+
+// A pool that holds one of these requests at a time: 8 blocks of 8 tokens per layer.
+EngineOptions OneRequestPool(const model::Model& m) {
+  EngineOptions options;
+  options.block_size = 8;
+  options.kv_blocks = m.config().num_layers * 8;
+  return options;
+}
+
+TEST_F(EngineTest, HigherPriorityDisplacesLowerPriorityWhenThePoolIsFull) {
+  GenerationRequest low_req = Greedy(Prompt(40, 21), 20);
+  GenerationRequest high_req = Greedy(Prompt(30, 22), 8);
+  high_req.priority = 5;
+  const std::vector<std::vector<int32_t>> alone = RunAlone({low_req, high_req});
+
+  std::unique_ptr<Engine> engine = MakeEngine(OneRequestPool(*model_));
+  auto low = std::make_shared<CollectingSink>();
+  auto high = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(low_req, low).ok());
+  ASSERT_TRUE(low->WaitTokens(1));
+  // Low holds 6 of the 8 blocks per layer after its prefill; high's 30-token prompt needs 4, so
+  // it cannot even start beside low: low is preempted (recompute) and resumes after high.
+  ASSERT_TRUE(engine->Submit(high_req, high).ok());
+  ASSERT_TRUE(high->WaitDone());
+  EXPECT_FALSE(low->finish_calls() > 0) << "low finished before the more important request";
+  ASSERT_TRUE(low->WaitDone());
+  EXPECT_EQ(high->tokens(), alone[1]);
+  EXPECT_EQ(low->tokens(), alone[0]);  // recomputation does not change greedy output
+  EXPECT_GE(low->finish().usage.preemptions, 1);
+  EXPECT_EQ(high->finish().usage.preemptions, 0);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  const EngineSnapshot snap = engine->Snapshot();
+  EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
+}
+
+TEST_F(EngineTest, EqualPriorityWaitsInsteadOfPreempting) {
+  std::unique_ptr<Engine> engine = MakeEngine(OneRequestPool(*model_));
+  auto first = std::make_shared<CollectingSink>();
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(40, 23), 20), first).ok());
+  ASSERT_TRUE(first->WaitTokens(1));
+  // As above, the second cannot start beside the first; at equal priority it waits.
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(30, 24), 8), second).ok());
+  ASSERT_TRUE(first->WaitDone());
+  ASSERT_TRUE(second->WaitDone());
+  EXPECT_EQ(first->finish().usage.preemptions, 0);
+  EXPECT_EQ(engine->Snapshot().preemptions_total, 0);
+}
+
+}  // namespace
+}  // namespace winnow::scheduler
