@@ -55,7 +55,7 @@ struct EngineOptions {
 struct CompressionSpec {
   std::string policy;
   double budget = 0.0;
-  absl::flat_hash_map<std::string, std::string> params;
+  cache::policies::PolicyParams params;
 };
 
 struct GenerationRequest {

@@ -276,11 +276,9 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   out.priority = request.priority();
   out.compression.policy = comp.policy();
   out.compression.budget = comp.budget();
-  // Numbers become their shortest decimal text ("8", "0.25"), which the policies' typed
-  // getters parse back.
-  for (const auto& [k, v] : comp.params()) {
-    out.compression.params[std::string(k)] = absl::StrCat(v);
-  }
+  // Numbers stay doubles and strings stay strings (cache::policies::PolicyParam): text would
+  // cost precision (StrCat keeps six significant digits, so 1048576 became "1.04858e+06").
+  for (const auto& [k, v] : comp.params()) out.compression.params[std::string(k)] = v;
   for (const auto& [k, v] : comp.options()) out.compression.params[std::string(k)] = v;
   return out;
 }
