@@ -86,7 +86,7 @@ struct Options {
   // Policies whose free (greedy) runs are made; empty: none. Default: every policy.
   std::vector<std::string> free_run = {"*"};
   bool check_replay = false;
-  // policy -> params (the API's CompressionSpec params, as strings).
+  // policy -> params as given on the command line (typed by ParsePolicyParam when used).
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, std::string>> params;
 };
 
@@ -306,14 +306,17 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> CreateSession(
     const std::string& entry, double budget, const pol::PolicyContext& context,
     const Options& opt) {
   const std::vector<std::string> parts = absl::StrSplit(entry, '+');
-  absl::flat_hash_map<std::string, std::string> params;
-  if (auto it = opt.params.find(parts[0]); it != opt.params.end()) params = it->second;
+  // Flag text becomes typed as a client would send it: numbers as params, the rest as options.
+  pol::PolicyParams params;
+  if (auto it = opt.params.find(parts[0]); it != opt.params.end()) {
+    for (const auto& [k, v] : it->second) params[k] = pol::ParsePolicyParam(v);
+  }
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');
     if (eq == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("policy entry ", entry, ": expected k=v"));
     }
-    params[parts[i].substr(0, eq)] = parts[i].substr(eq + 1);
+    params[parts[i].substr(0, eq)] = pol::ParsePolicyParam(parts[i].substr(eq + 1));
   }
   return cache::CompressionSession::Create(parts[0], pol::PolicyConfig(budget, params), context);
 }

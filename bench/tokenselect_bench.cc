@@ -215,15 +215,15 @@ void ModelLevel(const Options& opt) {
     std::string name;
     std::string policy;
     double budget;
-    absl::flat_hash_map<std::string, std::string> params;
+    cache::policies::PolicyParams params;
   };
   const std::vector<Config> configs = {
       {"none", "", 1.0, {}},
       {"tokenselect budget 0.1", "tokenselect", 0.1, {}},
       {"tokenselect budget 0.1, no selection cache", "tokenselect", 0.1,
        {{"selection_cache", "false"}}},
-      {"tokenselect budget 0.1, theta 0.8", "tokenselect", 0.1, {{"theta", "0.8"}}},
-      {"tokenselect budget 0.1, theta 0.7", "tokenselect", 0.1, {{"theta", "0.7"}}},
+      {"tokenselect budget 0.1, theta 0.8", "tokenselect", 0.1, {{"theta", 0.8}}},
+      {"tokenselect budget 0.1, theta 0.7", "tokenselect", 0.1, {{"theta", 0.7}}},
       {"tokenselect budget 0.25", "tokenselect", 0.25, {}},
   };
   for (const Config& config : configs) {

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cache/policies/policy.h"
@@ -27,12 +26,12 @@ enum class FinishReason {
 const char* FinishReasonName(FinishReason reason);
 
 // Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
-// (0, 1], is the fraction of the prompt's KV kept; params are the policy's own (see
-// docs/compression.md).
+// (0, 1], is the fraction of the prompt's KV kept; params are the policy's own, typed (numbers
+// stay doubles; see docs/compression.md).
 struct CompressionSpec {
   std::string policy;
   double budget = 0.0;
-  absl::flat_hash_map<std::string, std::string> params;
+  cache::policies::PolicyParams params;
 
   bool enabled() const { return !policy.empty() && policy != "none"; }
 };

@@ -170,9 +170,7 @@ int RunDaemon(const ServeOptions& options) {
   }
   std::unique_ptr<scheduler::Engine> engine = std::move(*created);
   const scheduler::EngineLimits& limits = engine->limits();
-  state.limits.max_prompt_tokens = limits.max_prompt_tokens;
-  state.limits.max_tokens_limit = limits.max_tokens_limit;
-  state.limits.context_length = limits.context_length;
+  state.limits = LimitsFor(limits);
   state.model.store(model.get());
   state.engine.store(engine.get());
   state.phase.store(Phase::kServing);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace winnow::server {
 namespace {
@@ -93,6 +94,139 @@ absl::StatusOr<PromptInput> BuildSegments(const v1::Segments& segments,
   return out;
 }
 
+absl::Status CheckStopping(const v1::StoppingCriteria& stopping, int32_t vocab,
+                           const RequestLimits& limits) {
+  if (stopping.has_max_tokens()) {
+    if (stopping.max_tokens() < 1) {
+      return Invalid("stopping.max_tokens",
+                     absl::StrCat("must be >= 1, got ", stopping.max_tokens()));
+    }
+    if (limits.max_tokens_limit > 0 && stopping.max_tokens() > limits.max_tokens_limit) {
+      return Invalid("stopping.max_tokens",
+                     absl::StrFormat("%d exceeds the server limit of %d (--max-tokens-limit)",
+                                     stopping.max_tokens(), limits.max_tokens_limit));
+    }
+  }
+  if (stopping.stop_size() > static_cast<int>(kMaxStopStrings)) {
+    return Invalid("stopping.stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
+  }
+  for (int i = 0; i < stopping.stop_size(); ++i) {
+    if (stopping.stop(i).empty()) {
+      return Invalid(absl::StrCat("stopping.stop[", i, "]"), "must not be empty");
+    }
+  }
+  return CheckTokenIds(stopping.stop_token_ids(), "stopping.stop_token_ids", vocab);
+}
+
+// The wire's unset optionals become their documented defaults; an unseeded request gets a
+// random seed.
+absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& request) {
+  // top_logprobs is a top-level field of the request; check it under that name before
+  // SamplingParams::Validate would call it sampling.top_logprobs.
+  if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("top_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ",
+                                                request.top_logprobs()));
+  }
+  const v1::SamplingParams& s = request.sampling();
+  model::SamplingParams out;
+  out.temperature = s.temperature();
+  out.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  out.top_k = s.top_k();
+  out.min_p = s.min_p();
+  out.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  out.frequency_penalty = s.frequency_penalty();
+  out.presence_penalty = s.presence_penalty();
+  if (s.has_seed()) {
+    out.seed = s.seed();
+  } else {
+    // Unseeded requests must differ from each other; thread_local keeps this lock-free.
+    thread_local std::mt19937_64 seeder{std::random_device{}()};
+    out.seed = seeder();
+  }
+  out.top_logprobs = request.top_logprobs();
+  // The one definition of the ranges. Its errors read "sampling.<field> = <value> is invalid:
+  // must be ...", and every <field> is the wire's name in v1.SamplingParams (the tests pin each).
+  WINNOW_RETURN_IF_ERROR(out.Validate());
+  return out;
+}
+
+// What can be checked before the prompt exists: the policy name, the budget, and that params
+// are finite and not also given as options. The policy's own parameters need the prompt
+// (BuildCompression).
+absl::Status CheckCompressionSpec(const v1::CompressionSpec& comp) {
+  const bool no_policy = comp.policy().empty() || comp.policy() == "none";
+  if (!no_policy) {
+    const std::vector<std::string> known = cache::policies::KnownPolicies();
+    if (std::find(known.begin(), known.end(), comp.policy()) == known.end()) {
+      return Invalid("compression.policy",
+                     absl::StrCat("unknown policy '", comp.policy(), "' (available: ",
+                                  absl::StrJoin(known, ", "), ")"));
+    }
+    if (!(comp.budget() > 0.0 && comp.budget() <= 1.0)) {
+      return Invalid("compression.budget",
+                     absl::StrCat("must be in (0, 1] (the fraction of the prompt's KV kept), "
+                                  "got ", comp.budget()));
+    }
+  } else {
+    if (comp.budget() != 0) return Invalid("compression.budget", "policy 'none' takes no budget");
+    if (!comp.params().empty() || !comp.options().empty()) {
+      return Invalid(comp.params().empty() ? "compression.options" : "compression.params",
+                     "policy 'none' takes no parameters");
+    }
+  }
+  for (const auto& [k, v] : comp.params()) {
+    if (!std::isfinite(v)) {
+      return Invalid(absl::StrCat("compression.params.", k), "must be a finite number");
+    }
+    if (comp.options().contains(k)) {
+      return Invalid(absl::StrCat("compression.params.", k),
+                     "given both as a number (params) and as a string (options)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The engine's compression spec, validated by building the policy exactly as the engine will
+// (scheduler/engine.cc, MakeCompressionSession: the model's dimensions, the engine's block size,
+// this prompt's length and spans), so the policy's checks of its own parameters run here and
+// name the field. Numbers stay doubles and strings stay strings (cache::policies::PolicyParam).
+absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::CompressionSpec& wire,
+                                                            const model::Model& model,
+                                                            const RequestLimits& limits,
+                                                            const PromptInput& prompt) {
+  scheduler::CompressionSpec spec;
+  spec.policy = wire.policy();
+  spec.budget = wire.budget();
+  for (const auto& [k, v] : wire.params()) spec.params[std::string(k)] = v;
+  for (const auto& [k, v] : wire.options()) spec.params[std::string(k)] = v;
+  if (limits.block_size < 1) {
+    return absl::InternalError(
+        absl::StrCat("request limits: block_size must be >= 1, got ", limits.block_size));
+  }
+  const model::ModelConfig& c = model.config();
+  cache::policies::PolicyContext context;
+  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, limits.block_size};
+  context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
+  context.layout.spans = prompt.spans;
+  WINNOW_RETURN_IF_ERROR(
+      cache::policies::CreatePolicy(spec.policy,
+                                    cache::policies::PolicyConfig(spec.budget, spec.params),
+                                    context)
+          .status());
+  return spec;
+}
+
+// stopping.max_tokens when set (already checked against the limit); otherwise the default,
+// capped by the limit and by the context left after the prompt.
+int32_t MaxTokens(const v1::StoppingCriteria& stopping, const RequestLimits& limits,
+                  int32_t prompt_len) {
+  if (stopping.has_max_tokens()) return stopping.max_tokens();
+  int32_t m = limits.default_max_tokens;
+  if (limits.max_tokens_limit > 0) m = std::min(m, limits.max_tokens_limit);
+  if (limits.context_length > 0) m = std::min(m, limits.context_length - prompt_len);
+  return std::max(m, 1);  // a prompt filling the context fails in the engine (context fit)
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
@@ -135,24 +269,18 @@ absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,
       out.tokens = model.tokenizer().Encode(request.prompt(), add_special,
                                             /*parse_special=*/true);
       break;
-    case v1::GenerateRequest::kChat: {
-      auto ids = TokenizeChat(request.chat(), model, add_special, "chat");
-      if (!ids.ok()) return ids.status();
-      out.tokens = std::move(*ids);
+    case v1::GenerateRequest::kChat: {  // braces: the macro declares a variable
+      WINNOW_ASSIGN_OR_RETURN(out.tokens,
+                              TokenizeChat(request.chat(), model, add_special, "chat"));
       break;
     }
     case v1::GenerateRequest::kTokenIds:
       if (request.token_ids().ids().empty()) return Invalid("token_ids.ids", "must not be empty");
-      if (absl::Status st = CheckTokenIds(request.token_ids().ids(), "token_ids.ids", vocab);
-          !st.ok()) {
-        return st;
-      }
+      WINNOW_RETURN_IF_ERROR(CheckTokenIds(request.token_ids().ids(), "token_ids.ids", vocab));
       out.tokens.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
     case v1::GenerateRequest::kSegments: {
-      auto seg = BuildSegments(request.segments(), model, add_special);
-      if (!seg.ok()) return seg.status();
-      out = std::move(*seg);
+      WINNOW_ASSIGN_OR_RETURN(out, BuildSegments(request.segments(), model, add_special));
       break;
     }
     case v1::GenerateRequest::INPUT_NOT_SET:
@@ -162,6 +290,15 @@ absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,
   return out;
 }
 
+RequestLimits LimitsFor(const scheduler::EngineLimits& engine) {
+  RequestLimits limits;
+  limits.max_prompt_tokens = engine.max_prompt_tokens;
+  limits.max_tokens_limit = engine.max_tokens_limit;
+  limits.context_length = engine.context_length;
+  limits.block_size = engine.block_size;
+  return limits;
+}
+
 absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
     const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
@@ -169,119 +306,34 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   }
   // Cheap checks first: a bad parameter should not cost a tokenization of a long prompt.
   const v1::StoppingCriteria& stopping = request.stopping();
-  if (stopping.has_max_tokens()) {
-    if (stopping.max_tokens() < 1) {
-      return Invalid("stopping.max_tokens",
-                     absl::StrCat("must be >= 1, got ", stopping.max_tokens()));
-    }
-    if (limits.max_tokens_limit > 0 && stopping.max_tokens() > limits.max_tokens_limit) {
-      return Invalid("stopping.max_tokens",
-                     absl::StrFormat("%d exceeds the server limit of %d (--max-tokens-limit)",
-                                     stopping.max_tokens(), limits.max_tokens_limit));
-    }
-  }
-  if (stopping.stop_size() > static_cast<int>(kMaxStopStrings)) {
-    return Invalid("stopping.stop", absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
-  }
-  for (int i = 0; i < stopping.stop_size(); ++i) {
-    if (stopping.stop(i).empty()) {
-      return Invalid(absl::StrCat("stopping.stop[", i, "]"), "must not be empty");
-    }
-  }
-  const int32_t vocab = model.config().vocab_size;
-  if (absl::Status st = CheckTokenIds(stopping.stop_token_ids(), "stopping.stop_token_ids", vocab);
-      !st.ok()) {
-    return st;
-  }
-  if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
-    return Invalid("top_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ",
-                                                request.top_logprobs()));
-  }
-  // The policy name and budget are checked here, before tokenizing; the engine's Submit
-  // checks them again with the policy's parameters (cache::policies::CreatePolicy).
-  const v1::CompressionSpec& comp = request.compression();
-  const bool no_policy = comp.policy().empty() || comp.policy() == "none";
-  if (!no_policy) {
-    const std::vector<std::string> known = cache::policies::KnownPolicies();
-    if (std::find(known.begin(), known.end(), comp.policy()) == known.end()) {
-      return Invalid("compression.policy",
-                     absl::StrCat("unknown policy '", comp.policy(), "' (available: ",
-                                  absl::StrJoin(known, ", "), ")"));
-    }
-    if (!(comp.budget() > 0.0 && comp.budget() <= 1.0)) {
-      return Invalid("compression.budget",
-                     absl::StrCat("must be in (0, 1] (the fraction of the prompt's KV kept), "
-                                  "got ", comp.budget()));
-    }
-  } else {
-    if (comp.budget() != 0) return Invalid("compression.budget", "policy 'none' takes no budget");
-    if (!comp.params().empty() || !comp.options().empty()) {
-      return Invalid("compression.params", "policy 'none' takes no parameters");
-    }
-  }
-  for (const auto& [k, v] : comp.params()) {
-    if (!std::isfinite(v)) {
-      return Invalid(absl::StrCat("compression.params.", k), "must be a finite number");
-    }
-    if (comp.options().contains(k)) {
-      return Invalid(absl::StrCat("compression.params.", k),
-                     "given both as a number (params) and as a string (options)");
-    }
-  }
+  WINNOW_RETURN_IF_ERROR(CheckStopping(stopping, model.config().vocab_size, limits));
+  WINNOW_ASSIGN_OR_RETURN(model::SamplingParams sampling, BuildSampling(request));
+  WINNOW_RETURN_IF_ERROR(CheckCompressionSpec(request.compression()));
 
-  auto prompt = BuildPrompt(request, model);
-  if (!prompt.ok()) return prompt.status();
-  const int32_t prompt_len = static_cast<int32_t>(prompt->tokens.size());
+  WINNOW_ASSIGN_OR_RETURN(PromptInput prompt, BuildPrompt(request, model));
+  const int32_t prompt_len = static_cast<int32_t>(prompt.tokens.size());
   if (limits.max_prompt_tokens > 0 && prompt_len > limits.max_prompt_tokens) {
     return Invalid("input", absl::StrFormat("the prompt has %d tokens, more than the server "
                                             "limit of %d (--max-prompt-tokens)",
                                             prompt_len, limits.max_prompt_tokens));
   }
+  // Needs the prompt: a policy is built against the prompt's length and spans.
+  WINNOW_ASSIGN_OR_RETURN(scheduler::CompressionSpec compression,
+                          BuildCompression(request.compression(), model, limits, prompt));
 
   scheduler::GenerationRequest out;
   out.request_id = request.request_id();
-  out.prompt_tokens = std::move(prompt->tokens);
-  out.embeddings = std::move(prompt->embeddings);
-  out.prompt_spans = std::move(prompt->spans);
-
-  const v1::SamplingParams& s = request.sampling();
-  out.sampling.temperature = s.temperature();
-  out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  out.sampling.top_k = s.top_k();
-  out.sampling.min_p = s.min_p();
-  out.sampling.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
-  out.sampling.frequency_penalty = s.frequency_penalty();
-  out.sampling.presence_penalty = s.presence_penalty();
-  if (s.has_seed()) {
-    out.sampling.seed = s.seed();
-  } else {
-    // Unseeded requests must differ from each other; thread_local keeps this lock-free.
-    thread_local std::mt19937_64 seeder{std::random_device{}()};
-    out.sampling.seed = seeder();
-  }
-  out.sampling.top_logprobs = request.top_logprobs();
+  out.prompt_tokens = std::move(prompt.tokens);
+  out.embeddings = std::move(prompt.embeddings);
+  out.prompt_spans = std::move(prompt.spans);
+  out.sampling = sampling;
   out.logprobs = request.logprobs() || request.top_logprobs() > 0;
-
-  if (stopping.has_max_tokens()) {
-    out.max_tokens = stopping.max_tokens();
-  } else {
-    int32_t m = limits.default_max_tokens;
-    if (limits.max_tokens_limit > 0) m = std::min(m, limits.max_tokens_limit);
-    if (limits.context_length > 0) m = std::min(m, limits.context_length - prompt_len);
-    out.max_tokens = std::max(m, 1);  // a prompt filling the context fails in the engine
-  }
+  out.max_tokens = MaxTokens(stopping, limits, prompt_len);
   out.stop_strings.assign(stopping.stop().begin(), stopping.stop().end());
   out.stop_token_ids.assign(stopping.stop_token_ids().begin(), stopping.stop_token_ids().end());
   out.ignore_eos = stopping.ignore_eos();
   out.priority = request.priority();
-  out.compression.policy = comp.policy();
-  out.compression.budget = comp.budget();
-  // Numbers become their shortest decimal text ("8", "0.25"), which the policies' typed
-  // getters parse back.
-  for (const auto& [k, v] : comp.params()) {
-    out.compression.params[std::string(k)] = absl::StrCat(v);
-  }
-  for (const auto& [k, v] : comp.options()) out.compression.params[std::string(k)] = v;
+  out.compression = std::move(compression);
   return out;
 }
 

@@ -1,7 +1,23 @@
 // Turns a wire GenerateRequest into the engine's GenerationRequest: tokenizes text, renders chat
-// messages, flattens segments, and validates everything whose error should name a field of the
-// public API (e.g. "segments[2].embedding.values"). The engine re-checks what it relies on
-// (vocabulary, sampling ranges, context and pool fit) and phrases those errors itself.
+// messages, flattens segments. This is the one place a request is validated: every error names
+// the field of the public API it is about (e.g. "segments[2].embedding.values",
+// "sampling.temperature", "compression.params.window", "stopping.stop[2]"), and the engine
+// trusts what comes out. Engine::Submit keeps only what depends on the engine's state: the
+// context and KV-pool fit, a full queue, draining.
+//
+// A GenerationRequest returned by BuildGenerationRequest holds, by construction:
+//   - prompt_tokens: non-empty, at most limits.max_prompt_tokens (when > 0), every id in the
+//     vocabulary or model::kEmbeddingInput;
+//   - embeddings: hidden_size finite floats per kEmbeddingInput position;
+//   - prompt_spans: sorted, disjoint, non-empty and inside the prompt. The builder makes them
+//     itself from the segments it flattens (one span per embedding or non-empty context
+//     segment, in order), so they need no check: PromptLayout::Validate cannot fail on them;
+//   - max_tokens in [1, limits.max_tokens_limit] (no upper bound when the limit is 0);
+//   - sampling: passes model::SamplingParams::Validate;
+//   - stop_strings: at most kMaxStopStrings, none empty; stop_token_ids in the vocabulary;
+//   - compression: cache::policies::CreatePolicy accepts it with the context the engine will
+//     build (model dimensions, limits.block_size, this prompt's length and spans), so the
+//     policy's own parameters are checked here too.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +39,13 @@ struct RequestLimits {
   // Used when the request leaves stopping.max_tokens unset, then capped by the limit and by
   // the context left after the prompt.
   int32_t default_max_tokens = 256;
+  // The engine's KV block size: compression policies are built against it here, as the engine
+  // builds them. The default is an engine's default.
+  int32_t block_size = scheduler::EngineOptions{}.block_size;
 };
+
+// The limits of a running engine: what the daemon and `winnow generate` pass.
+RequestLimits LimitsFor(const scheduler::EngineLimits& engine);
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxRequestIdBytes = 256;
@@ -45,6 +67,10 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
                                                   const model::Model& model, bool add_special,
                                                   const std::string& field);
 
+// Validates the whole request (see the top of this file) and builds the engine's request.
+// Errors: InvalidArgument naming the field; FailedPrecondition for chat input on a model without
+// a recognised chat template. request_id is copied as given (may be empty) and deadline left
+// unset: the caller owns both.
 absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
     const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits);
 

@@ -1,13 +1,14 @@
 #include "cache/policies/policy.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <charconv>
 #include <cmath>
-#include <cstdlib>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace winnow::cache::policies {
 
@@ -79,13 +80,45 @@ WindowRange ObservationWindow(const PromptLayout& layout, int32_t default_window
 
 namespace {
 
-std::string ParamField(const std::string& name) {
-  return absl::StrCat("compression.params.", name);
+// The API field a value came from: numbers travel in params, strings in options.
+std::string ParamField(const std::string& name, const PolicyParam& value) {
+  return absl::StrCat(std::holds_alternative<double>(value) ? "compression.params."
+                                                           : "compression.options.",
+                      name);
+}
+
+absl::Status Invalid(const std::string& name, const PolicyParam& value, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(ParamField(name, value), ": ", why));
+}
+
+// The shortest text that reads back as the same double ("1048576", "0.1234567891"): StrCat's
+// six significant digits would print a refused 1048576.5 as "1.04858e+06".
+std::string FormatNumber(double value) {
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
+// The number a numeric getter needs; a string means the client used the wrong map.
+absl::StatusOr<double> NumberOf(const std::string& name, const PolicyParam& value,
+                                const char* wants) {
+  if (const double* number = std::get_if<double>(&value)) return *number;
+  return Invalid(name, value,
+                 absl::StrCat("\"", std::get<std::string>(value), "\" is a string, but ", name,
+                              " takes ", wants, ": send it in compression.params"));
 }
 
 }  // namespace
 
-const std::string* PolicyConfig::Find(const std::string& name) const {
+PolicyParam ParsePolicyParam(std::string_view text) {
+  double value = 0.0;
+  const char* end = text.data() + text.size();
+  const std::from_chars_result r = std::from_chars(text.data(), end, value);
+  if (!text.empty() && r.ec == std::errc() && r.ptr == end && std::isfinite(value)) return value;
+  return std::string(text);
+}
+
+const PolicyParam* PolicyConfig::Find(const std::string& name) const {
   used_.insert(name);
   auto it = params_.find(name);
   return it == params_.end() ? nullptr : &it->second;
@@ -93,59 +126,69 @@ const std::string* PolicyConfig::Find(const std::string& name) const {
 
 absl::StatusOr<int64_t> PolicyConfig::GetInt(const std::string& name, int64_t default_value,
                                               int64_t min, int64_t max) const {
-  const std::string* text = Find(name);
-  if (text == nullptr) return default_value;
-  errno = 0;
-  char* end = nullptr;
-  const long long value = std::strtoll(text->c_str(), &end, 10);
-  if (text->empty() || end != text->c_str() + text->size() || errno == ERANGE) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ParamField(name), ": \"", *text, "\" is not an integer"));
+  const PolicyParam* param = Find(name);
+  if (param == nullptr) return default_value;
+  WINNOW_ASSIGN_OR_RETURN(const double value, NumberOf(name, *param, "an integer"));
+  if (!std::isfinite(value) || value != std::trunc(value)) {
+    return Invalid(name, *param, absl::StrCat(FormatNumber(value), " is not an integer"));
   }
-  if (value < min || value > max) {
-    return absl::InvalidArgumentError(absl::StrCat(ParamField(name), ": ", value,
-                                                   " is outside [", min, ", ", max, "]"));
+  // The 2^63 bound keeps the cast below defined whatever min and max are.
+  if (value < static_cast<double>(min) || value > static_cast<double>(max) ||
+      std::abs(value) >= 0x1p63) {
+    return Invalid(name, *param,
+                   absl::StrCat(FormatNumber(value), " is outside [", min, ", ", max, "]"));
   }
-  return value;
+  return static_cast<int64_t>(value);
 }
 
 absl::StatusOr<double> PolicyConfig::GetDouble(const std::string& name, double default_value,
                                                double min, double max) const {
-  const std::string* text = Find(name);
-  if (text == nullptr) return default_value;
-  errno = 0;
-  char* end = nullptr;
-  const double value = std::strtod(text->c_str(), &end);
-  if (text->empty() || end != text->c_str() + text->size() || errno == ERANGE ||
-      !std::isfinite(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ParamField(name), ": \"", *text, "\" is not a finite number"));
+  const PolicyParam* param = Find(name);
+  if (param == nullptr) return default_value;
+  WINNOW_ASSIGN_OR_RETURN(const double value, NumberOf(name, *param, "a number"));
+  if (!std::isfinite(value)) {
+    return Invalid(name, *param, absl::StrCat(FormatNumber(value), " is not a finite number"));
   }
   if (value < min || value > max) {
-    return absl::InvalidArgumentError(absl::StrCat(ParamField(name), ": ", value,
-                                                   " is outside [", min, ", ", max, "]"));
+    return Invalid(name, *param,
+                   absl::StrCat(FormatNumber(value), " is outside [", FormatNumber(min), ", ",
+                                FormatNumber(max), "]"));
   }
   return value;
 }
 
 absl::StatusOr<bool> PolicyConfig::GetBool(const std::string& name, bool default_value) const {
-  const std::string* text = Find(name);
-  if (text == nullptr) return default_value;
-  const std::string lower = absl::AsciiStrToLower(*text);
+  const PolicyParam* param = Find(name);
+  if (param == nullptr) return default_value;
+  // Both maps are accepted: a client holding a params map sends flags as 0/1 numbers.
+  if (const double* number = std::get_if<double>(param)) {
+    if (*number == 1.0) return true;
+    if (*number == 0.0) return false;
+    return Invalid(name, *param,
+                   absl::StrCat(FormatNumber(*number), " is not a boolean (0 or 1 here, or "
+                                "\"true\"/\"false\" in compression.options)"));
+  }
+  const std::string& text = std::get<std::string>(*param);
+  const std::string lower = absl::AsciiStrToLower(text);
   if (lower == "true" || lower == "1") return true;
   if (lower == "false" || lower == "0") return false;
-  return absl::InvalidArgumentError(
-      absl::StrCat(ParamField(name), ": \"", *text, "\" is not true/false"));
+  return Invalid(name, *param, absl::StrCat("\"", text, "\" is not true/false"));
 }
 
 absl::StatusOr<std::string> PolicyConfig::GetEnum(const std::string& name,
                                                   const std::string& default_value,
                                                   const std::vector<std::string>& allowed) const {
-  const std::string* text = Find(name);
-  if (text == nullptr) return default_value;
-  if (std::find(allowed.begin(), allowed.end(), *text) != allowed.end()) return *text;
-  return absl::InvalidArgumentError(absl::StrCat(
-      ParamField(name), ": \"", *text, "\" is not one of ", absl::StrJoin(allowed, ", ")));
+  const PolicyParam* param = Find(name);
+  if (param == nullptr) return default_value;
+  const std::string choices = absl::StrJoin(allowed, ", ");
+  if (const double* number = std::get_if<double>(param)) {
+    return Invalid(name, *param,
+                   absl::StrCat(FormatNumber(*number), " is a number, but ", name,
+                                " takes one of ", choices, ": send it in compression.options"));
+  }
+  const std::string& text = std::get<std::string>(*param);
+  if (std::find(allowed.begin(), allowed.end(), text) != allowed.end()) return text;
+  return Invalid(name, *param, absl::StrCat("\"", text, "\" is not one of ", choices));
 }
 
 absl::Status PolicyConfig::CheckAllUsed(const std::string& policy_name) const {
@@ -157,9 +200,10 @@ absl::Status PolicyConfig::CheckAllUsed(const std::string& policy_name) const {
   std::sort(unknown.begin(), unknown.end());
   std::vector<std::string> known(used_.begin(), used_.end());
   std::sort(known.begin(), known.end());
-  return absl::InvalidArgumentError(absl::StrCat(
-      ParamField(unknown[0]), ": unknown parameter for policy ", policy_name, " (known: ",
-      known.empty() ? std::string("none") : absl::StrJoin(known, ", "), ")"));
+  return Invalid(unknown[0], params_.at(unknown[0]),
+                 absl::StrCat("unknown parameter for policy ", policy_name, " (known: ",
+                              known.empty() ? std::string("none") : absl::StrJoin(known, ", "),
+                              ")"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -98,38 +99,55 @@ struct ModelDims {
   int32_t group_size() const { return num_heads / num_kv_heads; }
 };
 
+// One policy parameter as the API carries it: a number (CompressionSpec.params, a
+// map<string, double>) or a string (CompressionSpec.options). Numbers stay doubles from the wire
+// to the policy, so every double, and every integer up to 2^53, arrives exactly.
+using PolicyParam = std::variant<double, std::string>;
+using PolicyParams = absl::flat_hash_map<std::string, PolicyParam>;
+
+// The command-line form of a parameter (benchmarks, `name=value` flags): text that parses in full
+// as a finite number is a number, anything else a string, which is how a client would split the
+// same value between params and options.
+PolicyParam ParsePolicyParam(std::string_view text);
+
 // The request's budget and policy parameters (the API's CompressionSpec).
 // budget in (0, 1]: the fraction of the prompt's tokens kept, averaged over layers, counting
 // sinks and windows (each policy documents the exact base it applies it to).
 // Typed getters read params; each records the name as used, so that CheckAllUsed() can reject a
-// misspelt parameter instead of silently ignoring it. Errors name "compression.params.<name>".
+// misspelt parameter instead of silently ignoring it. A getter takes the type of its parameter
+// only (numbers for GetInt/GetDouble, strings for GetEnum; GetBool takes either), so a value
+// sent in the wrong map is refused with a pointer to the right one. Errors name the field the
+// value came from: "compression.params.<name>" for a number, "compression.options.<name>" for a
+// string.
 class PolicyConfig {
  public:
   PolicyConfig() = default;
-  PolicyConfig(double budget, absl::flat_hash_map<std::string, std::string> params)
+  PolicyConfig(double budget, PolicyParams params)
       : budget_(budget), params_(std::move(params)) {}
 
   double budget() const { return budget_; }
-  const absl::flat_hash_map<std::string, std::string>& params() const { return params_; }
+  const PolicyParams& params() const { return params_; }
   bool Has(const std::string& name) const { return params_.contains(name); }
 
+  // An integral number within [min, max] (2.5 and 1e300 are refused, 1048576 is not).
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t default_value, int64_t min,
                                  int64_t max) const;
+  // A finite number within [min, max], unchanged.
   absl::StatusOr<double> GetDouble(const std::string& name, double default_value, double min,
                                    double max) const;
-  // Accepts true/false/1/0 (case-insensitive).
+  // A string true/false/1/0 (case-insensitive), or the number 0 or 1.
   absl::StatusOr<bool> GetBool(const std::string& name, bool default_value) const;
-  // The value must be one of `allowed`.
+  // A string, one of `allowed`.
   absl::StatusOr<std::string> GetEnum(const std::string& name, const std::string& default_value,
                                       const std::vector<std::string>& allowed) const;
   // InvalidArgument naming the first parameter no getter asked for, and the known ones.
   absl::Status CheckAllUsed(const std::string& policy_name) const;
 
  private:
-  const std::string* Find(const std::string& name) const;
+  const PolicyParam* Find(const std::string& name) const;
 
   double budget_ = 1.0;
-  absl::flat_hash_map<std::string, std::string> params_;
+  PolicyParams params_;
   mutable absl::flat_hash_set<std::string> used_;
 };
 
@@ -305,7 +323,7 @@ using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<CompressionPo
 
 // "" and "none" mean no compression and give a null policy. Unknown names, a budget outside
 // (0, 1] and bad parameters are InvalidArgument naming the field (compression.policy,
-// compression.budget, compression.params.<name>).
+// compression.budget, compression.params.<name> or compression.options.<name>).
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreatePolicy(const std::string& name,
                                                                  const PolicyConfig& config,
                                                                  const PolicyContext& context);

@@ -80,12 +80,42 @@ def test_string_options_reach_the_policy(daemon):
         list(daemon.client.generate(request=request(token_prompt(20, 1), 4, "snapkv", 0.5,
                                                     options={"pooling": "median"}), timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "compression.params.pooling" in err.value.details()
+    assert "compression.options.pooling" in err.value.details()
     _, ids, final = daemon.client.generate_text(
         request=request(token_prompt(64, 2), 4, "snapkv", 0.5, {"window": 8},
                         {"pooling": "max"}), timeout=60)
     assert len(ids) == 4
     assert list(final.usage.kv_tokens_kept_per_layer) == [32] * LAYERS
+
+
+def xkv_kept(daemon, seed, category):
+    """kv_tokens_kept_per_layer of an xkv request in profile mode (warmup 1, then reuse)."""
+    req = request(token_prompt(96, seed), 4, "xkv", 0.5,
+                  {"category": category, "profile_warmup": 1, "profile_rate": 0},
+                  {"mode": "profile"})
+    _, ids, final = daemon.client.generate_text(request=req, timeout=60)
+    assert len(ids) == 4
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    return list(final.usage.kv_tokens_kept_per_layer)
+
+
+def test_params_are_numbers_end_to_end(daemon):
+    # Params used to reach the policy as text with six significant digits: 1048576 became
+    # "1.04858e+06" and was refused as "not an integer".
+    big = 1048576
+    first = xkv_kept(daemon, 11, big)  # profiled: the category's allocation is recorded
+    # Another prompt of the same category reuses the recorded per-layer allocation...
+    assert xkv_kept(daemon, 12, big) == first
+    # ...and the next category, the same number to six digits, is a different one: that prompt
+    # gets its own allocation.
+    own = xkv_kept(daemon, 12, big + 1)
+    assert own != first
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(token_prompt(20, 1), 4, "xkv", 0.5,
+                                                    {"category": 2.5}), timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "compression.params.category: 2.5 is not an integer" in err.value.details()
+    daemon.wait_pool_free()
 
 
 @pytest.mark.parametrize("compress", [True, False])

@@ -113,8 +113,8 @@ TEST_F(CompressionModelTest, CompressedCacheKeepsGeneratingTheSameContinuation) 
   for (const char* policy : {"snapkv", "pyramidkv", "h2o", "streaming_llm"}) {
     const bool evicts = std::string(policy) == "h2o" || std::string(policy) == "streaming_llm";
     std::unique_ptr<CompressionSession> session =
-        evicts ? Session(policy, 0.5, n, {{"evict_every", "4"}})
-               : Session(policy, 0.5, n, {{"window", "8"}});
+        evicts ? Session(policy, 0.5, n, {{"evict_every", 4.0}})
+               : Session(policy, 0.5, n, {{"window", 8.0}});
     const Run run = Generate(prompt, steps, session.get());
     EXPECT_GT(run.blocks_freed, 0) << policy;
     int64_t kept = 0;
@@ -254,7 +254,7 @@ TEST_F(CompressionEngineTest, UnvalidatedBadSpecsAreRefusedNamingTheField) {
     EXPECT_NE(s.message().find(c.field), absl::string_view::npos) << s.message();
   }
   scheduler::GenerationRequest r = Request(Prompt(20, 1), 4, "snapkv", 0.5);
-  r.compression.params["kernal"] = "5";
+  r.compression.params["kernal"] = 5.0;
   absl::Status s = submit(r);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("compression.params.kernal"), absl::string_view::npos);

@@ -25,7 +25,7 @@ PolicyContext Context(int32_t tokens = kTokens) {
 }
 
 std::unique_ptr<CompressionPolicy> Make(const std::string& name, double budget,
-                                        absl::flat_hash_map<std::string, std::string> params = {},
+                                        PolicyParams params = {},
                                         PolicyContext context = Context()) {
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> p =
       CreatePolicy(name, PolicyConfig(budget, std::move(params)), context);
@@ -168,7 +168,7 @@ TEST(PromptLayoutTest, WindowIsTheTextAfterTheLastCompressibleSpan) {
 
 TEST(RegistryTest, ValidatesNameBudgetAndParams) {
   auto status = [](const std::string& name, double budget,
-                   absl::flat_hash_map<std::string, std::string> params = {}) {
+                   PolicyParams params = {}) {
     return CreatePolicy(name, PolicyConfig(budget, std::move(params)), Context()).status();
   };
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> none =
@@ -186,12 +186,17 @@ TEST(RegistryTest, ValidatesNameBudgetAndParams) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << budget;
     EXPECT_NE(s.message().find("compression.budget"), absl::string_view::npos);
   }
-  absl::Status misspelt = status("snapkv", 0.5, {{"windw", "8"}});
+  absl::Status misspelt = status("snapkv", 0.5, {{"windw", 8.0}});
   EXPECT_NE(misspelt.message().find("compression.params.windw"), absl::string_view::npos);
-  absl::Status bad_value = status("snapkv", 0.5, {{"window", "eight"}});
-  EXPECT_NE(bad_value.message().find("compression.params.window"), absl::string_view::npos);
+  absl::Status bad_value = status("snapkv", 0.5, {{"window", 8.5}});
+  EXPECT_NE(bad_value.message().find("compression.params.window: 8.5 is not an integer"),
+            absl::string_view::npos)
+      << bad_value;
+  absl::Status wrong_map = status("snapkv", 0.5, {{"window", "8"}});
+  EXPECT_NE(wrong_map.message().find("compression.options.window"), absl::string_view::npos)
+      << wrong_map;
   EXPECT_FALSE(status("h2o", 0.5, {{"gqa", "median"}}).ok());
-  EXPECT_TRUE(status("h2o", 0.5, {{"gqa", "max"}, {"recent_fraction", "0.25"}}).ok());
+  EXPECT_TRUE(status("h2o", 0.5, {{"gqa", "max"}, {"recent_fraction", 0.25}}).ok());
   const std::vector<std::string> known = KnownPolicies();
   for (const char* name : {"none", "streaming_llm", "h2o", "snapkv", "pyramidkv"}) {
     EXPECT_NE(std::find(known.begin(), known.end(), name), known.end()) << name;
@@ -222,7 +227,7 @@ TEST(StreamingLlmTest, KeepsSinksAndTheMostRecentTokens) {
 
 TEST(StreamingLlmTest, DecodeEvictionStaysWithinTheRelativeBudget) {
   std::unique_ptr<CompressionPolicy> p =
-      Make("streaming_llm", 0.25, {{"evict_every", "4"}, {"sinks", "2"}});
+      Make("streaming_llm", 0.25, {{"evict_every", 4.0}, {"sinks", 2.0}});
   SlotPositions slots(kLayers, kKvHeads);
   slots.AppendRange(0, kTokens);
   slots.Apply(RunPolicy(*p, Observation()));
@@ -250,7 +255,7 @@ TEST(StreamingLlmTest, DecodeEvictionStaysWithinTheRelativeBudget) {
 
 TEST(SnapKvTest, EachKvHeadKeepsItsGroupsPeaksPlusTheWindow) {
   std::unique_ptr<CompressionPolicy> p =
-      Make("snapkv", 0.25, {{"window", "4"}, {"kernel", "1"}});  // 10 = 4 window + 6
+      Make("snapkv", 0.25, {{"window", 4.0}, {"kernel", 1.0}});  // 10 = 4 window + 6
   ASSERT_EQ(p->Observation().window_begin, 36);
   ASSERT_FALSE(p->Observation().accumulate_all_rows);
   const std::vector<int32_t> peaks0 = {3, 10, 11, 20, 25, 30};
@@ -268,7 +273,7 @@ TEST(SnapKvTest, EachKvHeadKeepsItsGroupsPeaksPlusTheWindow) {
 
 TEST(SnapKvTest, PoolingKeepsTheNeighbourhoodOfAPeak) {
   std::unique_ptr<CompressionPolicy> p =
-      Make("snapkv", 0.25, {{"window", "4"}, {"kernel", "5"}, {"pooling", "max"}});
+      Make("snapkv", 0.25, {{"window", 4.0}, {"kernel", 5.0}, {"pooling", "max"}});
   Observation obs;
   obs.Window(36, std::vector<std::vector<int32_t>>(kHeads, {20}));
   KeepPlan plan = RunPolicy(*p, obs);
@@ -278,7 +283,7 @@ TEST(SnapKvTest, PoolingKeepsTheNeighbourhoodOfAPeak) {
 
 TEST(PyramidKvTest, LowerLayersKeepMoreAndTheTotalStaysWithinBudget) {
   std::unique_ptr<CompressionPolicy> p =
-      Make("pyramidkv", 0.25, {{"window", "4"}, {"kernel", "1"}});
+      Make("pyramidkv", 0.25, {{"window", 4.0}, {"kernel", 1.0}});
   Observation obs;
   obs.Window(36, std::vector<std::vector<int32_t>>(kHeads, {2, 4, 6, 8, 10, 12, 14, 16, 18}));
   KeepPlan plan = RunPolicy(*p, obs);
@@ -315,7 +320,7 @@ TEST(H2oTest, KeepsHeavyHittersPerHeadAndTheRecentHalf) {
 }
 
 TEST(H2oTest, DecodeAttentionAccumulatesAndDecidesEvictions) {
-  std::unique_ptr<CompressionPolicy> p = Make("h2o", 0.25, {{"evict_every", "2"}});
+  std::unique_ptr<CompressionPolicy> p = Make("h2o", 0.25, {{"evict_every", 2.0}});
   ASSERT_TRUE(p->WantsDecodeAttention());
   Observation obs;
   obs.column_sums.assign(kHeads * kTokens, 1.0f);

@@ -27,7 +27,7 @@ namespace winnow::testing_util {
 class ModelSessionTest : public ::testing::Test {
  protected:
   static constexpr int32_t kModelBlock = 16;
-  using Params = absl::flat_hash_map<std::string, std::string>;
+  using Params = cache::policies::PolicyParams;
 
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");

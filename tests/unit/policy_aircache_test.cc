@@ -32,7 +32,7 @@ constexpr char kPolicy[] = "aircache";
 // The constructed patterns check the paper's per-layer split of the span tokens, so the budget
 // is a fraction of the spans (`budget_of=spans`) unless a test says otherwise.
 std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
-                                        absl::flat_hash_map<std::string, std::string> p = {}) {
+                                        PolicyParams p = {}) {
   p.try_emplace("budget_of", "spans");
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
       CreatePolicy(kPolicy, PolicyConfig(budget, std::move(p)), c);
@@ -220,12 +220,12 @@ TEST(AirCachePolicy, TextOnlyFallbackUsesTheLastTokensAsTextSet) {
 
 TEST(AirCachePolicy, ParamsAreValidated) {
   const PolicyContext c = Context(2, 2, 1, kN, kSpans);
-  EXPECT_FALSE(CreatePolicy("aircache", PolicyConfig(0.1, {{"alpha", "1.5"}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("aircache", PolicyConfig(0.1, {{"alpha", 1.5}}), c).ok());
   EXPECT_FALSE(CreatePolicy("aircache", PolicyConfig(0.1, {{"allocation", "pyramid"}}), c).ok());
-  EXPECT_FALSE(CreatePolicy("aircache", PolicyConfig(0.1, {{"tau", "3"}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("aircache", PolicyConfig(0.1, {{"tau", 3.0}}), c).ok());
   EXPECT_TRUE(CreatePolicy("aircache",
-                           PolicyConfig(0.1, {{"alpha", "0.95"}, {"gqa", "max"},
-                                              {"selection", "shared"}, {"min_keep", "0"}}),
+                           PolicyConfig(0.1, {{"alpha", 0.95}, {"gqa", "max"},
+                                              {"selection", "shared"}, {"min_keep", 0.0}}),
                            c)
                   .ok());
 }

@@ -33,7 +33,7 @@ PolicyContext Context(int32_t tokens) {
 }
 
 std::unique_ptr<CompressionPolicy> Make(double budget, int32_t tokens,
-                                        absl::flat_hash_map<std::string, std::string> params = {}) {
+                                        PolicyParams params = {}) {
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> p =
       CreatePolicy("elastic_cache", PolicyConfig(budget, std::move(params)), Context(tokens));
   EXPECT_TRUE(p.ok()) << p.status();
@@ -264,7 +264,7 @@ TEST(ElasticCacheTest, FixedPointEvictionHoldsTheCacheAtBudgetOneEntryPerStep) {
   const int32_t n = 60;
   const double budget = 0.5;
   Sums sums(n);
-  std::unique_ptr<CompressionPolicy> policy = Make(budget, n, {{"fix_offset", "-8"}});
+  std::unique_ptr<CompressionPolicy> policy = Make(budget, n, {{"fix_offset", -8.0}});
   EXPECT_TRUE(policy->EvictsDuringDecode());
   EXPECT_FALSE(policy->WantsDecodeAttention());
   const KeepPlan plan = Prefill(*policy, sums);
@@ -288,7 +288,7 @@ TEST(ElasticCacheTest, BatchedEvictionAndDefaultsClampTheFixedPoint) {
   const double budget = 0.25;
   Sums sums(n);
   // Default P = -25 with only 10 kept entries: the fixed point clamps to just after the sink.
-  std::unique_ptr<CompressionPolicy> policy = Make(budget, n, {{"evict_every", "4"}});
+  std::unique_ptr<CompressionPolicy> policy = Make(budget, n, {{"evict_every", 4.0}});
   SlotPositions slots(kLayers, kKvHeads);
   slots.AppendRange(0, n);
   slots.Apply(Prefill(*policy, sums));
@@ -312,14 +312,16 @@ TEST(ElasticCacheTest, BudgetOneIsANoOpAndBadParamsAreInvalidArgument) {
   absl::StatusOr<KeepPlan> plan = full->Plan();
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->empty());
-  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"decode", "lru"}, {"fix_offset", "x"}, {"evict_every", "0"}, {"merge", "maybe"},
-           {"window", "8"}}) {
+  // Errors name the map the value came from: numbers are params, strings options.
+  for (const auto& [k, v] : std::vector<std::pair<std::string, PolicyParam>>{
+           {"decode", "lru"}, {"fix_offset", 2.5}, {"evict_every", 0.0}, {"merge", "maybe"},
+           {"window", 8.0}, {"sinks", "2"}}) {
     absl::StatusOr<std::unique_ptr<CompressionPolicy>> p =
         CreatePolicy("elastic_cache", PolicyConfig(0.5, {{k, v}}), Context(16));
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << k;
-    EXPECT_NE(p.status().message().find("compression.params." + k), std::string::npos)
-        << p.status();
+    const std::string field = std::holds_alternative<double>(v) ? "compression.params."
+                                                                : "compression.options.";
+    EXPECT_NE(p.status().message().find(field + k), std::string::npos) << p.status();
   }
 }
 
@@ -393,7 +395,7 @@ TEST_F(ElasticCacheModelTest, MergesAtPrefillThenHoldsTheBudgetWhileDecoding) {
   // (each key is summed over the rows after it), so on this text-only prompt the recent numbers
   // merge into a few anchors and the count restarts from the middle: a faithful failure, noted
   // in docs/compression.md. A protected recent window (protect_last) restores the continuation.
-  std::unique_ptr<CompressionSession> windowed = Session(0.5, n, {{"protect_last", "16"}});
+  std::unique_ptr<CompressionSession> windowed = Session(0.5, n, {{"protect_last", 16.0}});
   const Run recent = Generate(prompt, steps, windowed.get());
   for (int s = 0; s < steps; ++s) EXPECT_EQ(recent.slots_after_step[s], KeepCount(0.5, n + s + 1));
   const std::string full_text = model_->tokenizer().Decode(full.tokens, false);

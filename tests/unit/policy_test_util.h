@@ -150,7 +150,7 @@ inline PlanTotals ExpectTextKept(const KeepPlan& plan, int32_t layers, int32_t n
 // that): on random prompts with one context span it keeps every text token and, summed over
 // layers, at most L x max(KeepCount(budget, n), text) slots: the text is paid first.
 inline void ExpectPromptBudgetCountsKeptText(
-    const std::string& policy_name, const absl::flat_hash_map<std::string, std::string>& params) {
+    const std::string& policy_name, const PolicyParams& params) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 20; ++trial) {
     const int32_t n = 60 + static_cast<int32_t>(rng() % 60);

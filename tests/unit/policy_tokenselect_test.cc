@@ -10,7 +10,6 @@
 #include <random>
 #include <set>
 
-#include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
@@ -276,7 +275,7 @@ TEST(TokenSelectTest, PolicyFreesNothingAndReservesTheWholeCache) {
   context.dims = ModelDims{kLayers, kHeads, kKvHeads, kDim, kBlock};
   context.layout.num_tokens = 50;
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> p =
-      CreatePolicy("tokenselect", PolicyConfig(0.1, {{"k", "8"}, {"theta", "0.8"}}), context);
+      CreatePolicy("tokenselect", PolicyConfig(0.1, {{"k", 8.0}, {"theta", 0.8}}), context);
   ASSERT_TRUE(p.ok()) << p.status();
   CompressionPolicy& policy = **p;
   EXPECT_NE(policy.selector(), nullptr);
@@ -286,8 +285,8 @@ TEST(TokenSelectTest, PolicyFreesNothingAndReservesTheWholeCache) {
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->empty());
   EXPECT_EQ(policy.SteadyStateSlots(50, 10), int64_t{kLayers} * 60);
-  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-           {"theta", "2"}, {"gqa_map", "mean"}, {"n_local", "0"}, {"budget_tokens", "5"}}) {
+  for (const auto& [k, v] : std::vector<std::pair<std::string, PolicyParam>>{
+           {"theta", 2.0}, {"gqa_map", "mean"}, {"n_local", 0.0}, {"budget_tokens", 5.0}}) {
     absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
         CreatePolicy("tokenselect", PolicyConfig(0.5, {{k, v}}), context);
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << k;
@@ -418,8 +417,8 @@ TEST_F(TokenSelectModelTest, BudgetCoveringEveryTokenGivesIdenticalLogits) {
   const std::vector<int32_t> prompt = Prompt();
   const int32_t n = static_cast<int32_t>(prompt.size());
   const Run full = Generate(prompt, 5, nullptr);
-  for (const auto& params : std::vector<absl::flat_hash_map<std::string, std::string>>{
-           {}, {{"k", absl::StrCat(n + 10)}, {"n_init", "4"}, {"n_local", "8"}}}) {
+  for (const auto& params : std::vector<PolicyParams>{
+           {}, {{"k", static_cast<double>(n + 10)}, {"n_init", 4.0}, {"n_local", 8.0}}}) {
     std::unique_ptr<CompressionSession> session = Session(1.0, n, params);
     const Run run = Generate(prompt, 5, session.get());
     ASSERT_EQ(run.logits.size(), full.logits.size());
@@ -437,7 +436,7 @@ TEST_F(TokenSelectModelTest, SmallBudgetVisitsFewerKeysAndStaysCloseToTheFullCac
   const Run full = Generate(prompt, steps, nullptr);
   // 4 initial + 24 selected + 8 local (the new token included) = 36 of ~n keys per step.
   std::unique_ptr<CompressionSession> session =
-      Session(0.5, n, {{"k", "24"}, {"n_init", "4"}, {"n_local", "8"}});
+      Session(0.5, n, {{"k", 24.0}, {"n_init", 4.0}, {"n_local", 8.0}});
   const Run run = Generate(prompt, steps, session.get());
   const TokenSelectStats& st = SelectorOf(*session).stats();
   EXPECT_EQ(st.calls, int64_t{L()} * steps);
@@ -448,7 +447,7 @@ TEST_F(TokenSelectModelTest, SmallBudgetVisitsFewerKeysAndStaysCloseToTheFullCac
   // Quality: teacher-forced on the full cache's tokens, against a StreamingLLM-like control
   // that attends to the same number of keys (the first 4 and the most recent 31).
   std::unique_ptr<CompressionSession> forced_session =
-      Session(0.5, n, {{"k", "24"}, {"n_init", "4"}, {"n_local", "8"}});
+      Session(0.5, n, {{"k", 24.0}, {"n_init", 4.0}, {"n_local", 8.0}});
   const Run selected = Generate(prompt, steps, forced_session.get(), nullptr, &full.tokens);
   SinksAndRecent control(4, 31);
   const Run local = Generate(prompt, steps, nullptr, &control, &full.tokens);

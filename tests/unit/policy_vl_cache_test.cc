@@ -33,7 +33,7 @@ using policy_testing::RunPolicy;
 // is a fraction of the spans (`budget_of=spans`) and only span tokens are ranked (`rank=spans`)
 // unless a test says otherwise.
 std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
-                                        absl::flat_hash_map<std::string, std::string> p = {}) {
+                                        PolicyParams p = {}) {
   p.try_emplace("budget_of", "spans");
   p.try_emplace("rank", "spans");
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
@@ -244,12 +244,12 @@ TEST(LayerBudgetSplit, RoundBudgetsNeverExceedsTheCap) {
 
 TEST(VlCachePolicy, ParamsAreValidated) {
   const PolicyContext c = Context(2, 2, 1, kN, kSpans);
-  EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"p", "2"}}), c).ok());
-  EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"bogus", "1"}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"p", 2.0}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"bogus", 1.0}}), c).ok());
   EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"selection", "x"}}), c).ok());
   EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"pooling", "median"}}), c).ok());
   EXPECT_TRUE(
-      CreatePolicy("vl_cache", PolicyConfig(0.1, {{"kernel", "7"}, {"pooling", "max"}}), c).ok());
+      CreatePolicy("vl_cache", PolicyConfig(0.1, {{"kernel", 7.0}, {"pooling", "max"}}), c).ok());
   EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(1.5, {}), c).ok());
   EXPECT_TRUE(CreatePolicy("vl_cache",
                            PolicyConfig(0.1, {{"selection", "shared"}, {"redistribute", "true"}}),

@@ -29,7 +29,7 @@ using policy_testing::RunPolicy;
 constexpr char kPolicy[] = "xkv";
 
 std::unique_ptr<CompressionPolicy> Make(double budget, const PolicyContext& c,
-                                        absl::flat_hash_map<std::string, std::string> p = {}) {
+                                        PolicyParams p = {}) {
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
       CreatePolicy(kPolicy, PolicyConfig(budget, std::move(p)), c);
   EXPECT_TRUE(policy.ok()) << policy.status();
@@ -138,7 +138,7 @@ TEST(XkvPolicy, IdenticalLayersReduceToSnapKv) {
   const PolicyContext c = Context(4, 4, 2, n, {});
   auto xkv = Make(0.25, c);
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> snap = CreatePolicy(
-      "snapkv", PolicyConfig(0.25, {{"window", "8"}, {"kernel", "7"}, {"pooling", "avg"}}), c);
+      "snapkv", PolicyConfig(0.25, {{"window", 8.0}, {"kernel", 7.0}, {"pooling", "avg"}}), c);
   ASSERT_TRUE(snap.ok());
   ASSERT_EQ(xkv->Observation().window_begin, n - 8);
   ASSERT_EQ((*snap)->Observation().window_begin, n - 8);
@@ -158,7 +158,7 @@ TEST(XkvPolicy, BudgetFollowsHowSpreadEachLayersImportanceIs) {
   const PolicyContext c = Context(2, 2, 1, n, {});
   // 21 per layer: 2 * 21 - 2 * 8 = 26 prefix tokens in all. No pooling here: a kernel-7 average
   // would smear layer 1's two peaks over 14 neighbours and flatten layer 0's comb.
-  auto policy = Make(0.2, c, {{"kernel", "1"}});
+  auto policy = Make(0.2, c, {{"kernel", 1.0}});
   // Layer 0: the window spreads its attention over 20 tokens; layer 1 over 2.
   LogitFn spread = [](int32_t, int32_t, int32_t j) { return (j % 5 == 0) ? 6.0 : 0.0; };
   LogitFn peaked = [](int32_t, int32_t, int32_t j) { return (j == 30 || j == 70) ? 9.0 : 0.0; };
@@ -181,7 +181,7 @@ TEST(XkvPolicy, RandomPatternsStayWithinBudget) {
     const int32_t layers = 1 + static_cast<int32_t>(rng() % 5);
     const PolicyContext c = Context(layers, 4, 2, n, {});
     const double budget = 0.02 + 0.95 * (rng() % 1000) / 1000.0;
-    auto policy = Make(budget, c, {{"min_per_layer", std::to_string(rng() % 4)}});
+    auto policy = Make(budget, c, {{"min_per_layer", static_cast<double>(rng() % 4)}});
     std::vector<LogitFn> fns;
     for (int32_t l = 0; l < layers; ++l) {
       const uint32_t seed = rng();
@@ -211,9 +211,9 @@ TEST(XkvPolicy, ProfileModeReusesTheAveragedAllocation) {
   const PolicyContext c = Context(2, 2, 1, n, {});
   LogitFn spread = [](int32_t, int32_t, int32_t j) { return (j % 5 == 0) ? 6.0 : 0.0; };
   LogitFn peaked = [](int32_t, int32_t, int32_t j) { return (j == 30 || j == 70) ? 9.0 : 0.0; };
-  const absl::flat_hash_map<std::string, std::string> params = {
-      {"mode", "profile"}, {"category", "7"}, {"profile_warmup", "1"}, {"profile_rate", "0"},
-      {"kernel", "1"}};
+  const PolicyParams params = {
+      {"mode", "profile"}, {"category", 7.0}, {"profile_warmup", 1.0}, {"profile_rate", 0.0},
+      {"kernel", 1.0}};
   // The first request of category 7 is profiled: its own allocation, recorded.
   auto first = Make(0.2, c, params);
   const KeepPlan a = RunPolicy(*first, c, {spread, peaked});
@@ -230,7 +230,7 @@ TEST(XkvPolicy, ProfileModeReusesTheAveragedAllocation) {
   // It still selects its own tokens within those budgets.
   for (int32_t t : {30, 70}) EXPECT_TRUE(Contains(b.layers[0].heads[0], t));
   // Another category knows nothing yet and profiles itself.
-  auto other = Make(0.2, c, {{"mode", "profile"}, {"category", "8"}, {"kernel", "1"}});
+  auto other = Make(0.2, c, {{"mode", "profile"}, {"category", 8.0}, {"kernel", 1.0}});
   const KeepPlan d = RunPolicy(*other, c, {peaked, spread});
   EXPECT_LT(d.layers[0].kept(), d.layers[1].kept());
   EXPECT_EQ(XkvProfileStore::Global().Samples(8, 2), 1);
@@ -267,13 +267,29 @@ TEST(XkvPolicy, ShortPromptsAreNotCompressed) {
 TEST(XkvPolicy, ParamsAreValidated) {
   const PolicyContext c = Context(2, 2, 1, 100, {});
   EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.1, {{"mode", "offline"}}), c).ok());
-  EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.1, {{"r_target", "2"}}), c).ok());
-  EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.1, {{"category", "x"}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.1, {{"r_target", 2.0}}), c).ok());
+  EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.1, {{"category", 2.5}}), c).ok());
   EXPECT_FALSE(CreatePolicy("xkv", PolicyConfig(0.0, {}), c).ok());
-  EXPECT_TRUE(CreatePolicy("xkv", PolicyConfig(0.1, {{"mode", "profile"}, {"category", "3"},
-                                                     {"r_target", "0.9"}, {"kernel", "5"}}),
+  EXPECT_TRUE(CreatePolicy("xkv", PolicyConfig(0.1, {{"mode", "profile"}, {"category", 3.0},
+                                                     {"r_target", 0.9}, {"kernel", 5.0}}),
                            c)
                   .ok());
+}
+
+// A category is a client's tag, any int32: large ones are no longer mangled into text.
+TEST(XkvPolicy, LargeCategoryArrivesExactly) {
+  absl::StatusOr<XkvOptions> o =
+      ParseXkvOptions(PolicyConfig(0.1, {{"mode", "profile"}, {"category", 1048576.0}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->profile);
+  EXPECT_EQ(o->category, 1048576);
+  o = ParseXkvOptions(PolicyConfig(0.1, {{"category", 2147483647.0}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->category, 2147483647);
+  o = ParseXkvOptions(PolicyConfig(0.1, {{"category", 2.5}}));
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("compression.params.category"), absl::string_view::npos)
+      << o.status();
 }
 
 }  // namespace

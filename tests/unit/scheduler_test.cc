@@ -57,7 +57,7 @@ class Harness {
     r.priority = a.priority;
     r.compression.policy = a.policy;
     r.compression.budget = a.budget;
-    if (!a.policy.empty()) r.compression.params["decode"] = "off";
+    if (!a.policy.empty()) r.compression.params["decode"] = std::string("off");
     auto seq = std::make_unique<Sequence>(std::move(r), kLayers, kBlockSize);
     seq->id = seq->arrival = static_cast<uint64_t>(seqs_.size());
     if (!a.policy.empty()) {
