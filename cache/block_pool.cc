@@ -29,11 +29,9 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& lay
 }
 
 BlockPool::BlockPool(const KvLayout& layout, int32_t num_blocks, float* arena)
-    : layout_(layout), num_blocks_(num_blocks), arena_(arena) {
-  free_list_.reserve(num_blocks);
+    : layout_(layout), num_blocks_(num_blocks), arena_(arena), meta_(num_blocks) {
   // Hand out low ids first: they were touched first and are likeliest to be resident.
-  for (int32_t b = num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
-  in_use_.assign(num_blocks, 0);
+  for (int32_t b = 0; b < num_blocks; ++b) PushFree(b, /*front=*/false);
 }
 
 BlockPool::~BlockPool() { std::free(arena_); }
@@ -45,12 +43,33 @@ int32_t BlockPool::BlocksForBytes(const KvLayout& layout, int64_t bytes) {
   return blocks > INT32_MAX ? INT32_MAX : static_cast<int32_t>(blocks);
 }
 
+void BlockPool::PushFree(int32_t block, bool front) {
+  Meta& m = meta_[block];
+  m.prev = front ? -1 : tail_;
+  m.next = front ? head_ : -1;
+  (m.prev >= 0 ? meta_[m.prev].next : head_) = block;
+  (m.next >= 0 ? meta_[m.next].prev : tail_) = block;
+  ++num_free_;
+  if (m.has_key) ++num_cached_free_;
+}
+
+void BlockPool::Unlink(int32_t block) {
+  Meta& m = meta_[block];
+  (m.prev >= 0 ? meta_[m.prev].next : head_) = m.next;
+  (m.next >= 0 ? meta_[m.next].prev : tail_) = m.prev;
+  m.prev = m.next = -1;
+  --num_free_;
+  if (m.has_key) --num_cached_free_;
+}
+
 bool BlockPool::Allocate(int32_t count, std::vector<int32_t>* out) {
-  if (count < 0 || count > num_free()) return false;
+  if (count < 0 || count > num_free_) return false;
   for (int32_t i = 0; i < count; ++i) {
-    const int32_t block = free_list_.back();
-    free_list_.pop_back();
-    in_use_[block] = 1;
+    const int32_t block = head_;
+    Unlink(block);
+    meta_[block].refs = 1;
+    ClearKey(block);
+    ++num_references_;
     out->push_back(block);
   }
   return true;
@@ -58,13 +77,46 @@ bool BlockPool::Allocate(int32_t count, std::vector<int32_t>* out) {
 
 void BlockPool::Free(std::span<const int32_t> blocks) {
   for (int32_t block : blocks) {
-    if (block < 0 || block >= num_blocks_ || !in_use_[block]) {
+    if (block < 0 || block >= num_blocks_ || meta_[block].refs <= 0) {
       std::fprintf(stderr, "KV block %d freed twice or never allocated\n", block);
       std::abort();
     }
-    in_use_[block] = 0;
-    free_list_.push_back(block);
+    --num_references_;
+    // Uncached blocks go to the front, to be reused before any cached block is reclaimed.
+    if (--meta_[block].refs == 0) PushFree(block, /*front=*/!meta_[block].has_key);
   }
+}
+
+void BlockPool::AddReference(int32_t block) {
+  if (meta_[block].refs == 0) Unlink(block);
+  ++meta_[block].refs;
+  ++num_references_;
+}
+
+int32_t BlockPool::FindCached(uint64_t key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? -1 : it->second;
+}
+
+void BlockPool::SetKey(int32_t block, uint64_t key) {
+  Meta& m = meta_[block];
+  if (m.has_key || index_.contains(key)) return;
+  m.has_key = true;
+  m.key = key;
+  index_[key] = block;
+}
+
+void BlockPool::ClearKey(int32_t block) {
+  Meta& m = meta_[block];
+  if (!m.has_key) return;
+  index_.erase(m.key);
+  m.has_key = false;
+  if (m.refs == 0) --num_cached_free_;
+}
+
+void BlockPool::CopyBlock(int32_t from, int32_t to) {
+  std::memcpy(arena_ + to * layout_.floats_per_block(), arena_ + from * layout_.floats_per_block(),
+              layout_.bytes_per_block());
 }
 
 }  // namespace winnow::cache

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace winnow::cache {
@@ -31,6 +32,11 @@ struct KvLayout {
   }
 };
 
+// Blocks are reference-counted so that sequences can share full prompt blocks (prefix
+// caching). A block whose last reference is dropped goes back to the free queue; if it carries a
+// content key (it holds a cached prompt block) it stays findable by that key until it is
+// reallocated, so "free" means "reclaimable": the pool reuses a cached block only when it has no
+// never-cached free block left, and then the least recently freed first (LRU).
 class BlockPool {
  public:
   // Allocates the arena; ResourceExhausted when the memory cannot be had.
@@ -45,14 +51,34 @@ class BlockPool {
 
   const KvLayout& layout() const { return layout_; }
   int32_t num_blocks() const { return num_blocks_; }
-  int32_t num_free() const { return static_cast<int32_t>(free_list_.size()); }
-  int32_t num_used() const { return num_blocks_ - num_free(); }
+  // Blocks no sequence references (cached ones included: they are reclaimed on demand).
+  int32_t num_free() const { return num_free_; }
+  int32_t num_used() const { return num_blocks_ - num_free_; }
+  // Sum of all blocks' reference counts: what the sequences' block tables hold in total.
+  int64_t num_references() const { return num_references_; }
+  // Free blocks that still hold a cached prompt block.
+  int32_t num_cached_free() const { return num_cached_free_; }
 
-  // Appends `count` block ids to `out`, or takes none and returns false when fewer are free.
+  // Appends `count` block ids, each with one reference, to `out`, or takes none and returns
+  // false when fewer are free. Reclaiming a cached block forgets its key.
   bool Allocate(int32_t count, std::vector<int32_t>* out);
-  // Returns blocks to the free list. Freeing a block that is not in use aborts: it would corrupt
+  // Drops one reference from each block. Freeing a block that has none aborts: it would corrupt
   // another sequence's cache, so it is a bug, not an input error.
   void Free(std::span<const int32_t> blocks);
+  // Adds a reference to a block found by FindCached (taking it off the free queue if needed).
+  void AddReference(int32_t block);
+  int32_t references(int32_t block) const { return meta_[block].refs; }
+
+  // --- Content index (prefix caching). Keys identify a block's contents: one layer's K/V of a
+  // full block of prompt tokens after a given prefix (cache/prefix_hash.h). ---
+  // The block holding `key`, or -1.
+  int32_t FindCached(uint64_t key) const;
+  // Records that `block` (referenced) holds `key`. A block holds at most one key; a key already
+  // held by another block is left there (two sequences computed the same prefix at once).
+  void SetKey(int32_t block, uint64_t key);
+  // Forgets the block's key (its contents are about to change, e.g. compaction in place).
+  void ClearKey(int32_t block);
+  bool has_key(int32_t block) const { return meta_[block].has_key; }
 
   float* Keys(int32_t block, int32_t kv_head) {
     return arena_ + block * layout_.floats_per_block() + kv_head * layout_.floats_per_head_block();
@@ -66,17 +92,38 @@ class BlockPool {
   const float* Values(int32_t block, int32_t kv_head) const {
     return Keys(block, kv_head) + int64_t{layout_.num_kv_heads} * layout_.floats_per_head_block();
   }
+  // Copies a whole block's K and V.
+  void CopyBlock(int32_t from, int32_t to);
   float* arena() { return arena_; }
   const float* arena() const { return arena_; }
 
  private:
+  struct Meta {
+    int32_t refs = 0;
+    bool has_key = false;
+    uint64_t key = 0;
+    // Free-queue links (valid while refs == 0).
+    int32_t prev = -1;
+    int32_t next = -1;
+  };
+
   BlockPool(const KvLayout& layout, int32_t num_blocks, float* arena);
+  void PushFree(int32_t block, bool front);
+  void Unlink(int32_t block);
 
   KvLayout layout_;
   int32_t num_blocks_;
   float* arena_;
-  std::vector<int32_t> free_list_;
-  std::vector<uint8_t> in_use_;
+  std::vector<Meta> meta_;
+  // Free queue, a doubly linked list through meta_: never-cached blocks at the front (reused
+  // first), cached ones appended at the back as they are freed (so the front-most cached block
+  // is the least recently used).
+  int32_t head_ = -1;
+  int32_t tail_ = -1;
+  int32_t num_free_ = 0;
+  int32_t num_cached_free_ = 0;
+  int64_t num_references_ = 0;
+  absl::flat_hash_map<uint64_t, int32_t> index_;  // key -> block
 };
 
 }  // namespace winnow::cache

@@ -51,6 +51,11 @@ class CompressionSession {
 
   const std::string& policy_name() const { return name_; }
   bool compressed() const { return compressed_; }
+  // The first prompt position whose query row the policy observes: the prefill of positions
+  // before it may be skipped (prefix cache) without changing the policy's decisions.
+  int32_t FirstObservedPosition() const {
+    return observe_.accumulate_all_rows ? 0 : observe_.window_begin;
+  }
   policies::CompressionPolicy& policy() { return *policy_; }
   const policies::SlotPositions& slot_positions() const { return slots_; }
   const CompressionStats& stats() const { return stats_; }

@@ -88,4 +88,45 @@ void SequenceKv::Release(BlockPool& pool) {
   }
 }
 
+void SequenceKv::AppendSharedBlock(BlockPool& pool, int32_t layer, int32_t block) {
+  Layer& l = layers_[layer];
+  if (l.num_slots != capacity(layer) || l.num_slots % block_size_ != 0) {
+    std::fprintf(stderr, "shared KV block appended after a partial block (layer %d)\n", layer);
+    std::abort();
+  }
+  pool.AddReference(block);
+  l.blocks.push_back(block);
+  l.num_slots += block_size_;
+}
+
+int32_t SequenceKv::SharedBlocks(const BlockPool& pool) const {
+  int32_t shared = 0;
+  for (const Layer& layer : layers_) {
+    for (int32_t b : layer.blocks) shared += pool.references(b) > 1 ? 1 : 0;
+  }
+  return shared;
+}
+
+int32_t SequenceKv::BlocksFreedByRelease(const BlockPool& pool) const {
+  return num_blocks_held() - SharedBlocks(pool);
+}
+
+bool SequenceKv::MakePrivate(BlockPool& pool) {
+  std::vector<int32_t> copies;
+  if (!pool.Allocate(SharedBlocks(pool), &copies)) return false;
+  size_t next = 0;
+  for (Layer& layer : layers_) {
+    for (int32_t& b : layer.blocks) {
+      if (pool.references(b) > 1) {
+        pool.CopyBlock(b, copies[next]);
+        pool.Free({&b, 1});
+        b = copies[next++];
+      } else {
+        pool.ClearKey(b);
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace winnow::cache

@@ -47,8 +47,22 @@ class SequenceKv {
   void Truncate(BlockPool& pool, int32_t layer, int32_t num_slots);
   // Frees blocks beyond what the filled slots need (e.g. a reservation that was not used).
   void TrimUnused(BlockPool& pool);
-  // Returns every block to the pool; the cache is then empty.
+  // Returns every block to the pool (drops this sequence's reference); the cache is then
+  // empty.
   void Release(BlockPool& pool);
+
+  // --- Prefix caching. ---
+  // Appends a full block shared with other sequences (a cached prompt block) to `layer`, which
+  // must hold whole blocks and no unused reservation. Takes a reference.
+  void AppendSharedBlock(BlockPool& pool, int32_t layer, int32_t block);
+  // Blocks that other sequences also reference.
+  int32_t SharedBlocks(const BlockPool& pool) const;
+  // Blocks that Release would return to the free queue (those only this sequence references).
+  int32_t BlocksFreedByRelease(const BlockPool& pool) const;
+  // Before the cache is rewritten in place (compaction): copies every shared block into a block
+  // of its own and forgets the content key of the blocks it owns alone, so the cached prefix
+  // stays intact for others. False (nothing changed) when the pool has too few free blocks.
+  bool MakePrivate(BlockPool& pool);
 
  private:
   int32_t block_size_;

@@ -87,6 +87,12 @@ absl::StatusOr<std::optional<CompressionEvent>> CpuWorker::RunCompression(
   }
   if (absl::Status st = c.AfterPrefillChunk(s.kv, pool_, model_.threads()); !st.ok()) return st;
   if (!chunk.samples) return std::nullopt;  // more of the prompt to come
+  // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
+  // first (admission reserved room for the copies), so the others keep their prefix intact.
+  if (!s.kv.MakePrivate(pool_)) {
+    return absl::ResourceExhaustedError(
+        "no free KV block to copy the shared prompt prefix before compression");
+  }
   absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool_, model_.threads());
   if (!st.ok()) return st.status();
   return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "cache/block_pool.h"
+#include "cache/prefix_cache.h"
 #include "scheduler/cpu_worker.h"
 #include "scheduler/output_processor.h"
 #include "scheduler/scheduler.h"
@@ -201,6 +202,7 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
   limits.max_tokens_limit = options.max_tokens_limit;
   limits.kv_blocks_total = num_blocks;
   limits.max_tokens_in_pool = int64_t{num_blocks / config.num_layers} * options.block_size;
+  limits.prefix_caching = options.enable_prefix_caching;
   return limits;
 }
 
@@ -259,6 +261,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   auto seq = std::make_unique<Sequence>(std::move(request), config.num_layers,
                                         limits_.block_size);
   seq->compression = *std::move(compression);
+  if (limits_.prefix_caching) {
+    seq->prefix_keys = cache::PrefixBlockKeys(seq->req.prompt_tokens, seq->req.embeddings,
+                                              config.hidden_size, limits_.block_size,
+                                              seq->req.cache_salt);
+  }
   seq->output = std::make_unique<OutputStream>(model_->tokenizer(), seq->req.stop_strings,
                                                std::move(sink));
   seq->submit_time = absl::Now();
@@ -431,6 +438,11 @@ void Engine::Impl::ApplyPlan(const IterationPlan& plan) {
     s->start_time = now;
     if (observer) observer->OnRequestStarted(s->id, now - s->submit_time);
   }
+  for (const PrefixLookup& lookup : plan.prefix_lookups) {
+    // Usage reports the first admission's hit; a recompute after preemption is internal.
+    if (lookup.seq->preemptions == 0) lookup.seq->cached_prompt_tokens = lookup.hit_tokens;
+    if (observer) observer->OnPrefixCacheLookup(lookup.queried_tokens, lookup.hit_tokens);
+  }
   for (const ScheduledChunk& c : plan.chunks) {
     c.seq->kv_blocks_peak = std::max(c.seq->kv_blocks_peak, c.seq->kv.num_blocks_held());
   }
@@ -461,7 +473,7 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Sequence* s = plan.chunks[i].seq;
     const ChunkResult& r = out.chunks[i];
-    s->num_computed += plan.chunks[i].count;
+    scheduler.OnChunkComputed(plan.chunks[i]);
     if (r.compression.has_value()) {
       if (r.compression->prefill) {
         s->compression_kept_per_layer = s->compression->stats().kept_per_layer;
@@ -508,11 +520,11 @@ void Engine::Impl::Publish() {
 void Engine::Impl::CheckPoolInvariant() const {
   int64_t held = 0;
   for (const auto& s : seqs) held += s->kv.num_blocks_held();
-  if (held != pool->num_used()) {
+  if (held != pool->num_references()) {
     // Leaked or double-owned blocks corrupt other sequences' caches or shrink the pool for
     // good; in debug builds that is worth a crash, in release a loud log.
-    spdlog::critical("engine: KV pool says {} blocks in use but sequences hold {}",
-                     pool->num_used(), held);
+    spdlog::critical("engine: KV pool counts {} block references but sequences hold {}",
+                     pool->num_references(), held);
 #ifndef NDEBUG
     std::abort();
 #endif

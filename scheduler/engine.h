@@ -36,6 +36,8 @@ struct EngineOptions {
   int32_t kv_blocks = 0;                        // > 0: exact pool size in blocks
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 0;   // upper bound on GenerationRequest::max_tokens; 0: none
+  // Share the KV of full prompt blocks between requests with the same prefix (and salt).
+  bool enable_prefix_caching = true;
 };
 
 struct EngineLimits {
@@ -47,6 +49,7 @@ struct EngineLimits {
   int32_t max_tokens_limit = 0;  // 0: none beyond the context
   int32_t context_length = 0;
   int32_t kv_blocks_total = 0;
+  bool prefix_caching = false;
   // Tokens one sequence could hold if it had the whole pool (kv_blocks_total / layers * size).
   int64_t max_tokens_in_pool = 0;
 };

@@ -79,6 +79,9 @@ class EngineObserver {
   virtual void OnToken(uint64_t id, absl::Duration inter_token_latency) {}
   // The sequence lost its KV blocks and will recompute them later.
   virtual void OnPreemption(uint64_t id) {}
+  // A request was admitted with prefix caching on: `hit_tokens` of its `queried_tokens` prompt
+  // tokens had their K/V in the cache (vLLM's prefix_cache_queries / prefix_cache_hits).
+  virtual void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {}
   // The sequence's KV was compacted by its compression policy.
   virtual void OnCompression(const CompressionEvent& event) {}
   virtual void OnRequestFinished(const RequestStats& stats) {}

@@ -69,6 +69,7 @@ FinishEvent OutputProcessor::MakeFinishEvent(const Sequence& seq, FinishReason r
   event.status = std::move(status);
   Usage& u = event.usage;
   u.prompt_tokens = seq.prompt_len;
+  u.cached_prompt_tokens = seq.cached_prompt_tokens;
   u.completion_tokens = seq.num_generated;
   u.kv_blocks_at_finish = seq.kv.num_blocks_held();
   u.kv_blocks_peak = std::max(seq.kv_blocks_peak, u.kv_blocks_at_finish);

@@ -59,6 +59,8 @@ struct GenerationRequest {
   // sorted, disjoint): what modality-aware policies score and evict; the text after the last
   // one is their observation window. Empty: a plain text prompt.
   std::vector<cache::policies::PromptSpan> prompt_spans;
+  // Prefix caching: only requests with equal salts share cached KV blocks.
+  std::string cache_salt;
 };
 
 struct TokenLogprob {
@@ -79,6 +81,7 @@ struct TokenEvent {
 
 struct Usage {
   int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   int32_t completion_tokens = 0;
   int32_t kv_blocks_peak = 0;       // most blocks (all layers) the sequence held at once
   int32_t kv_blocks_at_finish = 0;  // blocks held just before they were freed

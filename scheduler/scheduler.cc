@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_format.h"
+#include "cache/prefix_cache.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::scheduler {
@@ -38,6 +39,19 @@ class IterationBuilder {
  private:
   void ScheduleRunning(Sequence* s);
   void AdmitWaiting();
+  // What admitting a waiting sequence takes: prefix-cache hits (whole blocks per layer), the
+  // tokens left to compute, this iteration's chunk, and the free blocks it consumes.
+  struct Admission {
+    int32_t hit_blocks = 0;     // cached prompt blocks found in every layer
+    int32_t cached_blocks = 0;  // hit_blocks x layers
+    int32_t rest = 0;           // tokens to compute after the hit
+    int32_t chunk = 0;          // of which this iteration
+    int64_t need = 0;           // free blocks it needs now (the peak, when compressing)
+  };
+  Admission PlanAdmission(const Sequence& s) const;
+  // Attaches the hit, reserves the chunk and marks the sequence running; false (and nothing
+  // changed) when the reservation fails.
+  bool Admit(Sequence* s, const Admission& a);
   // Preempts the last running sequence in scheduling order; returns it (null: none left).
   Sequence* PreemptLowest();
   // Preempts running sequences of lower priority than `s` when that makes room for `need`
@@ -50,9 +64,10 @@ class IterationBuilder {
            need <= pool_.num_free() + freed - (outstanding_ - freed_outstanding);
   }
   // Blocks an admitted compressing sequence still needs to finish its prefill.
+  // (Also the private copies of its attached cached blocks, made before compaction.)
   static int64_t Outstanding(const Sequence* s) {
     if (!s->running() || !s->awaits_compression()) return 0;
-    return s->kv.BlocksNeeded(s->num_uncomputed());
+    return s->kv.BlocksNeeded(s->num_uncomputed()) + s->attached_cached_blocks;
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
   int32_t TokensThatFit(const Sequence& s, int32_t want) const;
@@ -103,6 +118,8 @@ Sequence* IterationBuilder::PreemptLowest() {
     victim->kv.Release(pool_);
     victim->state = SequenceState::kWaiting;
     victim->num_computed = 0;
+    victim->published_blocks = 0;
+    victim->attached_cached_blocks = 0;
     ++victim->preemptions;
     plan_.preempted.push_back(victim);
     return victim;
@@ -117,30 +134,71 @@ void IterationBuilder::AdmitWaiting() {
   }
   for (Sequence* s : waiting_) {
     if (budget_ == 0) break;
-    const int32_t remaining = s->num_uncomputed();
-    const int32_t n = std::min(remaining, budget_);
     const bool compressing = s->awaits_compression();
     // A compressing sequence must be able to hold its whole prompt before its policy runs.
-    const int64_t need = s->kv.BlocksNeeded(compressing ? remaining : n);
-    if (compressing && need > pool_.num_blocks()) {
+    if (compressing && s->kv.BlocksNeeded(s->num_uncomputed()) > pool_.num_blocks()) {
       // Only after a preemption: the recomputed prompt + generated tokens outgrew the pool.
       plan_.rejected.push_back(
           {s, absl::ResourceExhaustedError(absl::StrFormat(
                   "preempted request must recompute %d tokens uncompressed before its policy "
                   "can compress them, which needs %d KV blocks; the pool has %d",
-                  remaining, need, pool_.num_blocks()))});
+                  s->num_uncomputed(), s->kv.BlocksNeeded(s->num_uncomputed()),
+                  pool_.num_blocks()))});
       continue;
     }
+    const Admission a = PlanAdmission(*s);
     // Strict order: letting a smaller, lower-priority request slip past would starve long
     // prompts.
-    if (!Fits(need, 0, 0, 0) && !DisplaceLowerPriority(s, need)) break;
-    if (!s->kv.Reserve(pool_, n)) break;
-    if (compressing) outstanding_ += s->kv.BlocksNeeded(remaining - n);
-    s->state = SequenceState::kRunning;
+    if (!Fits(a.need, 0, 0, 0) && !DisplaceLowerPriority(s, a.need)) break;
+    if (!Admit(s, a)) break;
+    if (compressing) outstanding_ += s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks;
     ++holding_;
-    plan_.admitted.push_back(s);
-    AddChunk(s, n);
   }
+}
+
+IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) const {
+  Admission a;
+  const int32_t layers = pool_.layout().num_layers;
+  const int32_t block_size = pool_.layout().block_size;
+  if (!s.prefix_keys.empty()) {
+    a.hit_blocks = cache::CountCachedBlocks(pool_, s.prefix_keys, layers,
+                                            s.CacheablePrefix() / block_size);
+  }
+  a.cached_blocks = a.hit_blocks * layers;
+  a.rest = s.num_uncomputed() - a.hit_blocks * block_size;
+  a.chunk = std::min(a.rest, budget_);
+  const bool compressing = s.awaits_compression();
+  // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
+  // cached blocks that leave the free queue when attached, and (compressing) a private copy
+  // of each attached block, made before compaction rewrites the cache in place.
+  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk);
+  if (a.hit_blocks > 0) {
+    a.need += cache::CountFreeCachedBlocks(pool_, s.prefix_keys, layers, a.hit_blocks);
+    if (compressing) a.need += a.cached_blocks;
+  }
+  return a;
+}
+
+bool IterationBuilder::Admit(Sequence* s, const Admission& a) {
+  const int32_t block_size = pool_.layout().block_size;
+  // Attach before reserving, so the reservation cannot reclaim the blocks being reused.
+  if (a.hit_blocks > 0) cache::AttachCachedPrefix(pool_, s->prefix_keys, a.hit_blocks, s->kv);
+  s->num_computed = a.hit_blocks * block_size;
+  if (!s->kv.Reserve(pool_, a.chunk)) {
+    // Only when displaced sequences shared the reused blocks, so fewer were freed than
+    // counted: undo and wait.
+    s->kv.Release(pool_);
+    s->num_computed = 0;
+    return false;
+  }
+  s->attached_cached_blocks = a.cached_blocks;
+  s->state = SequenceState::kRunning;
+  plan_.admitted.push_back(s);
+  if (!s->prefix_keys.empty()) {
+    plan_.prefix_lookups.push_back({s, s->prompt_len, s->num_computed});
+  }
+  AddChunk(s, a.chunk);
+  return true;
 }
 
 bool IterationBuilder::DisplaceLowerPriority(const Sequence* s, int64_t need) {
@@ -150,7 +208,7 @@ bool IterationBuilder::DisplaceLowerPriority(const Sequence* s, int64_t need) {
     const Sequence* r = *it;
     if (!r->running()) continue;
     if (r->req.priority >= s->req.priority) break;  // sorted: no lower one is left
-    freed += r->kv.num_blocks_held();
+    freed += r->kv.BlocksFreedByRelease(pool_);
     freed_outstanding += Outstanding(r);
     ++victims;
     if (Fits(need, freed, freed_outstanding, victims)) {
@@ -198,6 +256,17 @@ Scheduler::Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool)
 
 IterationPlan Scheduler::Schedule(std::span<Sequence* const> live) {
   return IterationBuilder(limits_, pool_, live).Build();
+}
+
+void Scheduler::OnChunkComputed(const ScheduledChunk& chunk) {
+  Sequence& s = *chunk.seq;
+  s.num_computed += chunk.count;
+  if (s.prefix_keys.empty() || s.compression != nullptr) return;
+  const int32_t full = std::min(std::min(s.num_computed, s.prompt_len) / pool_.layout().block_size,
+                                static_cast<int32_t>(s.prefix_keys.size()));
+  if (full <= s.published_blocks) return;
+  cache::PublishPrefixBlocks(pool_, s.prefix_keys, s.published_blocks, full, s.kv);
+  s.published_blocks = full;
 }
 
 void Scheduler::Release(Sequence& seq) {

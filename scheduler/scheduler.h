@@ -19,6 +19,9 @@
 //      still need to finish their prefill, hold its whole prefill (the peak). Once compressed,
 //      a sequence counts with the blocks it holds, so the blocks its compaction freed admit
 //      waiting requests at the next iteration;
+//      With prefix caching, an admitted sequence first attaches the cached blocks of its
+//      prompt's leading full blocks (shared, refcounted) and computes only the rest; cached
+//      blocks nobody references count as free (the pool reclaims them LRU on demand);
 //   3. a waiting sequence that does not fit may displace running sequences of strictly lower
 //      priority (lowest first), but only when displacing all of those makes room, so nothing
 //      is preempted for nothing. Equal priorities never preempt each other.
@@ -37,6 +40,13 @@ namespace winnow::scheduler {
 struct SchedulerLimits {
   int32_t max_batched_tokens = 2048;  // tokens fed to one forward (prefill chunks + decodes)
   int32_t max_seqs = 64;              // sequences holding KV blocks at once
+};
+
+// A sequence admitted with part of its prompt found in the prefix cache.
+struct PrefixLookup {
+  Sequence* seq = nullptr;
+  int32_t queried_tokens = 0;  // the prompt's tokens
+  int32_t hit_tokens = 0;      // leading tokens whose K/V were attached, not computed
 };
 
 // `count` tokens of one sequence, at positions [start, start + count), fed to this iteration's
@@ -62,6 +72,7 @@ struct IterationPlan {
   std::vector<Sequence*> admitted;     // left the waiting queue this iteration
   std::vector<Sequence*> preempted;    // released their blocks; waiting to recompute
   std::vector<Rejection> rejected;     // can never run again: the engine finishes them
+  std::vector<PrefixLookup> prefix_lookups;  // one per admitted sequence with prefix keys
 
   int32_t num_tokens() const;
 };
@@ -74,6 +85,11 @@ class Scheduler {
   // sequences become kRunning; preempted ones release their blocks and become kWaiting with
   // nothing computed (the caller resets what else recomputation needs, e.g. compression).
   IterationPlan Schedule(std::span<Sequence* const> live);
+
+  // After the worker ran `chunk`: its tokens' K/V are in the cache. Advances num_computed and,
+  // with prefix caching, keys the full prompt blocks now computed so later prompts reuse them
+  // (not a compressing sequence's: its compaction rewrites them).
+  void OnChunkComputed(const ScheduledChunk& chunk);
 
   // Returns every block a sequence holds to the pool and marks it finished.
   void Release(Sequence& seq);

@@ -1,5 +1,6 @@
 #include "scheduler/sequence.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "model/model.h"
@@ -20,6 +21,12 @@ Sequence::Sequence(GenerationRequest request, int32_t num_layers, int32_t block_
     if (!embedding) prompt_ids.push_back(tokens[i]);
   }
   sampler.AddPromptTokens(prompt_ids);
+}
+
+int32_t Sequence::CacheablePrefix() const {
+  int32_t limit = num_tokens() - 1;
+  if (awaits_compression()) limit = std::min(limit, compression->FirstObservedPosition());
+  return std::max(limit, 0);
 }
 
 bool ScheduledBefore(const Sequence* a, const Sequence* b) {

@@ -62,6 +62,13 @@ struct Sequence {
   // recomputed cache is compressed again.
   std::unique_ptr<cache::CompressionSession> compression;
   model::Sampler sampler;
+  // Prefix caching (empty when off): content keys of the prompt's full blocks, and how many of
+  // them this sequence has published (keyed) in the pool.
+  std::vector<uint64_t> prefix_keys;
+  int32_t published_blocks = 0;
+  // Blocks attached from the prefix cache at admission (every layer): a compressing sequence
+  // copies those still shared before its compaction, so admission reserves room for them.
+  int32_t attached_cached_blocks = 0;
 
   // --- Stream (output processor); null where no client listens (scheduler tests). ---
   std::unique_ptr<OutputStream> output;
@@ -75,6 +82,7 @@ struct Sequence {
   absl::Time last_token_time;
   int32_t preemptions = 0;
   int32_t kv_blocks_peak = 0;
+  int32_t cached_prompt_tokens = 0;  // prefix-cache hit at the first admission
   // Compression totals of sessions lost to preemptions, and the last prefill's kept slots.
   int32_t compression_blocks_freed = 0;
   int64_t compression_slots_evicted = 0;
@@ -90,6 +98,10 @@ struct Sequence {
   bool awaits_compression() const {
     return compression != nullptr && !compression->compressed();
   }
+  // How many leading prompt tokens may come from the prefix cache: whole blocks, never the
+  // last token (its logits are needed), and for a compressing sequence none its policy
+  // observes (their query rows must be computed).
+  int32_t CacheablePrefix() const;
 };
 
 // Scheduling order: higher priority first, then earlier arrival. Preemption victims are taken

@@ -73,5 +73,97 @@ TEST(SequenceKvTest, TrimUnusedReturnsReservationBeyondFilledSlots) {
   kv.Release(**pool);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Reference counts and the content index (prefix caching).
+
+TEST(BlockPoolTest, SharedBlockReturnsToTheFreeQueueWithItsLastReference) {
+  auto pool = *BlockPool::Create(SmallLayout(), 4);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(pool->Allocate(1, &blocks));
+  pool->AddReference(blocks[0]);
+  EXPECT_EQ(pool->references(blocks[0]), 2);
+  EXPECT_EQ(pool->num_references(), 2);
+  pool->Free(blocks);
+  EXPECT_EQ(pool->num_free(), 3);  // still referenced once
+  pool->Free(blocks);
+  EXPECT_EQ(pool->num_free(), 4);
+  EXPECT_EQ(pool->num_references(), 0);
+}
+
+TEST(BlockPoolTest, CachedFreeBlocksStayFindableAndAreReclaimedLast) {
+  auto pool = *BlockPool::Create(SmallLayout(), 3);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(pool->Allocate(2, &a));
+  pool->SetKey(a[0], 111);
+  pool->SetKey(a[1], 222);
+  pool->Free(a);  // both cached and free: 3 free, 2 of them cached
+  EXPECT_EQ(pool->num_free(), 3);
+  EXPECT_EQ(pool->num_cached_free(), 2);
+  EXPECT_EQ(pool->FindCached(111), a[0]);
+
+  // The never-cached block goes first; then the least recently freed cached one (a[0]).
+  ASSERT_TRUE(pool->Allocate(1, &b));
+  EXPECT_NE(b[0], a[0]);
+  EXPECT_NE(b[0], a[1]);
+  EXPECT_EQ(pool->FindCached(111), a[0]);
+  ASSERT_TRUE(pool->Allocate(1, &b));
+  EXPECT_EQ(b[1], a[0]);
+  EXPECT_EQ(pool->FindCached(111), -1);  // reclaimed: its key is forgotten
+  EXPECT_EQ(pool->FindCached(222), a[1]);
+  EXPECT_EQ(pool->num_cached_free(), 1);
+
+  // Reusing a cached free block takes it off the free queue.
+  pool->AddReference(a[1]);
+  EXPECT_EQ(pool->num_free(), 0);
+  EXPECT_FALSE(pool->Allocate(1, &b));
+  pool->Free({&a[1], 1});
+  pool->Free(b);
+  EXPECT_EQ(pool->num_free(), 3);
+}
+
+TEST(BlockPoolTest, AKeyStaysWithTheFirstBlockThatHeldIt) {
+  auto pool = *BlockPool::Create(SmallLayout(), 2);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(pool->Allocate(2, &blocks));
+  pool->SetKey(blocks[0], 5);
+  pool->SetKey(blocks[1], 5);  // computed the same prefix concurrently
+  EXPECT_EQ(pool->FindCached(5), blocks[0]);
+  EXPECT_FALSE(pool->has_key(blocks[1]));
+  pool->ClearKey(blocks[0]);
+  EXPECT_EQ(pool->FindCached(5), -1);
+  pool->Free(blocks);
+}
+
+TEST(SequenceKvTest, MakePrivateCopiesSharedBlocksAndLeavesTheOriginalIntact) {
+  auto pool = *BlockPool::Create(SmallLayout(), 8);
+  SequenceKv owner(3, 4), sharer(3, 4);
+  ASSERT_TRUE(owner.Reserve(*pool, 4));
+  for (int l = 0; l < 3; ++l) {
+    owner.AppendSlots(l, 4);
+    pool->Keys(owner.block_table(l)[0], 0)[0] = 10.0f + l;
+    pool->SetKey(owner.block_table(l)[0], 100 + l);
+    sharer.AppendSharedBlock(*pool, l, owner.block_table(l)[0]);
+  }
+  EXPECT_EQ(sharer.SharedBlocks(*pool), 3);
+  EXPECT_EQ(sharer.BlocksFreedByRelease(*pool), 0);
+  ASSERT_TRUE(sharer.MakePrivate(*pool));
+  for (int l = 0; l < 3; ++l) {
+    const int32_t mine = sharer.block_table(l)[0];
+    EXPECT_NE(mine, owner.block_table(l)[0]);
+    EXPECT_EQ(pool->Keys(mine, 0)[0], 10.0f + l);
+    pool->Keys(mine, 0)[0] = -1.0f;  // compaction writes here...
+    EXPECT_EQ(pool->Keys(owner.block_table(l)[0], 0)[0], 10.0f + l);  // ...not there
+    EXPECT_EQ(pool->FindCached(100 + l), owner.block_table(l)[0]);
+  }
+  EXPECT_EQ(sharer.SharedBlocks(*pool), 0);
+  // Blocks it owns alone lose their key instead: their contents are about to change.
+  ASSERT_TRUE(owner.MakePrivate(*pool));
+  EXPECT_EQ(pool->FindCached(100), -1);
+  owner.Release(*pool);
+  sharer.Release(*pool);
+  EXPECT_EQ(pool->num_free(), 8);
+  EXPECT_EQ(pool->num_references(), 0);
+}
+
 }  // namespace
 }  // namespace winnow::cache

@@ -140,8 +140,13 @@ class CountingObserver : public EngineObserver {
     ++finished;
     completion_tokens += stats.completion_tokens;
   }
+  void OnPrefixCacheLookup(int32_t queried, int32_t hit) override {
+    prefix_queried += queried;
+    prefix_hits += hit;
+  }
   void OnIteration(const IterationStats& stats) override {
     ++iterations;
+    prefill_tokens += stats.prefill_tokens;
     max_batch_tokens = std::max(max_batch_tokens.load(), stats.batch_tokens);
   }
   void OnSchedulerState(const SchedulerState& state) override {
@@ -155,6 +160,7 @@ class CountingObserver : public EngineObserver {
 
   std::atomic<int> queued{0}, started{0}, tokens{0}, preemptions{0}, finished{0};
   std::atomic<int> completion_tokens{0}, iterations{0}, max_batch_tokens{0};
+  std::atomic<int> prefill_tokens{0}, prefix_queried{0}, prefix_hits{0};
 
  private:
   std::mutex mu;
@@ -492,6 +498,81 @@ TEST_F(EngineTest, EqualPriorityWaitsInsteadOfPreempting) {
   ASSERT_TRUE(second->WaitDone());
   EXPECT_EQ(first->finish().usage.preemptions, 0);
   EXPECT_EQ(engine->Snapshot().preemptions_total, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefix caching on the real model.
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_F(EngineTest, PrefixCachingComputesASharedPrefixOnceWithIdenticalOutputs) {
+  // A 64-token "system prompt" (4 blocks of 16) shared by four requests.
+  const std::vector<int32_t> system = Prompt(64, 9);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(Greedy(Concat(system, Prompt(10, i)), 6));
+
+  auto run = [&](bool caching, CountingObserver* observer) {
+    EngineOptions options;
+    options.enable_prefix_caching = caching;
+    std::unique_ptr<Engine> engine = MakeEngine(options, observer);
+    std::vector<std::vector<int32_t>> outputs;
+    std::vector<int32_t> cached;
+    // The first alone, so its blocks are published; then the rest at once.
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      EXPECT_TRUE(engine->Submit(requests[i], sinks.back()).ok());
+      if (i == 0) {
+        EXPECT_TRUE(sinks[0]->WaitDone());
+      }
+    }
+    for (auto& sink : sinks) {
+      EXPECT_TRUE(sink->WaitDone());
+      outputs.push_back(sink->tokens());
+      cached.push_back(sink->finish().usage.cached_prompt_tokens);
+    }
+    EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+    return std::make_pair(outputs, cached);
+  };
+  CountingObserver off_stats, on_stats;
+  const auto off = run(false, &off_stats);
+  const auto on = run(true, &on_stats);
+  EXPECT_EQ(on.first, off.first);  // greedy outputs identical with caching on and off
+  EXPECT_EQ(off.second, (std::vector<int32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(on.second, (std::vector<int32_t>{0, 64, 64, 64}));
+  // Prefill token counts prove it: the shared 64 tokens were computed once, not four times.
+  EXPECT_EQ(off_stats.prefill_tokens.load() - on_stats.prefill_tokens.load(), 3 * 64);
+  EXPECT_EQ(on_stats.prefix_queried.load(), 4 * 74);
+  EXPECT_EQ(on_stats.prefix_hits.load(), 3 * 64);
+}
+
+TEST_F(EngineTest, CompressingASharerLeavesTheOthersOutputUnchanged) {
+  const std::vector<int32_t> shared = Prompt(96, 11);
+  const GenerationRequest plain = Greedy(Concat(shared, Prompt(8, 1)), 24);
+  const std::vector<int32_t> alone = RunAlone({plain})[0];
+
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto first = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(plain, first).ok());
+  ASSERT_TRUE(first->WaitTokens(2));  // its prompt blocks are published
+  // SnapKV observes only its last 32 rows, so the shared blocks before them are reused, then
+  // copied before its compaction.
+  GenerationRequest squeezed = Greedy(Concat(shared, Prompt(40, 2)), 8);
+  squeezed.compression.policy = "snapkv";
+  squeezed.compression.budget = 0.3;
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(squeezed, second).ok());
+  ASSERT_TRUE(second->WaitDone());
+  ASSERT_TRUE(first->WaitDone());
+  EXPECT_GT(second->finish().usage.cached_prompt_tokens, 0);
+  EXPECT_GT(second->finish().usage.kv_blocks_freed_by_compression, 0);
+  EXPECT_EQ(first->tokens(), alone);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
 }
 
 }  // namespace

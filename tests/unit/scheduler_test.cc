@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/prefix_cache.h"
 #include "kernels/cpu/thread_pool.h"
 #include "scheduler/sequence.h"
 
@@ -41,7 +42,8 @@ struct Arrival {
 // A pool, a scheduler and the sequences it schedules, driven one iteration at a time.
 class Harness {
  public:
-  Harness(int32_t num_blocks, SchedulerLimits limits) {
+  Harness(int32_t num_blocks, SchedulerLimits limits, bool prefix_caching = false)
+      : prefix_caching_(prefix_caching) {
     const cache::KvLayout layout{kLayers, /*num_kv_heads=*/1, /*head_dim=*/4, kBlockSize};
     pool_ = *cache::BlockPool::Create(layout, num_blocks);
     scheduler_ = std::make_unique<Scheduler>(limits, *pool_);
@@ -50,9 +52,10 @@ class Harness {
     for (auto& s : seqs_) s->kv.Release(*pool_);
   }
 
-  Sequence* Add(const Arrival& a) {
+  // `tokens` (default: prompt_len ones) matter only with prefix caching.
+  Sequence* Add(const Arrival& a, std::vector<int32_t> tokens = {}, std::string salt = "") {
     GenerationRequest r;
-    r.prompt_tokens.assign(a.prompt_len, 1);
+    r.prompt_tokens = tokens.empty() ? std::vector<int32_t>(a.prompt_len, 1) : tokens;
     r.max_tokens = a.max_tokens;
     r.priority = a.priority;
     r.compression.policy = a.policy;
@@ -60,6 +63,9 @@ class Harness {
     if (!a.policy.empty()) r.compression.params["decode"] = std::string("off");
     auto seq = std::make_unique<Sequence>(std::move(r), kLayers, kBlockSize);
     seq->id = seq->arrival = static_cast<uint64_t>(seqs_.size());
+    if (prefix_caching_) {
+      seq->prefix_keys = cache::PrefixBlockKeys(seq->tokens, {}, 0, kBlockSize, salt);
+    }
     if (!a.policy.empty()) {
       auto session = MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, seq->req,
                                             a.prompt_len);
@@ -112,15 +118,17 @@ class Harness {
     Sequence& s = *c.seq;
     ASSERT_EQ(c.start, s.num_computed);
     for (int32_t l = 0; l < kLayers; ++l) s.kv.AppendSlots(l, c.count);  // as the forward does
-    s.num_computed += c.count;
-    if (s.awaits_compression() && c.samples) {
+    if (s.awaits_compression() && c.samples) {  // as the worker does
+      ASSERT_TRUE(s.kv.MakePrivate(*pool_));
       ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, threads_).ok());
     }
+    scheduler_->OnChunkComputed(c);
     if (!c.samples) return;
     s.tokens.push_back(7);
     if (++s.num_generated >= s.req.max_tokens) scheduler_->Release(s);
   }
 
+  bool prefix_caching_;
   std::unique_ptr<cache::BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
@@ -338,12 +346,138 @@ TEST(SchedulerTest, LongPromptIsNotStarvedByAStreamOfShortOnes) {
   EXPECT_LT(iterations, 20);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prefix caching.
+
+std::vector<int32_t> Tokens(int n, int first = 1) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = first + i;
+  return t;
+}
+
+TEST(PrefixCachingTest, ASharedPrefixIsComputedOnce) {
+  Harness h(40, {64, 8}, /*prefix_caching=*/true);
+  Sequence* first = h.Add({12, 2}, Tokens(12));
+  ASSERT_TRUE(h.RunToCompletion(10));
+  std::vector<int32_t> longer = Tokens(15);
+  Sequence* second = h.Add({15, 2}, longer);
+  const IterationPlan plan = h.Step();
+  // Blocks 0-2 (12 tokens) come from the cache: only the last 3 tokens are fed.
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 12);
+  EXPECT_EQ(plan.chunks[0].count, 3);
+  ASSERT_EQ(plan.prefix_lookups.size(), 1u);
+  EXPECT_EQ(plan.prefix_lookups[0].hit_tokens, 12);
+  EXPECT_EQ(plan.prefix_lookups[0].queried_tokens, 15);
+  EXPECT_TRUE(first->finished());
+  ASSERT_TRUE(h.RunToCompletion(10));
+  EXPECT_EQ(second->num_generated, 2);
+  EXPECT_EQ(h.pool().num_references(), 0);
+  EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks());
+}
+
+TEST(PrefixCachingTest, TheLastPromptTokenIsAlwaysComputed) {
+  Harness h(40, {64, 8}, true);
+  h.Add({12, 1}, Tokens(12));
+  ASSERT_TRUE(h.RunToCompletion(10));
+  h.Add({12, 1}, Tokens(12));
+  const IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 8);  // block 2 is cached too, but its logits are needed
+  EXPECT_EQ(plan.chunks[0].count, 4);
+}
+
+TEST(PrefixCachingTest, RunningSequencesShareBlocksAndPreemptionKeepsThem) {
+  Harness h(12, {64, 8}, true);
+  Sequence* a = h.Add({9, 6}, Tokens(9));
+  h.Step();  // blocks 0 and 1 of a's prompt are published
+  Sequence* b = h.Add({9, 6, /*priority=*/1}, Tokens(9));
+  h.Step();
+  ASSERT_TRUE(b->running());
+  for (int32_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(b->kv.block_table(l)[0], a->kv.block_table(l)[0]);
+    EXPECT_EQ(h.pool().references(a->kv.block_table(l)[0]), 2);
+  }
+  EXPECT_EQ(b->kv.SharedBlocks(h.pool()), 2 * kLayers);
+  // Preempting `a` drops its references; b's shared blocks stay in use.
+  Sequence* c = h.Add({12, 2, /*priority=*/2}, Tokens(12, 100));
+  const IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.preempted, (std::vector<Sequence*>{a}));
+  for (int32_t l = 0; l < kLayers; ++l) EXPECT_EQ(h.pool().references(b->kv.block_table(l)[0]), 1);
+  ASSERT_TRUE(h.RunToCompletion(100));
+  EXPECT_EQ(a->num_generated, 6);
+  EXPECT_EQ(c->num_generated, 2);
+  EXPECT_EQ(h.pool().num_references(), 0);
+}
+
+TEST(PrefixCachingTest, ReclaimingCachedBlocksNeverTakesOneInUse) {
+  Harness h(8, {64, 8}, true);
+  h.Add({8, 1}, Tokens(8));
+  ASSERT_TRUE(h.RunToCompletion(5));  // 4 cached blocks, all free
+  std::vector<int32_t> same_start = Tokens(8);
+  same_start[6] = 500;  // shares block 0 only
+  Sequence* sharer = h.Add({8, 4}, same_start);
+  h.Step();
+  ASSERT_TRUE(sharer->running());
+  const std::vector<int32_t> held = {sharer->kv.block_table(0)[0], sharer->kv.block_table(1)[0]};
+  // An unrelated prompt needs every other block: the cached-but-free ones are reclaimed.
+  Sequence* other = h.Add({8, 2}, Tokens(8, 900));
+  for (int i = 0; i < 100 && !h.AllFinished(); ++i) {
+    h.Step();
+    if (sharer->finished()) continue;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(sharer->kv.block_table(l)[0], held[l]);
+      EXPECT_TRUE(h.pool().has_key(held[l]));  // never reclaimed while in use
+      EXPECT_GE(h.pool().references(held[l]), 1);
+    }
+  }
+  ASSERT_TRUE(h.AllFinished());
+  EXPECT_EQ(other->num_generated, 2);
+  EXPECT_EQ(sharer->num_generated, 4);
+  EXPECT_EQ(h.pool().num_references(), 0);
+}
+
+TEST(PrefixCachingTest, DifferentSaltsNeverShare) {
+  Harness h(40, {64, 8}, true);
+  h.Add({12, 1}, Tokens(12), "tenant-a");
+  ASSERT_TRUE(h.RunToCompletion(5));
+  h.Add({12, 1}, Tokens(12), "tenant-b");
+  IterationPlan plan = h.Step();
+  EXPECT_EQ(plan.prefix_lookups.at(0).hit_tokens, 0);
+  h.Add({12, 1}, Tokens(12), "tenant-a");
+  plan = h.Step();
+  EXPECT_EQ(plan.prefix_lookups.at(0).hit_tokens, 8);
+}
+
+TEST(PrefixCachingTest, ACompressingSequenceCopiesTheSharedPrefixBeforeCompaction) {
+  Harness h(40, {64, 8}, true);
+  Sequence* plain = h.Add({16, 20}, Tokens(16));
+  h.Step();  // 4 blocks per layer published; `plain` keeps decoding
+  Sequence* squeezed = h.Add({20, 4, 0, "streaming_llm", 0.4}, Tokens(20));
+  const IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.prefix_lookups.size(), 1u);
+  EXPECT_EQ(plan.prefix_lookups[0].hit_tokens, 16);  // streaming_llm observes no query row
+  ASSERT_TRUE(squeezed->compression->compressed());
+  EXPECT_EQ(squeezed->kv.SharedBlocks(h.pool()), 0);  // its compacted blocks are its own
+  for (int32_t l = 0; l < kLayers; ++l) {
+    for (int32_t b = 0; b < 4; ++b) {
+      const int32_t block = plain->kv.block_table(l)[b];
+      EXPECT_EQ(h.pool().references(block), 1);
+      EXPECT_TRUE(h.pool().has_key(block));  // the cached prefix is intact for others
+    }
+  }
+  ASSERT_TRUE(h.RunToCompletion(100));
+  EXPECT_EQ(h.pool().num_references(), 0);
+}
+
 // Random arrivals against a small pool: whatever the interleaving of admissions and
 // preemptions, every sequence gets all its tokens and every block comes back.
 TEST(SchedulerTest, RandomWorkloadConservesTokensAndBlocks) {
   std::mt19937 rng(7);
-  for (int round = 0; round < 20; ++round) {
-    Harness h(24, {16 + static_cast<int32_t>(rng() % 48), 1 + static_cast<int32_t>(rng() % 6)});
+  for (int round = 0; round < 40; ++round) {
+    // Odd rounds with prefix caching; prompts then share random-length prefixes.
+    Harness h(24, {16 + static_cast<int32_t>(rng() % 48), 1 + static_cast<int32_t>(rng() % 6)},
+              /*prefix_caching=*/round % 2 == 1);
     std::vector<Sequence*> seqs;
     for (int i = 0; i < 12; ++i) {
       Arrival a{1 + static_cast<int32_t>(rng() % 30), 1 + static_cast<int32_t>(rng() % 16),
@@ -352,7 +486,11 @@ TEST(SchedulerTest, RandomWorkloadConservesTokensAndBlocks) {
         a.policy = "streaming_llm";
         a.budget = 0.5;
       }
-      seqs.push_back(h.Add(a));
+      std::vector<int32_t> tokens = Tokens(a.prompt_len);
+      for (int32_t j = static_cast<int32_t>(rng() % (a.prompt_len + 1)); j < a.prompt_len; ++j) {
+        tokens[j] = 1000 + static_cast<int32_t>(rng() % 5);
+      }
+      seqs.push_back(h.Add(a, tokens));
       h.Step();
     }
     ASSERT_TRUE(h.RunToCompletion(2000)) << "round " << round;
@@ -364,6 +502,7 @@ TEST(SchedulerTest, RandomWorkloadConservesTokensAndBlocks) {
       }
     }
     EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks()) << "round " << round;
+    EXPECT_EQ(h.pool().num_references(), 0) << "round " << round;
   }
 }
 
