@@ -153,6 +153,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     pending_.set_finish_reason(ToProto(event.reason));
     v1::Usage* usage = pending_.mutable_usage();
     usage->set_prompt_tokens(event.usage.prompt_tokens);
+    usage->set_cached_prompt_tokens(event.usage.cached_prompt_tokens);
     usage->set_completion_tokens(event.usage.completion_tokens);
     usage->set_kv_blocks_peak(event.usage.kv_blocks_peak);
     usage->set_kv_blocks_final(event.usage.kv_blocks_at_finish);

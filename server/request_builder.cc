@@ -304,6 +304,9 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return Invalid("request_id", absl::StrCat("longer than ", kMaxRequestIdBytes, " bytes"));
   }
+  if (request.cache_salt().size() > kMaxCacheSaltBytes) {
+    return Invalid("cache_salt", absl::StrCat("longer than ", kMaxCacheSaltBytes, " bytes"));
+  }
   // Cheap checks first: a bad parameter should not cost a tokenization of a long prompt.
   const v1::StoppingCriteria& stopping = request.stopping();
   WINNOW_RETURN_IF_ERROR(CheckStopping(stopping, model.config().vocab_size, limits));
@@ -323,6 +326,7 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
 
   scheduler::GenerationRequest out;
   out.request_id = request.request_id();
+  out.cache_salt = request.cache_salt();
   out.prompt_tokens = std::move(prompt.tokens);
   out.embeddings = std::move(prompt.embeddings);
   out.prompt_spans = std::move(prompt.spans);

@@ -49,6 +49,7 @@ RequestLimits LimitsFor(const scheduler::EngineLimits& engine);
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxRequestIdBytes = 256;
+inline constexpr size_t kMaxCacheSaltBytes = 256;
 inline constexpr size_t kMaxStopStrings = 64;
 
 // Prompt token ids (and embedding rows) of a request's input, validated.

@@ -157,6 +157,7 @@ TEST_F(RequestBuilderTest, RejectsEveryBadParameterNamingItsField) {
           {"stopping.stop_token_ids[0]",
            [](auto& r) { r.mutable_stopping()->add_stop_token_ids(-1); }},
           {"top_logprobs", [](auto& r) { r.set_top_logprobs(21); }},
+          {"cache_salt", [](auto& r) { r.set_cache_salt(std::string(257, 's')); }},
           {"top_logprobs", [](auto& r) { r.set_top_logprobs(-1); }},
           {"sampling.temperature", [&](auto& r) { r.mutable_sampling()->set_temperature(nan); }},
           {"sampling.temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }},
@@ -226,6 +227,7 @@ TEST_F(RequestBuilderTest, RejectsEveryBadCompressionFieldNamingIt) {
 TEST_F(RequestBuilderTest, ValidRequestComesOutTyped) {
   v1::GenerateRequest r = Valid();
   r.set_request_id("abc");
+  r.set_cache_salt("tenant-7");
   r.set_priority(3);
   r.set_logprobs(false);
   r.set_top_logprobs(2);
@@ -250,6 +252,7 @@ TEST_F(RequestBuilderTest, ValidRequestComesOutTyped) {
   absl::StatusOr<scheduler::GenerationRequest> out = Build(r);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->request_id, "abc");
+  EXPECT_EQ(out->cache_salt, "tenant-7");
   EXPECT_EQ(out->prompt_tokens, model_->tokenizer().Encode("The capital of France is", true, true));
   EXPECT_TRUE(out->embeddings.empty());
   EXPECT_TRUE(out->prompt_spans.empty());
