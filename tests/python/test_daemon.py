@@ -482,3 +482,29 @@ def test_bad_flags_fail_fast():
         p = subprocess.run([str(binary_path()), "serve", *args], capture_output=True, text=True,
                            timeout=30)
         assert p.returncode == 2 and needle in p.stderr, p.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Prefix caching
+
+
+def test_prefix_cache_reuses_a_shared_prefix_and_salts_isolate(daemon):
+    system = make_prompt(120, 77)  # well over a few 16-token blocks
+
+    def run(question: str, salt: str = ""):
+        req = daemon.client.build_request(system + " " + question, max_tokens=4,
+                                          temperature=0.0, ignore_eos=True)
+        req.cache_salt = salt
+        return daemon.client.generate_text(request=req, timeout=120)
+
+    text_a, ids_a, first = run("Who jumps?", salt="x")
+    assert first.usage.cached_prompt_tokens == 0
+    _, _, same_salt = run("Who sleeps?", salt="x")
+    assert same_salt.usage.cached_prompt_tokens >= 96
+    assert same_salt.usage.cached_prompt_tokens % 16 == 0
+    _, _, other_salt = run("Who sleeps?", salt="y")
+    assert other_salt.usage.cached_prompt_tokens == 0
+    # A hit changes nothing the client sees but the usage.
+    _, ids_again, again = run("Who jumps?", salt="x")
+    assert again.usage.cached_prompt_tokens > 0
+    assert ids_again == ids_a
