@@ -2,13 +2,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/cli.h"
 #include "model/model.h"
-#include "nlohmann/json.hpp"
 #include "model/sampler.h"
-#include "server/cli/args.h"
+#include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
 #include "server/cli/local_session.h"
 
@@ -20,68 +21,73 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+struct GenerateFlags {
+  CommonFlags common;
+  std::string prompt;
+  std::string system;
+  bool chat = false;
+  int32_t max_tokens = 128;
+  int32_t chunk_size = 512;
+  model::SamplingParams sampling;
+  bool ignore_eos = false;
+  bool quiet = false;
+  bool json = false;
+};
+
+void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
+  AddCommonFlags(app, &f->common);
+  app.add_option("--prompt", f->prompt, "the prompt (raw text, or the user message with --chat)")
+      ->required();
+  app.add_flag("--chat", f->chat, "render the prompt with the model's chat template");
+  app.add_option("--system", f->system, "--chat: a system message before the prompt");
+  app.add_option("--max-tokens", f->max_tokens, "tokens to generate at most")
+      ->check(base::AtLeast(1));
+  model::SamplingParams& s = f->sampling;
+  app.add_option("--temperature", s.temperature, "0: greedy")->check(base::AtLeast(0));
+  app.add_option("--top-k", s.top_k, "0: off")->check(base::AtLeast(0));
+  app.add_option("--top-p", s.top_p, "nucleus sampling; 1: off")->check(base::AboveAtMost(0, 1));
+  app.add_option("--min-p", s.min_p, "0: off")->check(base::InRange(0, 1));
+  app.add_option("--repetition-penalty", s.repetition_penalty, "1: off")->check(base::Above(0));
+  app.add_option("--frequency-penalty", s.frequency_penalty, "")->check(base::InRange(-2, 2));
+  app.add_option("--presence-penalty", s.presence_penalty, "")->check(base::InRange(-2, 2));
+  app.add_option("--seed", s.seed, "sampling seed");
+  app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
+  app.add_option("--chunk-size", f->chunk_size, "prefill chunk in tokens")
+      ->check(base::AtLeast(1));
+  app.add_flag("--json", f->json,
+               "print {prompt_token_ids, token_ids, text} at the end instead of streaming");
+  app.add_flag("--quiet", f->quiet, "no statistics line on stderr");
+}
+
 }  // namespace
 
-int RunGenerate(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      {"model", "prompt", "system", "max-tokens", "temperature", "top-k", "top-p", "min-p",
-       "repetition-penalty", "frequency-penalty", "presence-penalty", "seed", "threads",
-       "chunk-size"},
-      {"chat", "ignore-eos", "quiet", "json"});
-  if (!args.ok()) return Fail(args.status());
-  if (!args->Has("prompt")) return Fail(absl::InvalidArgumentError("--prompt is required"));
-
-  model::SamplingParams sampling;
-  int64_t max_tokens = 0, threads = 0, chunk_size = 0, top_k = 0, seed = 0;
-  double temperature = 0, top_p = 0, min_p = 0, repetition = 0, frequency = 0, presence = 0;
-#define WINNOW_FLAG(var, getter)              \
-  {                                           \
-    auto _v = (getter);                       \
-    if (!_v.ok()) return Fail(_v.status());   \
-    var = *_v;                                \
-  }
-  WINNOW_FLAG(max_tokens, args->GetInt("max-tokens", 128));
-  WINNOW_FLAG(threads, args->GetInt("threads", 0));
-  WINNOW_FLAG(chunk_size, args->GetInt("chunk-size", 512));
-  WINNOW_FLAG(top_k, args->GetInt("top-k", 0));
-  WINNOW_FLAG(seed, args->GetInt("seed", 0));
-  WINNOW_FLAG(temperature, args->GetDouble("temperature", 0.0));
-  WINNOW_FLAG(top_p, args->GetDouble("top-p", 1.0));
-  WINNOW_FLAG(min_p, args->GetDouble("min-p", 0.0));
-  WINNOW_FLAG(repetition, args->GetDouble("repetition-penalty", 1.0));
-  WINNOW_FLAG(frequency, args->GetDouble("frequency-penalty", 0.0));
-  WINNOW_FLAG(presence, args->GetDouble("presence-penalty", 0.0));
-#undef WINNOW_FLAG
-  if (max_tokens <= 0) return Fail(absl::InvalidArgumentError("--max-tokens must be > 0"));
-  if (chunk_size <= 0) return Fail(absl::InvalidArgumentError("--chunk-size must be > 0"));
-  sampling.temperature = static_cast<float>(temperature);
-  sampling.top_k = static_cast<int32_t>(top_k);
-  sampling.top_p = static_cast<float>(top_p);
-  sampling.min_p = static_cast<float>(min_p);
-  sampling.repetition_penalty = static_cast<float>(repetition);
-  sampling.frequency_penalty = static_cast<float>(frequency);
-  sampling.presence_penalty = static_cast<float>(presence);
-  sampling.seed = static_cast<uint64_t>(seed);
+int RunGenerate(const std::vector<std::string>& args) {
+  CLI::App app("Streams a completion of a prompt to stdout.", "winnow generate");
+  GenerateFlags f;
+  AddGenerateFlags(app, &f);
+  if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
+  model::SamplingParams sampling = f.sampling;
   if (absl::Status s = sampling.Validate(); !s.ok()) return Fail(s);
+  const int64_t max_tokens = f.max_tokens;
+  const int64_t chunk_size = f.chunk_size;
 
-  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(
-      args->GetString("model", DefaultModelPath()), {.num_threads = static_cast<int32_t>(threads)});
+  absl::StatusOr<std::unique_ptr<model::Model>> model =
+      model::Model::Load(f.common.model, {.num_threads = f.common.threads});
   if (!model.ok()) return Fail(model.status());
   const model::Tokenizer& tokenizer = (*model)->tokenizer();
 
-  std::string text = args->GetString("prompt");
-  if (args->Has("chat")) {
+  std::string text = f.prompt;
+  if (f.chat) {
     if (!(*model)->chat_template().ok()) return Fail((*model)->chat_template().status());
     std::vector<model::ChatMessage> messages;
-    if (args->Has("system")) messages.push_back({"system", args->GetString("system")});
+    if (!f.system.empty()) messages.push_back({"system", f.system});
     messages.push_back({"user", text});
     absl::StatusOr<std::string> rendered = (*model)->chat_template()->Apply(messages, true);
     if (!rendered.ok()) return Fail(rendered.status());
     text = *rendered;
   }
   const std::vector<int32_t> prompt =
-      args->Has("chat") ? model::EncodeRenderedChat(tokenizer, text, /*add_special=*/true)
+      f.chat ? model::EncodeRenderedChat(tokenizer, text, /*add_special=*/true)
                         : tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
   if (prompt.empty()) return Fail(absl::InvalidArgumentError("the prompt has no tokens"));
   const int32_t context = (*model)->config().context_length;
@@ -103,7 +109,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   if (!logits.ok()) return Fail(logits.status());
   const auto t1 = std::chrono::steady_clock::now();
   // --json prints one object at the end instead of streaming (for scripts and tests).
-  const bool json = args->Has("json");
+  const bool json = f.json;
   std::vector<int32_t> generated_ids;
   std::string generated_text;
   auto emit = [&](const std::string& delta) {
@@ -117,7 +123,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   int64_t generated = 0;
   while (generated < max_tokens && (*session)->position() < budget) {
     const model::SampledToken token = sampler.Sample(*logits);
-    if (!args->Has("ignore-eos") && tokenizer.IsEndOfGeneration(token.id)) break;
+    if (!f.ignore_eos && tokenizer.IsEndOfGeneration(token.id)) break;
     ++generated;
     generated_ids.push_back(token.id);
     emit(detokenizer.Append(token.id));
@@ -136,7 +142,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   }
   std::fputc('\n', stdout);
   const auto t2 = std::chrono::steady_clock::now();
-  if (!args->Has("quiet")) {
+  if (!f.quiet) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
     std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s; generated %lld tokens, %.1f tok/s]\n",

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/cli.h"
 #include "server/cli/commands.h"
 
 namespace {
@@ -20,7 +21,7 @@ constexpr const char* kUsage =
     "  serve     [--port 50051] [--metrics-port 9090] ... (serve --help)  gRPC inference daemon\n"
     "\n"
     "every command takes --model PATH (default: $WINNOW_MODEL or\n"
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf) and --threads N.\n";
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N and --help.\n";
 
 }  // namespace
 
@@ -29,6 +30,13 @@ namespace winnow::cli {
 std::string DefaultModelPath() {
   if (const char* env = std::getenv("WINNOW_MODEL"); env != nullptr && *env != '\0') return env;
   return "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
+  base::ConfigureApp(app);
+  app.add_option("--model", flags->model, "GGUF model path ($WINNOW_MODEL, else the default)");
+  app.add_option("--threads", flags->threads, "CPU threads; 0: one per hardware thread")
+      ->check(base::AtLeast(0));
 }
 
 }  // namespace winnow::cli
