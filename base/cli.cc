@@ -58,18 +58,26 @@ void ConfigureApp(CLI::App& app) {
   app.allow_extras();
 }
 
-std::optional<int> ParseCommandLine(CLI::App& app, std::vector<std::string> args) {
-  std::string error;
+std::string ParseArgs(CLI::App& app, std::vector<std::string> args) {
   try {
     // CLI11 consumes the vector from the back.
     std::reverse(args.begin(), args.end());
     app.parse(args);
-    error = LeftoverError(app);
+  } catch (const CLI::CallForHelp&) {
+    throw;
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  return LeftoverError(app);
+}
+
+std::optional<int> ParseCommandLine(CLI::App& app, std::vector<std::string> args) {
+  std::string error;
+  try {
+    error = ParseArgs(app, std::move(args));
   } catch (const CLI::CallForHelp&) {
     std::fputs(app.help().c_str(), stdout);
     return 0;
-  } catch (const CLI::ParseError& e) {
-    error = e.what();
   }
   if (error.empty()) return std::nullopt;
   std::fprintf(stderr, "%s: %s\n", app.get_name().c_str(), error.c_str());

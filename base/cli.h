@@ -24,6 +24,10 @@ void ConfigureApp(CLI::App& app);
 std::optional<int> ParseCommandLine(CLI::App& app, std::vector<std::string> args);
 std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv);  // argv[0] skipped
 
+// The same parse for callers that report errors themselves: returns the usage error, "" on
+// success. --help is left to the caller (CLI::CallForHelp propagates if `app` has the flag).
+std::string ParseArgs(CLI::App& app, std::vector<std::string> args);
+
 // Numeric checks for CLI::Option::check, whose failures read "--flag: must be >= 1, got '0'"
 // (CLI11 2.1's own PositiveNumber and friends print DBL_MAX in full).
 CLI::Validator AtLeast(double lo);             // [lo, inf)
