@@ -326,27 +326,24 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text) {
 }
 
 absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources) {
-  auto flags = ParseFlags(sources.args);
-  if (!flags.ok()) return flags.status();
-  Layer env = EnvLayer(sources.env);
+  WINNOW_ASSIGN_OR_RETURN(const Layer flags, ParseFlags(sources.args));
+  const Layer env = EnvLayer(sources.env);
 
   // The config file's own path follows the same precedence (flag > env).
   std::string config_path;
-  for (const auto& [name, value] : env) {
-    if (name == "config") config_path = value;
-  }
-  for (const auto& [name, value] : *flags) {
-    if (name == "config") config_path = value;
+  for (const Layer* layer : {&env, &flags}) {
+    for (const auto& [name, value] : *layer) {
+      if (name == "config") config_path = value;
+    }
   }
 
   ServeOptions options;
   if (!config_path.empty()) {
-    auto config = ConfigLayer(config_path, sources);
-    if (!config.ok()) return config.status();
-    if (absl::Status st = ApplyLayer(*config, "config", &options); !st.ok()) return st;
+    WINNOW_ASSIGN_OR_RETURN(const Layer config, ConfigLayer(config_path, sources));
+    WINNOW_RETURN_IF_ERROR(ApplyLayer(config, "config", &options));
   }
-  if (absl::Status st = ApplyLayer(env, "env", &options); !st.ok()) return st;
-  if (absl::Status st = ApplyLayer(*flags, "flag", &options); !st.ok()) return st;
+  WINNOW_RETURN_IF_ERROR(ApplyLayer(env, "env", &options));
+  WINNOW_RETURN_IF_ERROR(ApplyLayer(flags, "flag", &options));
   options.config = config_path;
   options.unknown_env = UnknownWinnowVariables(sources.env);
   if (options.model.empty()) options.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
