@@ -7,6 +7,7 @@
 
 #include "base/cli.h"
 #include "server/cli/commands.h"
+#include "server/logging.h"
 
 namespace {
 
@@ -46,6 +47,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  // Library logs (the engine's start-up line, tokenizer warnings) go to stderr, warnings only:
+  // stdout carries the commands' output. `serve` sets up its own logging.
+  (void)winnow::server::ConfigureLogging("text", "warn");
   std::string_view command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return winnow::cli::RunGenerate(args);

@@ -78,7 +78,7 @@ int RunScore(const std::vector<std::string>& args) {
       LocalSession::Create(**model, static_cast<int32_t>(tokens->size()));
   if (!session.ok()) return Fail(session.status());
   absl::StatusOr<std::vector<float>> logits =
-      (*session)->Feed(*tokens, chunk_size, model::LogitsMode::kAll);
+      (*session)->Feed(*tokens, chunk_size);
   if (!logits.ok()) return Fail(logits.status());
 
   const size_t n = tokens->size();
