@@ -157,7 +157,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
   app.add_flag("--cpu_time", opt->cpu_time, "time on the thread's CPU clock (needs --threads=1)");
   if (std::optional<int> exit = base::ParseCommandLine(app, argc, argv)) return exit;
   if (opt->cpu_time && opt->threads != 1) {
-    std::fprintf(stderr, "matmul_bench: --cpu_time measures one thread; pass --threads=1 with it\n");
+    std::fputs("matmul_bench: --cpu_time measures one thread; pass --threads=1 with it\n", stderr);
     return 2;
   }
   return std::nullopt;
