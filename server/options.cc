@@ -191,7 +191,8 @@ absl::StatusOr<Layer> ParseFlags(const std::vector<std::string>& args) {
   if (!error.empty()) return absl::InvalidArgumentError(error);
   Layer layer;
   for (size_t i = 0; i < Settings().size(); ++i) {
-    if (app.count("--" + Settings()[i].name) > 0) layer.emplace_back(Settings()[i].name, values[i]);
+    const std::string& name = Settings()[i].name;
+    if (app.count("--" + name) > 0) layer.emplace_back(name, values[i]);
   }
   return layer;
 }
@@ -353,7 +354,7 @@ absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources) {
 
 std::vector<UnknownVariable> UnknownWinnowVariables(
     const std::map<std::string, std::string>& env) {
-  std::vector<std::string> known;
+  std::vector<std::string> known;  // WINNOW_<NAME>, parallel to Settings()
   for (const Setting& s : Settings()) known.push_back(Origin("env", s.name));
   std::vector<UnknownVariable> unknown;
   for (const auto& [name, value] : env) {
@@ -364,10 +365,8 @@ std::vector<UnknownVariable> UnknownWinnowVariables(
       continue;
     }
     const base::NameMatch closest = base::ClosestName(name, known);
-    const std::string flag = absl::StrCat(
-        "--", absl::AsciiStrToLower(absl::StrReplaceAll(
-                  absl::string_view(closest.name).substr(7), {{"_", "-"}})));
-    unknown.push_back({name, closest.name, flag});
+    const size_t setting = std::find(known.begin(), known.end(), closest.name) - known.begin();
+    unknown.push_back({name, closest.name, "--" + Settings()[setting].name});
   }
   return unknown;
 }
