@@ -23,17 +23,14 @@
 #include <cstdlib>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/string_view.h"
-#include "bench/bench_util.h"
+#include "base/cli.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "model/model.h"
@@ -258,48 +255,32 @@ absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Optio
   return best;
 }
 
-absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args =
-      bench::ParseArgs(argc, argv,
-                       {"model", "threads", "prompt-tokens", "prefill-chunk", "decode-tokens",
-                        "decode-context", "reps", "batches"},
-                       {"json"});
-  if (!args.ok()) return args.status();
-  Options opt;
-  opt.json = args->Has("json");
-  opt.model = args->GetString("model", opt.model);
-  struct IntField {
-    const char* flag;
-    int32_t* field;
-    int64_t min;
-  };
-  for (const IntField& f : {IntField{"threads", &opt.threads, 0},
-                            IntField{"prompt-tokens", &opt.prompt_tokens, 1},
-                            IntField{"prefill-chunk", &opt.prefill_chunk, 1},
-                            IntField{"decode-tokens", &opt.decode_tokens, 1},
-                            IntField{"decode-context", &opt.decode_context, 1},
-                            IntField{"reps", &opt.reps, 1}}) {
-    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
-    if (!v.ok()) return v.status();
-    *f.field = *v;
-  }
-  absl::StatusOr<std::vector<int32_t>> batches =
-      bench::ListFlag<int32_t>(*args, "batches", opt.batches);
-  if (!batches.ok()) return batches.status();
-  for (int32_t b : *batches) {
-    if (b <= 0) return absl::InvalidArgumentError("--batches must be positive");
-  }
-  opt.batches = *batches;
-  return opt;
+// std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
+std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
+  CLI::App app("Times Model::Forward: prefill in chunks, then decode at several batch sizes.",
+               "engine_bench");
+  base::ConfigureApp(app);
+  app.add_option("--model", opt->model, "GGUF model path");
+  app.add_option("--threads", opt->threads, "0: one per hardware thread")
+      ->check(base::AtLeast(0));
+  app.add_option("--prompt-tokens", opt->prompt_tokens, "prefill length")
+      ->check(base::AtLeast(1));
+  app.add_option("--prefill-chunk", opt->prefill_chunk, "prefill chunk")->check(base::AtLeast(1));
+  app.add_option("--decode-tokens", opt->decode_tokens, "timed decode steps")
+      ->check(base::AtLeast(1));
+  app.add_option("--decode-context", opt->decode_context, "tokens in the KV before decoding")
+      ->check(base::AtLeast(1));
+  app.add_option("--reps", opt->reps, "repetitions; the fastest counts")->check(base::AtLeast(1));
+  app.add_option("--batches", opt->batches, "decode batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(base::AtLeast(1));
+  app.add_flag("--json", opt->json, "print one JSON object instead of tables");
+  return base::ParseCommandLine(app, argc, argv);
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<Options> parsed = ParseFlags(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "engine_bench: %s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  const Options& opt = *parsed;
+  Options opt;
+  if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
       model::Model::Load(opt.model, {.num_threads = opt.threads});
   if (!loaded.ok()) {

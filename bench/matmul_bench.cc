@@ -19,11 +19,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "base/cli.h"
 #include "bench/bench_util.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ggml_types.h"
@@ -144,36 +145,27 @@ void WriteJson(const std::string& path, const std::vector<Result>& results, int 
   std::fclose(f);
 }
 
-Options ParseOptions(int argc, char** argv) {
-  auto exit_if = [&](const absl::Status& s) {
-    if (s.ok()) return;
-    std::fprintf(stderr,
-                 "matmul_bench: %s\nusage: %s [--threads=N] [--min_seconds=S] [--json=PATH] "
-                 "[--cpu_time]\n",
-                 std::string(s.message()).c_str(), argv[0]);
-    std::exit(2);
-  };
-  absl::StatusOr<cli::Args> args =
-      bench::ParseArgs(argc, argv, {"threads", "min_seconds", "json"}, {"cpu_time"});
-  exit_if(args.status());
-  absl::StatusOr<int32_t> threads = bench::IntFlag(*args, "threads", 0, 0);
-  exit_if(threads.status());
-  absl::StatusOr<double> min_seconds = args->GetDouble("min_seconds", 0.3);
-  exit_if(min_seconds.status());
-  Options opt;
-  opt.threads = *threads;
-  opt.min_seconds = *min_seconds;
-  opt.json_path = args->GetString("json");
-  opt.cpu_time = args->Has("cpu_time");
-  if (opt.cpu_time && opt.threads != 1) {
-    std::fprintf(stderr, "--cpu_time measures one thread; pass --threads=1 with it\n");
-    std::exit(2);
+// std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
+std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
+  CLI::App app("Times the CPU matmul kernels on the default model's shapes.", "matmul_bench");
+  base::ConfigureApp(app);
+  app.add_option("--threads", opt->threads, "0: one per hardware thread")
+      ->check(base::AtLeast(0));
+  app.add_option("--min_seconds", opt->min_seconds, "time per case at least")
+      ->check(base::Above(0));
+  app.add_option("--json", opt->json_path, "also write the results to this JSON file");
+  app.add_flag("--cpu_time", opt->cpu_time, "time on the thread's CPU clock (needs --threads=1)");
+  if (std::optional<int> exit = base::ParseCommandLine(app, argc, argv)) return exit;
+  if (opt->cpu_time && opt->threads != 1) {
+    std::fputs("matmul_bench: --cpu_time measures one thread; pass --threads=1 with it\n", stderr);
+    return 2;
   }
-  return opt;
+  return std::nullopt;
 }
 
 int Main(int argc, char** argv) {
-  const Options opt = ParseOptions(argc, argv);
+  Options opt;
+  if (std::optional<int> exit = ParseOptions(argc, argv, &opt)) return *exit;
   ThreadPool pool(opt.threads);
   const double overhead_us = PoolOverheadMicros(pool);
   std::printf("threads: %d   clock: %s   ParallelFor(n = threads) overhead: %.2f us/call\n\n",

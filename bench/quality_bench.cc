@@ -39,6 +39,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "bench/bench_util.h"
+#include "base/cli.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
@@ -528,64 +529,58 @@ bool ParseParams(const std::string& value, Options* opt) {
   return true;
 }
 
-absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args = bench::ParseArgs(
-      argc, argv,
-      {"model", "tasks", "json-out", "threads", "gen-tokens", "chunk", "policies", "budgets",
-       "params", "free-run"},
-      {"check-replay"});
-  if (!args.ok()) return args.status();
-  Options opt;
-  opt.model = args->GetString("model", opt.model);
-  opt.tasks = args->GetString("tasks");
-  opt.json_out = args->GetString("json-out");
-  opt.check_replay = args->Has("check-replay");
-  struct IntField {
-    const char* flag;
-    int32_t* field;
-    int64_t min;
-  };
-  for (const IntField& f : {IntField{"threads", &opt.threads, 0},
-                            IntField{"gen-tokens", &opt.gen_tokens, 2},
-                            IntField{"chunk", &opt.chunk, 1}}) {
-    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
-    if (!v.ok()) return v.status();
-    *f.field = *v;
-  }
+// std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
+std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
+  CLI::App app("Compression quality: each policy and budget against the full-cache reference "
+               "on a task set.",
+               "quality_bench");
+  base::ConfigureApp(app);
+  std::string policies, params, free_run;
+  app.add_option("--model", opt->model, "GGUF model path");
+  app.add_option("--tasks", opt->tasks, "JSONL task file")->required();
+  app.add_option("--json-out", opt->json_out, "write the results to this JSON file");
+  app.add_option("--threads", opt->threads, "0: one per hardware thread")
+      ->check(base::AtLeast(0));
+  app.add_option("--gen-tokens", opt->gen_tokens, "tokens generated per task")
+      ->check(base::AtLeast(2));
+  app.add_option("--chunk", opt->chunk, "prefill chunk")->check(base::AtLeast(1));
   // Empty --policies: the full-cache references only (checks that the model can do the tasks).
-  if (args->Has("policies")) {
-    opt.policies = absl::StrSplit(args->GetString("policies"), ',', absl::SkipEmpty());
+  CLI::Option* policies_flag =
+      app.add_option("--policies", policies, "comma-separated (default: every policy)")
+          ->expected(0, 1);  // --policies= (empty) is a valid list
+  app.add_option("--budgets", opt->budgets, "comma-separated fractions of the prompt's KV")
+      ->delimiter(',')
+      ->check(base::AboveAtMost(0, 1));
+  CLI::Option* params_flag =
+      app.add_option("--params", params, "POLICY:k=v,k=v;POLICY2:k=v (policy parameters)");
+  CLI::Option* free_run_flag =
+      app.add_option("--free-run", free_run, "policies with free greedy runs: all, none or a list");
+  app.add_flag("--check-replay", opt->check_replay, "check that forced replays keep the same KV");
+  if (std::optional<int> exit = base::ParseCommandLine(app, argc, argv)) return exit;
+
+  if (*policies_flag) opt->policies = absl::StrSplit(policies, ',', absl::SkipEmpty());
+  if (*params_flag && !ParseParams(params, opt)) {
+    std::fputs("quality_bench: --params: expected POLICY:k=v,k=v;POLICY2:k=v\n", stderr);
+    return 2;
   }
-  absl::StatusOr<std::vector<double>> budgets =
-      bench::ListFlag<double>(*args, "budgets", opt.budgets);
-  if (!budgets.ok()) return budgets.status();
-  opt.budgets = *budgets;
-  if (args->Has("params") && !ParseParams(args->GetString("params"), &opt)) {
-    return absl::InvalidArgumentError("--params: expected POLICY:k=v,k=v;POLICY2:k=v");
-  }
-  if (args->Has("free-run")) {
-    const std::string value = args->GetString("free-run");
-    if (value == "all") {
-      opt.free_run = {"*"};
-    } else if (value == "none") {
-      opt.free_run.clear();
+  if (*free_run_flag) {
+    if (free_run == "all") {
+      opt->free_run = {"*"};
+    } else if (free_run == "none") {
+      opt->free_run.clear();
     } else {
-      opt.free_run = absl::StrSplit(value, ',', absl::SkipEmpty());
+      opt->free_run = absl::StrSplit(free_run, ',', absl::SkipEmpty());
     }
   }
-  if (opt.tasks.empty()) return absl::InvalidArgumentError("--tasks is required");
-  return opt;
+  return std::nullopt;
 }
 
 // --------------------------------------------------------------------------------------------
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<Options> parsed = ParseFlags(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "quality_bench: %s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  const Options& opt = *parsed;
+  Options opt;
+  if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
+
   auto fail = [](const std::string& what, const absl::Status& s) {
     std::fprintf(stderr, "quality_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
     return 1;

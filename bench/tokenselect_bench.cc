@@ -26,12 +26,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/cli.h"
 #include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
@@ -297,43 +299,32 @@ void ModelLevel(const Options& opt) {
   }
 }
 
-absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
-  absl::StatusOr<cli::Args> args = bench::ParseArgs(
-      argc, argv, {"threads", "reps", "contexts", "model", "prompt_tokens", "decode_tokens"},
-      {"cpu_time"});
-  if (!args.ok()) return args.status();
-  Options opt;
-  opt.cpu_time = args->Has("cpu_time");
-  opt.model = args->GetString("model");
-  struct IntField {
-    const char* flag;
-    int32_t* field;
-    int64_t min;
-  };
-  for (const IntField& f : {IntField{"threads", &opt.threads, 1}, IntField{"reps", &opt.reps, 1},
-                            IntField{"prompt_tokens", &opt.prompt_tokens, 1},
-                            IntField{"decode_tokens", &opt.decode_tokens, 1}}) {
-    absl::StatusOr<int32_t> v = bench::IntFlag(*args, f.flag, *f.field, f.min);
-    if (!v.ok()) return v.status();
-    *f.field = *v;
-  }
-  absl::StatusOr<std::vector<int32_t>> contexts =
-      bench::ListFlag<int32_t>(*args, "contexts", opt.contexts);
-  if (!contexts.ok()) return contexts.status();
-  opt.contexts = *contexts;
-  return opt;
+// std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
+std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
+  CLI::App app("TokenSelect's selection kernel against full attention, then (with --model) its "
+               "decode speed and agreement on a real model.",
+               "tokenselect_bench");
+  base::ConfigureApp(app);
+  app.add_option("--threads", opt->threads, "threads")->check(base::AtLeast(1));
+  app.add_option("--reps", opt->reps, "repetitions; the fastest counts")->check(base::AtLeast(1));
+  app.add_option("--contexts", opt->contexts, "kernel-level context lengths, comma-separated")
+      ->delimiter(',')
+      ->check(base::AtLeast(1));
+  app.add_option("--model", opt->model, "GGUF model for the model-level table (default: none)");
+  app.add_option("--prompt_tokens", opt->prompt_tokens, "model level: prompt length")
+      ->check(base::AtLeast(1));
+  app.add_option("--decode_tokens", opt->decode_tokens, "model level: decode steps")
+      ->check(base::AtLeast(1));
+  app.add_flag("--cpu_time", opt->cpu_time, "time on the thread's CPU clock");
+  return base::ParseCommandLine(app, argc, argv);
 }
 
 }  // namespace
 }  // namespace winnow
 
 int main(int argc, char** argv) {
-  absl::StatusOr<winnow::Options> parsed = winnow::ParseOptions(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "tokenselect_bench: %s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  const winnow::Options& opt = *parsed;
+  winnow::Options opt;
+  if (std::optional<int> exit = winnow::ParseOptions(argc, argv, &opt)) return *exit;
   winnow::Shape shape;
   winnow::KernelLevel(opt, shape);
   if (!opt.model.empty()) winnow::ModelLevel(opt);

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/matmul.h"
@@ -62,10 +63,9 @@ absl::StatusOr<const GgufTensor*> Tensor(const GgufFile& file, const std::string
 
 absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::string& name,
                                           int64_t n) {
-  absl::StatusOr<const GgufTensor*> t = Tensor(file, name, {n});
-  if (!t.ok()) return t.status();
+  WINNOW_ASSIGN_OR_RETURN(const GgufTensor* t, Tensor(file, name, {n}));
   std::vector<float> out(n);
-  if (absl::Status s = kernels::DequantizeRow((*t)->type, (*t)->data, n, out.data()); !s.ok()) {
+  if (absl::Status s = kernels::DequantizeRow(t->type, t->data, n, out.data()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", s.message()));
   }
   return out;
@@ -73,22 +73,14 @@ absl::StatusOr<std::vector<float>> Vector(const GgufFile& file, const std::strin
 
 absl::StatusOr<WeightMatrix> Matrix(const GgufFile& file, const std::string& name, int64_t cols,
                                     int64_t rows) {
-  absl::StatusOr<const GgufTensor*> t = Tensor(file, name, {cols, rows});
-  if (!t.ok()) return t.status();
-  if (cols % kernels::TraitsOf((*t)->type).block_elements != 0) {
+  WINNOW_ASSIGN_OR_RETURN(const GgufTensor* t, Tensor(file, name, {cols, rows}));
+  if (cols % kernels::TraitsOf(t->type).block_elements != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", name, ": row length ", cols, " is not a multiple of the ",
-                     std::string(kernels::TraitsOf((*t)->type).name), " block size"));
+                     std::string(kernels::TraitsOf(t->type).name), " block size"));
   }
-  return (*t)->AsMatrix();
+  return t->AsMatrix();
 }
-
-#define WINNOW_ASSIGN_OR_RETURN(lhs, expr) \
-  {                                        \
-    auto _v = (expr);                      \
-    if (!_v.ok()) return _v.status();      \
-    lhs = std::move(*_v);                  \
-  }
 
 // Per-pair inverse frequencies with rope scaling folded in, so the kernel only multiplies by the
 // position. Mirrors ggml's rope (and transformers' rope_init functions).
@@ -267,7 +259,7 @@ void Model::CaptureQueries(std::span<const BatchEntry> batch, std::span<const in
 
 absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                             ForwardOutput* out) {
-  if (absl::Status s = ValidateBatch(batch, pool); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(ValidateBatch(batch, pool));
   const ModelConfig& c = config_;
   const Weights& w = *weights_;
   Scratch& s = *scratch_;
@@ -333,11 +325,6 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
     const int64_t n = static_cast<int64_t>(bias.size());
     for (int64_t r = 0; r < rows; ++r) kernels::AddInPlace(m.data() + r * n, bias.data(), n);
   };
-#define WINNOW_RETURN_IF_ERROR(expr)          \
-  if (absl::Status _st = (expr); !_st.ok()) { \
-    return _st;                               \
-  }
-
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     norm_rows(L.attn_norm);
@@ -439,7 +426,6 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
     WINNOW_RETURN_IF_ERROR(
         kernels::MatMul(w.output, s.final_rows.data(), out_rows, out->logits.data(), threads));
   }
-#undef WINNOW_RETURN_IF_ERROR
   return absl::OkStatus();
 }
 

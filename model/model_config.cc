@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace winnow::model {
 namespace {
@@ -41,12 +42,6 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
   c.name = file.GetString("general.name").value_or("");
   const std::string p = c.architecture + ".";
 
-#define WINNOW_ASSIGN_OR_RETURN(lhs, expr) \
-  {                                        \
-    auto _v = (expr);                      \
-    if (!_v.ok()) return _v.status();      \
-    lhs = *_v;                             \
-  }
   WINNOW_ASSIGN_OR_RETURN(c.num_layers, PositiveInt(file, p + "block_count"));
   WINNOW_ASSIGN_OR_RETURN(c.hidden_size, PositiveInt(file, p + "embedding_length"));
   WINNOW_ASSIGN_OR_RETURN(c.ffn_size, PositiveInt(file, p + "feed_forward_length"));
@@ -97,7 +92,6 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported rope scaling type '", scaling, "' (", p, "rope.scaling.type)"));
   }
-#undef WINNOW_ASSIGN_OR_RETURN
 
   if (c.num_heads % c.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -101,6 +101,10 @@ int RunDaemon(const ServeOptions& options) {
   signal(SIGPIPE, SIG_IGN);  // a scraper hanging up must not kill the daemon
   SignalWatcher signals;
   LogEvent(spdlog::level::info, "starting", {{"options", options.DebugString()}});
+  for (const UnknownVariable& v : options.unknown_env) {
+    LogEvent(spdlog::level::warn, "ignoring unknown environment variable",
+             {{"variable", v.name}, {"closest_variable", v.closest}, {"closest_flag", v.flag}});
+  }
 
   ServingState state;
   state.options = options;

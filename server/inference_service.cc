@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -20,18 +21,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 namespace {
-
-const char* CodeName(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case absl::StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case absl::StatusCode::kUnavailable: return "UNAVAILABLE";
-    case absl::StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case absl::StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kCancelled: return "CANCELLED";
-    default: return "OTHER";
-  }
-}
 
 // UNAVAILABLE (retry elsewhere) while the daemon is not taking requests; OK otherwise.
 absl::Status CheckServing(const ServingState& state, bool generate) {
@@ -206,7 +195,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 
  private:
   void Reject(const absl::Status& status) {
-    if (state_->metrics != nullptr) state_->metrics->OnRejected(CodeName(status.code()));
+    // Labelled with the gRPC code name (absl's spelling is gRPC's: "INVALID_ARGUMENT").
+    if (state_->metrics != nullptr) {
+      state_->metrics->OnRejected(absl::StatusCodeToString(status.code()));
+    }
     absl::MutexLock lock(&mu_);
     finish_called_ = true;
     Finish(ToGrpcStatus(status));

@@ -1,5 +1,6 @@
 #include "server/logging.h"
 
+#include <cmath>
 #include <memory>
 
 #include "absl/strings/numbers.h"
@@ -7,42 +8,49 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::server {
 namespace {
 
+// Insertion-ordered, so every line reads ts, level, msg, then the fields in the caller's order.
+using Json = nlohmann::ordered_json;
+
 // Set once at start-up, before any other thread logs.
 bool g_json = false;
 
-std::string LevelName(spdlog::level::level_enum level) {
-  auto sv = spdlog::level::to_string_view(level);
-  return std::string(sv.data(), sv.size());
-}
+// Invalid UTF-8 (a prompt fragment, a path) becomes U+FFFD instead of an exception.
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 std::string Timestamp(spdlog::log_clock::time_point t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromChrono(t), absl::UTCTimeZone());
 }
 
-// One JSON object per line. Payloads that start with the field marker carry pre-rendered
-// `"k":v` members (from LogEvent) and are spliced in rather than quoted.
+// LogEvent's payloads start with this marker and carry a dumped JSON object ({"msg":...,
+// "k":v}); the formatter splices its members after ts and level instead of quoting them.
 constexpr char kFieldsMarker = '\x1e';
 
 class JsonFormatter : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    std::string line = "{\"ts\":\"";
-    absl::StrAppend(&line, Timestamp(msg.time), "\",\"level\":\"", LevelName(msg.level), "\"");
+    Json head;
+    head["ts"] = Timestamp(msg.time);
+    auto level = spdlog::level::to_string_view(msg.level);
+    head["level"] = std::string(level.data(), level.size());
     std::string_view payload(msg.payload.data(), msg.payload.size());
+    std::string line;
     if (!payload.empty() && payload.front() == kFieldsMarker) {
-      line += ",";
-      line.append(payload.substr(1));
+      // Both parts are objects dumped by nlohmann: drop head's '}' and the payload's '{'.
+      line = Dump(head);
+      line.back() = ',';
+      line.append(payload.substr(2));
     } else {
-      line += ",\"msg\":";
-      AppendJsonString(payload, &line);
+      head["msg"] = std::string(payload);
+      line = Dump(head);
     }
-    line += "}\n";
+    line += '\n';
     dest.append(line.data(), line.data() + line.size());
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
@@ -50,37 +58,26 @@ class JsonFormatter : public spdlog::formatter {
   }
 };
 
-bool LooksNumeric(const std::string& v) {
+// A field value as JSON: numbers stay numbers (so collectors can aggregate them), the rest are
+// strings.
+Json FieldValue(const std::string& v) {
+  if (v.empty() || v.find_first_not_of("0123456789.-eE+") != std::string::npos ||
+      v.front() == '+') {
+    return v;
+  }
+  int64_t i;
+  if (absl::SimpleAtoi(v, &i)) return i;
   double d;
-  return !v.empty() && v.find_first_not_of("0123456789.-eE+") == std::string::npos &&
-         absl::SimpleAtod(v, &d) && v != "-" && v.front() != '+';
+  if (absl::SimpleAtod(v, &d) && std::isfinite(d)) return d;
+  return v;
 }
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 }  // namespace
 
-void AppendJsonString(std::string_view text, std::string* out) {
-  out->push_back('"');
-  for (unsigned char c : text) {
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", c);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-absl::Status ConfigureLogging(const std::string& format, const std::string& level) {
+absl::Status ConfigureLogging(const std::string& format, const std::string& level,
+                              spdlog::sink_ptr sink) {
   if (format != "text" && format != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("--log-format must be text or json, got '", format, "'"));
@@ -89,8 +86,8 @@ absl::Status ConfigureLogging(const std::string& format, const std::string& leve
   if (lvl == spdlog::level::off && level != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--log-level: unknown level '", level, "'"));
   }
-  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
-  auto logger = std::make_shared<spdlog::logger>("winnow", sink);
+  if (sink == nullptr) sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>("winnow", std::move(sink));
   g_json = format == "json";
   if (g_json) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
@@ -109,29 +106,16 @@ void LogEvent(int spdlog_level, const std::string& message,
   if (!spdlog::default_logger_raw()->should_log(level)) return;
   std::string line;
   if (g_json) {
-    line.push_back(kFieldsMarker);
-    line += "\"msg\":";
-    AppendJsonString(message, &line);
-    for (const auto& [k, v] : fields) {
-      line.push_back(',');
-      AppendJsonString(k, &line);
-      line.push_back(':');
-      if (LooksNumeric(v)) {
-        line += v;
-      } else {
-        AppendJsonString(v, &line);
-      }
-    }
+    Json object;
+    object["msg"] = message;
+    for (const auto& [k, v] : fields) object[k] = FieldValue(v);
+    line = kFieldsMarker + Dump(object);
   } else {
     line = message;
     for (const auto& [k, v] : fields) {
-      bool quote = v.empty() || v.find_first_of(" \"=") != std::string::npos;
-      absl::StrAppend(&line, " ", k, "=");
-      if (quote) {
-        AppendJsonString(v, &line);
-      } else {
-        line += v;
-      }
+      // Quoted (JSON string syntax) only when the value would not read back as one token.
+      const bool quote = v.empty() || v.find_first_of(" \"=") != std::string::npos;
+      absl::StrAppend(&line, " ", k, "=", quote ? Dump(Json(v)) : v);
     }
   }
   spdlog::log(level, "{}", line);

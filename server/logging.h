@@ -8,20 +8,20 @@
 
 #include "absl/status/status.h"
 #include "scheduler/engine_observer.h"
+#include "spdlog/common.h"
 
 namespace winnow::server {
 
-// Replaces spdlog's default logger. format: "text" | "json"; level: spdlog level names.
-absl::Status ConfigureLogging(const std::string& format, const std::string& level);
+// Replaces spdlog's default logger. format: "text" | "json"; level: spdlog level names. The
+// logger writes to `sink` (tests), stderr when null.
+absl::Status ConfigureLogging(const std::string& format, const std::string& level,
+                              spdlog::sink_ptr sink = nullptr);
 
 // A structured log line: `message` plus key/value fields. Text format renders
 // "message k=v k=v"; JSON renders {"ts":...,"level":...,"msg":message,"k":"v",...}. Values
 // that look like numbers are emitted as JSON numbers.
 void LogEvent(int spdlog_level, const std::string& message,
               const std::vector<std::pair<std::string, std::string>>& fields);
-
-// Writes `text` as a JSON string literal (quoted and escaped) onto `out`.
-void AppendJsonString(std::string_view text, std::string* out);
 
 // Logs one line per finished request from the engine's RequestStats.
 class RequestLogger : public scheduler::EngineObserver {

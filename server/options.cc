@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "base/cli.h"
+#include "base/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -43,10 +45,14 @@ absl::StatusOr<int64_t> ParseInt(const std::string& text, int64_t lo, int64_t hi
   return v;
 }
 
+// One setting, in every layer. Values arrive as text from all three (a flag, a variable, a YAML
+// scalar) and go through the same `apply`, so they are checked alike and errors can name the
+// layer they came from.
 struct Setting {
   std::string name;
   std::string help;
   std::function<absl::Status(const std::string&, ServeOptions*)> apply;
+  std::string type = "TEXT";  // for --help
 };
 
 template <typename T>
@@ -54,15 +60,16 @@ Setting IntSetting(std::string name, std::string help, T ServeOptions::*field, i
                    int64_t hi) {
   return Setting{std::move(name), std::move(help),
                  [field, lo, hi](const std::string& v, ServeOptions* o) -> absl::Status {
-                   auto n = ParseInt(v, lo, hi);
-                   if (!n.ok()) return n.status();
-                   o->*field = static_cast<T>(*n);
+                   WINNOW_ASSIGN_OR_RETURN(int64_t n, ParseInt(v, lo, hi));
+                   o->*field = static_cast<T>(n);
                    return absl::OkStatus();
-                 }};
+                 },
+                 "INT"};
 }
 
 Setting StringSetting(std::string name, std::string help, std::string ServeOptions::*field,
                       std::vector<std::string> allowed = {}) {
+  std::string type = allowed.empty() ? "TEXT" : absl::StrCat("{", absl::StrJoin(allowed, ","), "}");
   return Setting{std::move(name), std::move(help),
                  [field, allowed](const std::string& v, ServeOptions* o) -> absl::Status {
                    if (!allowed.empty() &&
@@ -72,7 +79,8 @@ Setting StringSetting(std::string name, std::string help, std::string ServeOptio
                    }
                    o->*field = v;
                    return absl::OkStatus();
-                 }};
+                 },
+                 std::move(type)};
 }
 
 const std::vector<Setting>& Settings() {
@@ -94,11 +102,10 @@ const std::vector<Setting>& Settings() {
                  &ServeOptions::max_queue, 0, kI32),
       Setting{"kv-cache-bytes", "KV pool size, e.g. 512MiB (default: engine's choice)",
               [](const std::string& v, ServeOptions* o) -> absl::Status {
-                auto b = ParseBytes(v);
-                if (!b.ok()) return b.status();
-                o->kv_cache_bytes = *b;
+                WINNOW_ASSIGN_OR_RETURN(o->kv_cache_bytes, ParseBytes(v));
                 return absl::OkStatus();
-              }},
+              },
+              "BYTES"},
       IntSetting("kv-blocks", "KV pool size in blocks; wins over --kv-cache-bytes",
                  &ServeOptions::kv_blocks, 0, kI32),
       IntSetting("block-size", "token slots per KV block (16)", &ServeOptions::block_size, 1,
@@ -108,26 +115,25 @@ const std::vector<Setting>& Settings() {
       Setting{"drain-timeout",
               "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
               [](const std::string& v, ServeOptions* o) -> absl::Status {
-                auto d = ParseDurationFlag(v);
-                if (!d.ok()) return d.status();
-                o->drain_timeout = *d;
+                WINNOW_ASSIGN_OR_RETURN(o->drain_timeout, ParseDurationFlag(v));
                 return absl::OkStatus();
-              }},
+              },
+              "DURATION"},
       IntSetting("max-prompt-tokens", "longest accepted prompt; 0: the context length",
                  &ServeOptions::max_prompt_tokens, 0, kI32),
       IntSetting("max-tokens-limit", "largest accepted max_tokens (4096)",
                  &ServeOptions::max_tokens_limit, 1, kI32),
       Setting{"max-message-bytes", "largest accepted gRPC request, e.g. 64MiB (64MiB)",
               [](const std::string& v, ServeOptions* o) -> absl::Status {
-                auto b = ParseBytes(v);
-                if (!b.ok()) return b.status();
-                if (*b < 1024 || *b > std::numeric_limits<int32_t>::max()) {
+                WINNOW_ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(v));
+                if (bytes < 1024 || bytes > std::numeric_limits<int32_t>::max()) {
                   return absl::InvalidArgumentError(
-                      absl::StrCat("must be in [1KiB, 2GiB), got ", *b));
+                      absl::StrCat("must be in [1KiB, 2GiB), got ", bytes));
                 }
-                o->max_message_bytes = *b;
+                o->max_message_bytes = bytes;
                 return absl::OkStatus();
-              }},
+              },
+              "BYTES"},
       StringSetting("log-format", "text or json (text)", &ServeOptions::log_format,
                     {"text", "json"}),
       StringSetting("log-level", "trace, debug, info, warn, error, critical or off (info)",
@@ -160,34 +166,45 @@ std::string ReadFileFromDisk(const std::string& path, std::string* error) {
 // name -> value, in the order they were given.
 using Layer = std::vector<std::pair<std::string, std::string>>;
 
+// The flag layer's parser: one string option per setting, so that CLI11 does the command-line
+// syntax (--name value, --name=value, missing values, unknown flags) and Setting::apply the
+// values, as for the other layers. (CLI11's own environment and config-file support does not
+// fit: in CLI11 2.1 a config file beats the environment, its validation errors name the flag
+// even for a value from a variable, and it reads no YAML.)
+void AddSettingFlags(CLI::App& app, std::vector<std::string>* values) {
+  base::ConfigureApp(app);
+  const std::vector<Setting>& settings = Settings();
+  values->assign(settings.size(), "");
+  for (size_t i = 0; i < settings.size(); ++i) {
+    // No captured default: it would be "" (the value is text); each help line states it.
+    app.add_option("--" + settings[i].name, (*values)[i], settings[i].help)
+        ->type_name(settings[i].type);
+  }
+}
+
 absl::StatusOr<Layer> ParseFlags(const std::vector<std::string>& args) {
+  CLI::App app("", "winnow serve");
+  app.set_help_flag();  // RunServe answers --help before parsing
+  std::vector<std::string> values;
+  AddSettingFlags(app, &values);
+  const std::string error = base::ParseArgs(app, args);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
   Layer layer;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    if (FindSetting(name) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-    }
-    if (!has_value) {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-      }
-      value = args[++i];
-    }
-    layer.emplace_back(name, value);
+  for (size_t i = 0; i < Settings().size(); ++i) {
+    const std::string& name = Settings()[i].name;
+    if (app.count("--" + name) > 0) layer.emplace_back(name, values[i]);
   }
   return layer;
 }
+
+// WINNOW_* variables that are not settings but are read on purpose elsewhere: by the test
+// harnesses (WINNOW_BIN, WINNOW_TEST_MODEL, WINNOW_QUALITY_BENCH), the model fetch script
+// (WINNOW_MODEL_DIR) and the Python client (WINNOW_TARGET, WINNOW_PROTO_ROOT,
+// WINNOW_STUBS_DIR). They must not warn.
+constexpr const char* kOtherVariables[] = {
+    "WINNOW_BIN",       "WINNOW_TEST_MODEL", "WINNOW_QUALITY_BENCH", "WINNOW_MODEL_DIR",
+    "WINNOW_TARGET",    "WINNOW_PROTO_ROOT", "WINNOW_STUBS_DIR",
+};
 
 Layer EnvLayer(const std::map<std::string, std::string>& env) {
   Layer layer;
@@ -310,44 +327,59 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text) {
 }
 
 absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources) {
-  auto flags = ParseFlags(sources.args);
-  if (!flags.ok()) return flags.status();
-  Layer env = EnvLayer(sources.env);
+  WINNOW_ASSIGN_OR_RETURN(const Layer flags, ParseFlags(sources.args));
+  const Layer env = EnvLayer(sources.env);
 
   // The config file's own path follows the same precedence (flag > env).
   std::string config_path;
-  for (const auto& [name, value] : env) {
-    if (name == "config") config_path = value;
-  }
-  for (const auto& [name, value] : *flags) {
-    if (name == "config") config_path = value;
+  for (const Layer* layer : {&env, &flags}) {
+    for (const auto& [name, value] : *layer) {
+      if (name == "config") config_path = value;
+    }
   }
 
   ServeOptions options;
   if (!config_path.empty()) {
-    auto config = ConfigLayer(config_path, sources);
-    if (!config.ok()) return config.status();
-    if (absl::Status st = ApplyLayer(*config, "config", &options); !st.ok()) return st;
+    WINNOW_ASSIGN_OR_RETURN(const Layer config, ConfigLayer(config_path, sources));
+    WINNOW_RETURN_IF_ERROR(ApplyLayer(config, "config", &options));
   }
-  if (absl::Status st = ApplyLayer(env, "env", &options); !st.ok()) return st;
-  if (absl::Status st = ApplyLayer(*flags, "flag", &options); !st.ok()) return st;
+  WINNOW_RETURN_IF_ERROR(ApplyLayer(env, "env", &options));
+  WINNOW_RETURN_IF_ERROR(ApplyLayer(flags, "flag", &options));
   options.config = config_path;
+  options.unknown_env = UnknownWinnowVariables(sources.env);
   if (options.model.empty()) options.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (options.host.empty()) return absl::InvalidArgumentError("--host must not be empty");
   return options;
 }
 
-std::string ServeUsage() {
-  std::string out =
-      "usage: winnow serve [flags]\n\n"
-      "Every flag is also an environment variable (--max-seqs -> WINNOW_MAX_SEQS) and a key of\n"
-      "the --config YAML file (max-seqs: 64). Precedence: flag > environment > config.\n\n";
-  for (const Setting& s : Settings()) {
-    absl::StrAppend(&out, "  --", s.name, std::string(s.name.size() < 20 ? 20 - s.name.size() : 1,
-                                                        ' '),
-                    s.help, "\n");
+std::vector<UnknownVariable> UnknownWinnowVariables(
+    const std::map<std::string, std::string>& env) {
+  std::vector<std::string> known;  // WINNOW_<NAME>, parallel to Settings()
+  for (const Setting& s : Settings()) known.push_back(Origin("env", s.name));
+  std::vector<UnknownVariable> unknown;
+  for (const auto& [name, value] : env) {
+    if (name.rfind("WINNOW_", 0) != 0) continue;
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    if (std::find(std::begin(kOtherVariables), std::end(kOtherVariables), name) !=
+        std::end(kOtherVariables)) {
+      continue;
+    }
+    const base::NameMatch closest = base::ClosestName(name, known);
+    const size_t setting = std::find(known.begin(), known.end(), closest.name) - known.begin();
+    unknown.push_back({name, closest.name, "--" + Settings()[setting].name});
   }
-  return out;
+  return unknown;
+}
+
+std::string ServeUsage() {
+  CLI::App app(
+      "The gRPC inference daemon. Every flag is also an environment variable (--max-seqs ->\n"
+      "WINNOW_MAX_SEQS) and a key of the --config YAML file (max-seqs: 64).\n"
+      "Precedence: flag > environment > config > default.",
+      "winnow serve");
+  std::vector<std::string> values;
+  AddSettingFlags(app, &values);
+  return app.help();
 }
 
 std::string ServeOptions::DebugString() const {

@@ -14,6 +14,14 @@
 
 namespace winnow::server {
 
+// A WINNOW_* environment variable that names no setting, and the setting nearest to it by
+// edit distance (WINNOW_MAX_SEQ -> WINNOW_MAX_SEQS, --max-seqs).
+struct UnknownVariable {
+  std::string name;
+  std::string closest;  // the nearest setting's variable
+  std::string flag;     // and its flag
+};
+
 struct ServeOptions {
   std::string model;  // GGUF path
   std::string host = "0.0.0.0";
@@ -34,6 +42,10 @@ struct ServeOptions {
   std::string log_level = "info";   // trace | debug | info | warn | error | critical | off
   std::string config;               // YAML file the values above may come from
 
+  // WINNOW_* variables that are no setting (typos, Kubernetes service links): ignored, and
+  // logged as warnings once logging is configured.
+  std::vector<UnknownVariable> unknown_env;
+
   // One "name=value" line per setting, for the startup log.
   std::string DebugString() const;
 };
@@ -48,6 +60,12 @@ struct OptionSources {
 
 // Collects the WINNOW_* variables of this process.
 std::map<std::string, std::string> WinnowEnvironment();
+
+// The WINNOW_* variables of `env` that are neither a setting nor one of the variables other
+// tools read on purpose (WINNOW_BIN, WINNOW_TEST_MODEL, ...). A warning, not an error: a
+// Kubernetes Service named winnow* injects WINNOW_<SERVICE>_PORT-style variables into pods.
+std::vector<UnknownVariable> UnknownWinnowVariables(
+    const std::map<std::string, std::string>& env);
 
 // Parses and validates. Errors name the flag, variable or key and the value at fault.
 absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources);

@@ -1,37 +1,20 @@
 // The policy registry: an explicit table (static self-registration would be dropped by the
-// linker from a static library). Policies whose files are not in the tree yet are picked up by
-// __has_include, so that each policy can land on its own; every policy header
+// linker from a static library). Every policy is part of the build; each header
 // cache/policies/<name>.h declares Create<Name>Policy(const PolicyConfig&, const PolicyContext&).
-// Build systems do not track a header that did not exist: touch this file after adding one.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache/policies/aircache.h"
+#include "cache/policies/elastic_cache.h"
 #include "cache/policies/h2o.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/pyramidkv.h"
 #include "cache/policies/snapkv.h"
 #include "cache/policies/streaming_llm.h"
-#if __has_include("cache/policies/vl_cache.h")
-#include "cache/policies/vl_cache.h"
-#define WINNOW_HAVE_VL_CACHE 1
-#endif
-#if __has_include("cache/policies/aircache.h")
-#include "cache/policies/aircache.h"
-#define WINNOW_HAVE_AIRCACHE 1
-#endif
-#if __has_include("cache/policies/xkv.h")
-#include "cache/policies/xkv.h"
-#define WINNOW_HAVE_XKV 1
-#endif
-#if __has_include("cache/policies/elastic_cache.h")
-#include "cache/policies/elastic_cache.h"
-#define WINNOW_HAVE_ELASTIC_CACHE 1
-#endif
-#if __has_include("cache/policies/tokenselect.h")
 #include "cache/policies/tokenselect.h"
-#define WINNOW_HAVE_TOKENSELECT 1
-#endif
+#include "cache/policies/vl_cache.h"
+#include "cache/policies/xkv.h"
 
 namespace winnow::cache::policies {
 namespace {
@@ -47,21 +30,11 @@ const std::vector<Entry>& Table() {
       {"h2o", CreateH2oPolicy},
       {"snapkv", CreateSnapKvPolicy},
       {"pyramidkv", CreatePyramidKvPolicy},
-#ifdef WINNOW_HAVE_VL_CACHE
       {"vl_cache", CreateVlCachePolicy},
-#endif
-#ifdef WINNOW_HAVE_AIRCACHE
       {"aircache", CreateAirCachePolicy},
-#endif
-#ifdef WINNOW_HAVE_XKV
       {"xkv", CreateXkvPolicy},
-#endif
-#ifdef WINNOW_HAVE_ELASTIC_CACHE
       {"elastic_cache", CreateElasticCachePolicy},
-#endif
-#ifdef WINNOW_HAVE_TOKENSELECT
       {"tokenselect", CreateTokenSelectPolicy},
-#endif
   };
   return *table;
 }

@@ -1,14 +1,26 @@
 // Subcommands of the `winnow` binary. Each takes the arguments after its name and returns the
-// process exit code; errors are printed to stderr.
+// process exit code: 0, 1 when the command failed, 2 for a usage error (unknown flag, bad
+// value); errors are printed to stderr.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "CLI/CLI.hpp"
 
 namespace winnow::cli {
 
 // Default model path: $WINNOW_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string DefaultModelPath();
+
+// Flags every command takes.
+struct CommonFlags {
+  std::string model = DefaultModelPath();
+  int32_t threads = 0;  // 0: one per hardware thread
+};
+// Sets up `app` with base::ConfigureApp and adds --model and --threads.
+void AddCommonFlags(CLI::App& app, CommonFlags* flags);
 
 int RunGenerate(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);

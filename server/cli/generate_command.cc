@@ -1,148 +1,255 @@
-// `winnow generate`: streams a completion of a prompt to stdout.
-#include <algorithm>
+// `winnow generate`: streams a completion of a prompt to stdout. It runs the daemon's engine
+// (scheduler::Engine) on a pool sized for this one request, and builds the request as the daemon
+// does (server::BuildGenerationRequest from a winnow.v1.GenerateRequest), so there is one
+// generation loop and one place that validates requests.
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "base/cli.h"
+#include "base/status_macros.h"
 #include "model/model.h"
-#include "nlohmann/json.hpp"
 #include "model/sampler.h"
-#include "server/cli/args.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/engine.h"
 #include "server/cli/commands.h"
-#include "server/cli/local_session.h"
+#include "server/request_builder.h"
+#include "winnow/v1/inference.pb.h"
 
 namespace winnow::cli {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "winnow generate: %s\n", std::string(status.message()).c_str());
   return 1;
 }
 
-}  // namespace
-
-int RunGenerate(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv,
-      {"model", "prompt", "system", "max-tokens", "temperature", "top-k", "top-p", "min-p",
-       "repetition-penalty", "frequency-penalty", "presence-penalty", "seed", "threads",
-       "chunk-size"},
-      {"chat", "ignore-eos", "quiet", "json"});
-  if (!args.ok()) return Fail(args.status());
-  if (!args->Has("prompt")) return Fail(absl::InvalidArgumentError("--prompt is required"));
-
+struct GenerateFlags {
+  CommonFlags common;
+  std::string prompt;
+  std::string system;
+  bool chat = false;
+  int32_t max_tokens = 128;
+  int32_t chunk_size = 512;
   model::SamplingParams sampling;
-  int64_t max_tokens = 0, threads = 0, chunk_size = 0, top_k = 0, seed = 0;
-  double temperature = 0, top_p = 0, min_p = 0, repetition = 0, frequency = 0, presence = 0;
-#define WINNOW_FLAG(var, getter)              \
-  {                                           \
-    auto _v = (getter);                       \
-    if (!_v.ok()) return Fail(_v.status());   \
-    var = *_v;                                \
+  bool ignore_eos = false;
+  bool quiet = false;
+  bool json = false;
+};
+
+void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
+  AddCommonFlags(app, &f->common);
+  app.add_option("--prompt", f->prompt, "the prompt (raw text, or the user message with --chat)")
+      ->required();
+  app.add_flag("--chat", f->chat, "render the prompt with the model's chat template");
+  app.add_option("--system", f->system, "--chat: a system message before the prompt");
+  app.add_option("--max-tokens", f->max_tokens, "tokens to generate at most")
+      ->check(base::AtLeast(1));
+  model::SamplingParams& s = f->sampling;
+  app.add_option("--temperature", s.temperature, "0: greedy")->check(base::AtLeast(0));
+  app.add_option("--top-k", s.top_k, "0: off")->check(base::AtLeast(0));
+  app.add_option("--top-p", s.top_p, "nucleus sampling; 1: off")->check(base::AboveAtMost(0, 1));
+  app.add_option("--min-p", s.min_p, "0: off")->check(base::InRange(0, 1));
+  app.add_option("--repetition-penalty", s.repetition_penalty, "1: off")->check(base::Above(0));
+  app.add_option("--frequency-penalty", s.frequency_penalty, "")->check(base::InRange(-2, 2));
+  app.add_option("--presence-penalty", s.presence_penalty, "")->check(base::InRange(-2, 2));
+  app.add_option("--seed", s.seed, "sampling seed");
+  app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
+  app.add_option("--chunk-size", f->chunk_size, "prefill chunk in tokens")
+      ->check(base::AtLeast(1));
+  app.add_flag("--json", f->json,
+               "print {prompt_token_ids, token_ids, text} at the end instead of streaming");
+  app.add_flag("--quiet", f->quiet, "no statistics line on stderr");
+}
+
+// The request the daemon would get for these flags. max_tokens is left unset and passed as the
+// builder's default instead, which it caps by the context left after the prompt: --max-tokens
+// means "at most", as it always has, rather than an error for a long prompt.
+v1::GenerateRequest ToProto(const GenerateFlags& f) {
+  v1::GenerateRequest request;
+  if (f.chat) {
+    v1::ChatMessages* chat = request.mutable_chat();
+    if (!f.system.empty()) {
+      v1::ChatMessage* system = chat->add_messages();
+      system->set_role("system");
+      system->set_content(f.system);
+    }
+    v1::ChatMessage* user = chat->add_messages();
+    user->set_role("user");
+    user->set_content(f.prompt);
+  } else {
+    request.set_prompt(f.prompt);
   }
-  WINNOW_FLAG(max_tokens, args->GetInt("max-tokens", 128));
-  WINNOW_FLAG(threads, args->GetInt("threads", 0));
-  WINNOW_FLAG(chunk_size, args->GetInt("chunk-size", 512));
-  WINNOW_FLAG(top_k, args->GetInt("top-k", 0));
-  WINNOW_FLAG(seed, args->GetInt("seed", 0));
-  WINNOW_FLAG(temperature, args->GetDouble("temperature", 0.0));
-  WINNOW_FLAG(top_p, args->GetDouble("top-p", 1.0));
-  WINNOW_FLAG(min_p, args->GetDouble("min-p", 0.0));
-  WINNOW_FLAG(repetition, args->GetDouble("repetition-penalty", 1.0));
-  WINNOW_FLAG(frequency, args->GetDouble("frequency-penalty", 0.0));
-  WINNOW_FLAG(presence, args->GetDouble("presence-penalty", 0.0));
-#undef WINNOW_FLAG
-  if (max_tokens <= 0) return Fail(absl::InvalidArgumentError("--max-tokens must be > 0"));
-  if (chunk_size <= 0) return Fail(absl::InvalidArgumentError("--chunk-size must be > 0"));
-  sampling.temperature = static_cast<float>(temperature);
-  sampling.top_k = static_cast<int32_t>(top_k);
-  sampling.top_p = static_cast<float>(top_p);
-  sampling.min_p = static_cast<float>(min_p);
-  sampling.repetition_penalty = static_cast<float>(repetition);
-  sampling.frequency_penalty = static_cast<float>(frequency);
-  sampling.presence_penalty = static_cast<float>(presence);
-  sampling.seed = static_cast<uint64_t>(seed);
-  if (absl::Status s = sampling.Validate(); !s.ok()) return Fail(s);
+  const model::SamplingParams& s = f.sampling;
+  v1::SamplingParams* sampling = request.mutable_sampling();
+  sampling->set_temperature(s.temperature);
+  sampling->set_top_k(s.top_k);
+  sampling->set_top_p(s.top_p);
+  sampling->set_min_p(s.min_p);
+  sampling->set_repetition_penalty(s.repetition_penalty);
+  sampling->set_frequency_penalty(s.frequency_penalty);
+  sampling->set_presence_penalty(s.presence_penalty);
+  sampling->set_seed(s.seed);
+  request.mutable_stopping()->set_ignore_eos(f.ignore_eos);
+  return request;
+}
 
-  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(
-      args->GetString("model", DefaultModelPath()), {.num_threads = static_cast<int32_t>(threads)});
-  if (!model.ok()) return Fail(model.status());
-  const model::Tokenizer& tokenizer = (*model)->tokenizer();
+// A pool for exactly this request (prompt + max_tokens slots in every layer), and one prefill
+// chunk of --chunk-size tokens per iteration.
+scheduler::EngineOptions EngineOptionsFor(const model::Model& model,
+                                          const scheduler::GenerationRequest& request,
+                                          int32_t chunk_size) {
+  scheduler::EngineOptions options;
+  options.max_batched_tokens = chunk_size;
+  options.max_seqs = 1;
+  options.max_queue = 1;
+  const int64_t tokens = static_cast<int64_t>(request.prompt_tokens.size()) + request.max_tokens;
+  const int64_t blocks_per_layer = (tokens + options.block_size - 1) / options.block_size;
+  options.kv_blocks = static_cast<int32_t>(model.config().num_layers * blocks_per_layer);
+  return options;
+}
 
-  std::string text = args->GetString("prompt");
-  if (args->Has("chat")) {
-    if (!(*model)->chat_template().ok()) return Fail((*model)->chat_template().status());
-    std::vector<model::ChatMessage> messages;
-    if (args->Has("system")) messages.push_back({"system", args->GetString("system")});
-    messages.push_back({"user", text});
-    absl::StatusOr<std::string> rendered = (*model)->chat_template()->Apply(messages, true);
-    if (!rendered.ok()) return Fail(rendered.status());
-    text = *rendered;
+// The request's stream, from the engine thread to the main thread. The callbacks only append
+// under the lock and return: writing to stdout (maybe a slow pipe) is the main thread's job.
+class StreamSink : public scheduler::RequestSink {
+ public:
+  struct Batch {
+    std::vector<int32_t> token_ids;
+    std::string text;
+    std::optional<scheduler::FinishEvent> finish;  // set once, with the last batch
+  };
+
+  void OnTokens(const scheduler::TokenEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    if (!first_token_) first_token_ = Clock::now();
+    pending_.token_ids.insert(pending_.token_ids.end(), event.token_ids.begin(),
+                              event.token_ids.end());
+    pending_.text += event.text;
   }
-  const std::vector<int32_t> prompt =
-      args->Has("chat") ? model::EncodeRenderedChat(tokenizer, text, /*add_special=*/true)
-                        : tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
-  if (prompt.empty()) return Fail(absl::InvalidArgumentError("the prompt has no tokens"));
-  const int32_t context = (*model)->config().context_length;
-  const int64_t budget = std::min<int64_t>(context, static_cast<int64_t>(prompt.size()) + max_tokens);
-  if (static_cast<int64_t>(prompt.size()) >= context) {
-    return Fail(absl::InvalidArgumentError("the prompt fills the whole context"));
+  void OnFinish(const scheduler::FinishEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    finished_at_ = Clock::now();
+    pending_.finish = event;
   }
 
-  absl::StatusOr<std::unique_ptr<LocalSession>> session =
-      LocalSession::Create(**model, static_cast<int32_t>(budget));
-  if (!session.ok()) return Fail(session.status());
-  model::Sampler sampler(sampling);
-  sampler.AddPromptTokens(prompt);
-  model::StreamingDetokenizer detokenizer(tokenizer);
+  // Blocks until something arrived; takes it.
+  Batch Next() {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &StreamSink::HasPending));
+    return std::exchange(pending_, Batch{});
+  }
+  // When the first token and the finish arrived (valid after the finish was taken).
+  std::optional<Clock::time_point> first_token() {
+    absl::MutexLock lock(&mu_);
+    return first_token_;
+  }
+  Clock::time_point finished_at() {
+    absl::MutexLock lock(&mu_);
+    return finished_at_;
+  }
 
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<float>> logits =
-      (*session)->Feed(prompt, static_cast<int32_t>(chunk_size), model::LogitsMode::kLast);
-  if (!logits.ok()) return Fail(logits.status());
-  const auto t1 = std::chrono::steady_clock::now();
-  // --json prints one object at the end instead of streaming (for scripts and tests).
-  const bool json = args->Has("json");
-  std::vector<int32_t> generated_ids;
-  std::string generated_text;
-  auto emit = [&](const std::string& delta) {
-    if (json) {
-      generated_text += delta;
-    } else {
-      std::fwrite(delta.data(), 1, delta.size(), stdout);
+ private:
+  bool HasPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !pending_.token_ids.empty() || !pending_.text.empty() || pending_.finish.has_value();
+  }
+
+  absl::Mutex mu_;
+  Batch pending_ ABSL_GUARDED_BY(mu_);
+  std::optional<Clock::time_point> first_token_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point finished_at_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Output {
+  std::vector<int32_t> token_ids;  // without a final end-of-generation token
+  std::string text;
+  int32_t steps = 0;               // tokens sampled, the end-of-generation one included
+};
+
+// Streams text to stdout (or collects it for --json) until the request finishes.
+absl::StatusOr<Output> Drain(StreamSink& sink, const model::Tokenizer& tokenizer,
+                             const GenerateFlags& f) {
+  Output out;
+  for (;;) {
+    StreamSink::Batch batch = sink.Next();
+    for (int32_t id : batch.token_ids) {
+      ++out.steps;
+      // The engine reports the end-of-generation token that stopped it; the CLI never printed
+      // it (it renders no text either).
+      if (!f.ignore_eos && tokenizer.IsEndOfGeneration(id)) continue;
+      out.token_ids.push_back(id);
+    }
+    if (f.json) {
+      out.text += batch.text;
+    } else if (!batch.text.empty()) {
+      std::fwrite(batch.text.data(), 1, batch.text.size(), stdout);
       std::fflush(stdout);
     }
-  };
-  int64_t generated = 0;
-  while (generated < max_tokens && (*session)->position() < budget) {
-    const model::SampledToken token = sampler.Sample(*logits);
-    if (!args->Has("ignore-eos") && tokenizer.IsEndOfGeneration(token.id)) break;
-    ++generated;
-    generated_ids.push_back(token.id);
-    emit(detokenizer.Append(token.id));
-    if (generated == max_tokens || (*session)->position() >= budget) break;
-    const int32_t id = token.id;
-    logits = (*session)->Feed({&id, 1}, 1, model::LogitsMode::kLast);
-    if (!logits.ok()) return Fail(logits.status());
+    if (batch.finish) {
+      if (!batch.finish->status.ok()) return batch.finish->status;
+      return out;
+    }
   }
-  emit(detokenizer.Flush());
-  if (json) {
-    nlohmann::json out;
-    out["prompt_token_ids"] = prompt;
-    out["token_ids"] = generated_ids;
-    out["text"] = generated_text;
-    std::fputs(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), stdout);
+}
+
+void PrintStats(StreamSink& sink, Clock::time_point submitted, size_t prompt_tokens,
+                const Output& out) {
+  const Clock::time_point first = sink.first_token().value_or(sink.finished_at());
+  const double prefill_s = std::chrono::duration<double>(first - submitted).count();
+  const double decode_s = std::chrono::duration<double>(sink.finished_at() - first).count();
+  // Every step after the first token is one decode forward.
+  const double decode_rate = decode_s > 0 ? (out.steps - 1) / decode_s : 0.0;
+  std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s; generated %zu tokens, %.1f tok/s]\n",
+               prompt_tokens, prompt_tokens / prefill_s, out.token_ids.size(), decode_rate);
+}
+
+absl::Status Generate(const GenerateFlags& f) {
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                          model::Model::Load(f.common.model, {.num_threads = f.common.threads}));
+  server::RequestLimits limits;
+  limits.context_length = model->config().context_length;
+  limits.default_max_tokens = f.max_tokens;
+  WINNOW_ASSIGN_OR_RETURN(scheduler::GenerationRequest request,
+                          server::BuildGenerationRequest(ToProto(f), *model, limits));
+  const std::vector<int32_t> prompt = request.prompt_tokens;
+  WINNOW_ASSIGN_OR_RETURN(
+      std::unique_ptr<scheduler::Engine> engine,
+      scheduler::Engine::Create(model.get(), EngineOptionsFor(*model, request, f.chunk_size)));
+
+  auto sink = std::make_shared<StreamSink>();
+  const Clock::time_point submitted = Clock::now();
+  WINNOW_RETURN_IF_ERROR(engine->Submit(std::move(request), sink).status());
+  WINNOW_ASSIGN_OR_RETURN(Output out, Drain(*sink, model->tokenizer(), f));
+  engine->Shutdown();
+
+  // --json prints one object at the end instead of streaming (for scripts and tests).
+  if (f.json) {
+    nlohmann::json json;
+    json["prompt_token_ids"] = prompt;
+    json["token_ids"] = out.token_ids;
+    json["text"] = out.text;
+    std::fputs(json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(),
+               stdout);
   }
   std::fputc('\n', stdout);
-  const auto t2 = std::chrono::steady_clock::now();
-  if (!args->Has("quiet")) {
-    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-    std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s; generated %lld tokens, %.1f tok/s]\n",
-                 prompt.size(), prompt.size() / prefill_s, static_cast<long long>(generated),
-                 generated / decode_s);
-  }
+  if (!f.quiet) PrintStats(*sink, submitted, prompt.size(), out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<std::string>& args) {
+  CLI::App app("Streams a completion of a prompt to stdout.", "winnow generate");
+  GenerateFlags f;
+  AddGenerateFlags(app, &f);
+  if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
+  if (absl::Status s = Generate(f); !s.ok()) return Fail(s);
   return 0;
 }
 

@@ -3,15 +3,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/cli.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/dequantize.h"
 #include "model/gguf.h"
-#include "server/cli/args.h"
 #include "server/cli/commands.h"
 
 namespace winnow::cli {
@@ -233,29 +235,32 @@ absl::Status DumpTensor(const model::GgufFile& f, const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::Status Inspect(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv, {"model", "dump-tensor", "threads"}, {"tensors"});
-  if (!args.ok()) return args.status();
-  // --threads is accepted for uniformity with the other commands; inspecting is single-threaded.
-  if (absl::StatusOr<int64_t> threads = args->GetInt("threads", 0); !threads.ok()) {
-    return threads.status();
-  }
-  if (args->Has("tensors") && args->Has("dump-tensor")) {
-    return absl::InvalidArgumentError("--tensors and --dump-tensor are exclusive");
-  }
-  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
-      model::GgufFile::Open(args->GetString("model", DefaultModelPath()));
-  if (!file.ok()) return file.status();
-  if (args->Has("dump-tensor")) return DumpTensor(**file, args->GetString("dump-tensor"));
-  if (args->Has("tensors")) return PrintTensors(**file);
-  return PrintMetadata(**file);
+absl::Status Inspect(const std::string& model, const CLI::Option& tensors,
+                     const CLI::Option& dump_tensor, const std::string& tensor_name) {
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file, model::GgufFile::Open(model));
+  if (dump_tensor) return DumpTensor(*file, tensor_name);
+  if (tensors) return PrintTensors(*file);
+  return PrintMetadata(*file);
 }
 
 }  // namespace
 
 int RunInspect(const std::vector<std::string>& args) {
-  const absl::Status s = Inspect(args);
+  CLI::App app("GGUF metadata (JSON) by default, the tensor table, or one tensor's values.",
+               "winnow inspect");
+  // --threads is accepted for uniformity with the other commands; inspecting is single-threaded.
+  CommonFlags common;
+  AddCommonFlags(app, &common);
+  bool tensors_flag = false;
+  std::string tensor_name;
+  CLI::Option* tensors =
+      app.add_flag("--tensors", tensors_flag, "print the tensor table (name, type, shape) as JSON");
+  app.add_option("--dump-tensor", tensor_name, "print one tensor's values, dequantised, as JSON")
+      ->excludes(tensors);
+  if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
+
+  const absl::Status s =
+      Inspect(common.model, *tensors, *app.get_option("--dump-tensor"), tensor_name);
   if (std::fflush(stdout) != 0 && s.ok()) {
     std::fputs("winnow inspect: cannot write to stdout\n", stderr);
     return 1;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace winnow::cli {
 
@@ -11,9 +12,9 @@ absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(model::Model&
                                                                    int32_t block_size) {
   const cache::KvLayout layout = model.KvLayoutFor(block_size);
   const int32_t blocks = layout.num_layers * ((max_tokens + block_size - 1) / block_size);
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool = cache::BlockPool::Create(layout, blocks);
-  if (!pool.ok()) return pool.status();
-  return std::unique_ptr<LocalSession>(new LocalSession(model, std::move(*pool)));
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
+                          cache::BlockPool::Create(layout, blocks));
+  return std::unique_ptr<LocalSession>(new LocalSession(model, std::move(pool)));
 }
 
 LocalSession::LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool> pool)
@@ -23,8 +24,7 @@ LocalSession::LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool
 LocalSession::~LocalSession() { kv_.Release(*pool_); }
 
 absl::StatusOr<std::vector<float>> LocalSession::Feed(std::span<const int32_t> tokens,
-                                                      int32_t chunk_size,
-                                                      model::LogitsMode mode) {
+                                                      int32_t chunk_size) {
   std::vector<float> logits;
   const int64_t total = static_cast<int64_t>(tokens.size());
   for (int64_t start = 0; start < total; start += chunk_size) {
@@ -33,16 +33,13 @@ absl::StatusOr<std::vector<float>> LocalSession::Feed(std::span<const int32_t> t
       return absl::ResourceExhaustedError(
           absl::StrCat("KV pool too small for position ", position_ + n));
     }
-    const bool last_chunk = start + n == total;
     model::BatchEntry entry;
     entry.kv = &kv_;
     entry.tokens = tokens.subspan(start, n);
     entry.start_position = position_;
-    entry.logits = mode == model::LogitsMode::kAll ? mode
-                   : last_chunk                    ? mode
-                                                   : model::LogitsMode::kNone;
+    entry.logits = model::LogitsMode::kAll;
     model::ForwardOutput out;
-    if (absl::Status s = model_.Forward({&entry, 1}, *pool_, &out); !s.ok()) return s;
+    WINNOW_RETURN_IF_ERROR(model_.Forward({&entry, 1}, *pool_, &out));
     logits.insert(logits.end(), out.logits.begin(), out.logits.end());
     position_ += n;
   }

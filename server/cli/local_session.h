@@ -1,6 +1,6 @@
-// Runs one sequence through a model in-process, for the CLI commands (generate, score): a pool
-// sized for the sequence, chunked prefill and decode steps. The daemon uses the scheduler
-// instead; this is the smallest correct driver of Model::Forward.
+// Runs one token sequence through a model in-process for `winnow score`, which needs the logits
+// of every position (generation goes through scheduler::Engine instead): a pool sized for the
+// sequence and chunked prefill.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +23,9 @@ class LocalSession {
                                                               int32_t block_size = 16);
   ~LocalSession();
 
-  // Feeds `tokens` in chunks of `chunk_size`; returns the logits rows the mode asks for (kAll:
-  // one row per token; kLast: the last token's row) as one flat vector.
-  absl::StatusOr<std::vector<float>> Feed(std::span<const int32_t> tokens, int32_t chunk_size,
-                                          model::LogitsMode mode);
-  int32_t position() const { return position_; }
+  // Feeds `tokens` in chunks of `chunk_size`; returns one logits row per token, as one flat
+  // vector.
+  absl::StatusOr<std::vector<float>> Feed(std::span<const int32_t> tokens, int32_t chunk_size);
 
  private:
   LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool> pool);

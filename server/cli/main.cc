@@ -5,7 +5,9 @@
 #include <string_view>
 #include <vector>
 
+#include "base/cli.h"
 #include "server/cli/commands.h"
+#include "server/logging.h"
 
 namespace {
 
@@ -20,7 +22,7 @@ constexpr const char* kUsage =
     "  serve     [--port 50051] [--metrics-port 9090] ... (serve --help)  gRPC inference daemon\n"
     "\n"
     "every command takes --model PATH (default: $WINNOW_MODEL or\n"
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf) and --threads N.\n";
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N and --help.\n";
 
 }  // namespace
 
@@ -31,6 +33,13 @@ std::string DefaultModelPath() {
   return "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
+  base::ConfigureApp(app);
+  app.add_option("--model", flags->model, "GGUF model path ($WINNOW_MODEL, else the default)");
+  app.add_option("--threads", flags->threads, "CPU threads; 0: one per hardware thread")
+      ->check(base::AtLeast(0));
+}
+
 }  // namespace winnow::cli
 
 int main(int argc, char** argv) {
@@ -38,6 +47,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
+  // Library logs (the engine's start-up line, tokenizer warnings) go to stderr, warnings only:
+  // stdout carries the commands' output. `serve` sets up its own logging.
+  (void)winnow::server::ConfigureLogging("text", "warn");
   std::string_view command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return winnow::cli::RunGenerate(args);

@@ -3,13 +3,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "nlohmann/json.hpp"
+#include "base/cli.h"
 #include "model/model.h"
-#include "server/cli/args.h"
+#include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
 #include "server/cli/local_session.h"
 
@@ -42,22 +43,26 @@ absl::StatusOr<std::vector<int32_t>> ReadTokens(const std::string& path) {
 
 }  // namespace
 
-int RunScore(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args =
-      Args::Parse(argv, {"model", "tokens-file", "threads", "chunk-size"}, {});
-  if (!args.ok()) return Fail(args.status());
-  if (!args->Has("tokens-file")) return Fail(absl::InvalidArgumentError("--tokens-file is required"));
-  absl::StatusOr<std::vector<int32_t>> tokens = ReadTokens(args->GetString("tokens-file"));
+int RunScore(const std::vector<std::string>& args) {
+  CLI::App app("Runs token ids through the model; prints the argmax at every position, the "
+               "log-probability of each next token and the last logits (JSON).",
+               "winnow score");
+  CommonFlags common;
+  AddCommonFlags(app, &common);
+  std::string tokens_file;
+  int32_t chunk_size = 0;
+  app.add_option("--tokens-file", tokens_file, "JSON array of token ids")->required();
+  app.add_option("--chunk-size", chunk_size, "prefill chunk in tokens (default: all at once)")
+      ->check(base::AtLeast(1));
+  if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
+
+  absl::StatusOr<std::vector<int32_t>> tokens = ReadTokens(tokens_file);
   if (!tokens.ok()) return Fail(tokens.status());
   if (tokens->empty()) return Fail(absl::InvalidArgumentError("--tokens-file holds no tokens"));
-  absl::StatusOr<int64_t> threads = args->GetInt("threads", 0);
-  if (!threads.ok()) return Fail(threads.status());
-  absl::StatusOr<int64_t> chunk = args->GetInt("chunk-size", static_cast<int64_t>(tokens->size()));
-  if (!chunk.ok()) return Fail(chunk.status());
-  if (*chunk <= 0) return Fail(absl::InvalidArgumentError("--chunk-size must be > 0"));
+  if (chunk_size == 0) chunk_size = static_cast<int32_t>(tokens->size());
 
-  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(
-      args->GetString("model", DefaultModelPath()), {.num_threads = static_cast<int32_t>(*threads)});
+  absl::StatusOr<std::unique_ptr<model::Model>> model =
+      model::Model::Load(common.model, {.num_threads = common.threads});
   if (!model.ok()) return Fail(model.status());
   const int32_t vocab = (*model)->config().vocab_size;
   for (int32_t id : *tokens) {
@@ -73,7 +78,7 @@ int RunScore(const std::vector<std::string>& argv) {
       LocalSession::Create(**model, static_cast<int32_t>(tokens->size()));
   if (!session.ok()) return Fail(session.status());
   absl::StatusOr<std::vector<float>> logits =
-      (*session)->Feed(*tokens, static_cast<int32_t>(*chunk), model::LogitsMode::kAll);
+      (*session)->Feed(*tokens, chunk_size);
   if (!logits.ok()) return Fail(logits.status());
 
   const size_t n = tokens->size();

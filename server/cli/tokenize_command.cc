@@ -19,11 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/cli.h"
+#include "base/status_macros.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "server/cli/args.h"
 #include "server/cli/commands.h"
 
 namespace winnow::cli {
@@ -123,65 +124,52 @@ absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::vector<std::string>& argv) {
-  absl::StatusOr<Args> args = Args::Parse(
-      argv, {"model", "text", "text-file", "jsonl", "decode-ids", "chat", "threads"},
-      {"no-special", "no-parse-special", "round-trip", "render-special"});
-  if (!args.ok()) return args.status();
-  if (absl::StatusOr<int64_t> threads = args->GetInt("threads", 0); !threads.ok()) {
-    return threads.status();
-  }
-  int modes = 0;
-  for (const char* mode : {"text", "text-file", "jsonl", "decode-ids", "chat"}) {
-    modes += args->Has(mode) ? 1 : 0;
-  }
-  if (modes != 1) {
-    return absl::InvalidArgumentError(
-        "give exactly one of --text, --text-file, --jsonl, --decode-ids or --chat");
-  }
-  const bool add_special = !args->Has("no-special");
-  const bool parse_special = !args->Has("no-parse-special");
+struct TokenizeFlags {
+  CommonFlags common;
+  std::string text, text_file, jsonl, decode_ids, chat;
+  bool no_special = false;
+  bool no_parse_special = false;
+  bool round_trip = false;
+  bool render_special = false;
+};
 
-  absl::StatusOr<std::unique_ptr<model::GgufFile>> file =
-      model::GgufFile::Open(args->GetString("model", DefaultModelPath()));
-  if (!file.ok()) return file.status();
-  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tok = model::Tokenizer::FromGguf(**file);
-  if (!tok.ok()) return tok.status();
-
-  if (args->Has("jsonl")) {
-    return RunJsonl(**tok, args->GetString("jsonl"), add_special, parse_special,
-                    args->Has("round-trip"));
-  }
-  if (args->Has("chat")) return RunChat(**file, **tok, args->GetString("chat"), add_special);
-  if (args->Has("decode-ids")) {
-    json ids = json::parse(args->GetString("decode-ids"), nullptr, /*allow_exceptions=*/false);
-    if (!ids.is_array()) return absl::InvalidArgumentError("--decode-ids: expected a JSON array");
-    std::vector<int32_t> values;
-    for (const json& v : ids) {
-      if (!v.is_number_integer()) {
-        return absl::InvalidArgumentError("--decode-ids: ids must be integers");
-      }
-      const int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= (*tok)->vocab_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("--decode-ids: id ", id,
-                                                       " is outside the vocabulary of ",
-                                                       (*tok)->vocab_size()));
-      }
-      values.push_back(static_cast<int32_t>(id));
+absl::Status DecodeIds(const model::Tokenizer& tok, const std::string& list, bool render_special) {
+  json ids = json::parse(list, nullptr, /*allow_exceptions=*/false);
+  if (!ids.is_array()) return absl::InvalidArgumentError("--decode-ids: expected a JSON array");
+  std::vector<int32_t> values;
+  for (const json& v : ids) {
+    if (!v.is_number_integer()) {
+      return absl::InvalidArgumentError("--decode-ids: ids must be integers");
     }
-    const std::string text = (*tok)->Decode(values, args->Has("render-special"));
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return absl::OkStatus();
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= tok.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("--decode-ids: id ", id,
+                                                     " is outside the vocabulary of ",
+                                                     tok.vocab_size()));
+    }
+    values.push_back(static_cast<int32_t>(id));
   }
-  std::string text;
-  if (args->Has("text-file")) {
-    absl::StatusOr<std::string> data = ReadFile(args->GetString("text-file"));
-    if (!data.ok()) return data.status();
-    text = std::move(*data);
-  } else {
-    text = args->GetString("text");
+  const std::string text = tok.Decode(values, render_special);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return absl::OkStatus();
+}
+
+// `mode` is the one input flag given.
+absl::Status Run(const TokenizeFlags& f, const std::string& mode) {
+  const bool add_special = !f.no_special;
+  const bool parse_special = !f.no_parse_special;
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file,
+                          model::GgufFile::Open(f.common.model));
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tok,
+                          model::Tokenizer::FromGguf(*file));
+  if (mode == "--jsonl") return RunJsonl(*tok, f.jsonl, add_special, parse_special, f.round_trip);
+  if (mode == "--chat") return RunChat(*file, *tok, f.chat, add_special);
+  if (mode == "--decode-ids") return DecodeIds(*tok, f.decode_ids, f.render_special);
+  std::string text = f.text;
+  if (mode == "--text-file") {
+    WINNOW_ASSIGN_OR_RETURN(text, ReadFile(f.text_file));
   }
-  const std::string out = IdsJson((*tok)->Encode(text, add_special, parse_special)) + "\n";
+  const std::string out = IdsJson(tok->Encode(text, add_special, parse_special)) + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return absl::OkStatus();
 }
@@ -189,7 +177,37 @@ absl::Status Run(const std::vector<std::string>& argv) {
 }  // namespace
 
 int RunTokenize(const std::vector<std::string>& args) {
-  const absl::Status status = Run(args);
+  CLI::App app("Token ids of a text (JSON), and the batch, chat and decode modes the tokenizer "
+               "tests use.",
+               "winnow tokenize");
+  TokenizeFlags f;
+  AddCommonFlags(app, &f.common);
+  const std::vector<CLI::Option*> modes = {
+      app.add_option("--text", f.text, "text to tokenize; prints one JSON array of ids"),
+      app.add_option("--text-file", f.text_file, "file (- for stdin) to tokenize"),
+      app.add_option("--jsonl", f.jsonl,
+                     "file with one JSON string per line; prints one id array per line"),
+      app.add_option("--decode-ids", f.decode_ids, "JSON array of ids; prints their text"),
+      app.add_option("--chat", f.chat,
+                     "JSON file of messages (or {\"messages\", \"add_generation_prompt\"}); "
+                     "prints {\"prompt\", \"ids\"}"),
+  };
+  app.add_flag("--no-special", f.no_special, "no BOS/EOS added");
+  app.add_flag("--no-parse-special", f.no_parse_special,
+               "special-token text (<|im_start|>) is plain text");
+  app.add_flag("--round-trip", f.round_trip, "--jsonl: print {\"ids\", \"text\"} per line");
+  app.add_flag("--render-special", f.render_special, "--decode-ids: include control tokens' text");
+  if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
+
+  std::vector<std::string> given;
+  for (const CLI::Option* mode : modes) {
+    if (*mode) given.push_back(mode->get_name());
+  }
+  absl::Status status =
+      given.size() == 1
+          ? Run(f, given.front())
+          : absl::InvalidArgumentError(
+                "give exactly one of --text, --text-file, --jsonl, --decode-ids or --chat");
   if (!status.ok()) {
     std::fprintf(stderr, "winnow tokenize: %s\n", std::string(status.message()).c_str());
     return 1;

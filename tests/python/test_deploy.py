@@ -321,6 +321,8 @@ def test_objects_fit_together():
     assert mount["mountPath"] == "/etc/winnow/winnow.yaml" and mount["subPath"] == "winnow.yaml"
     assert config["port"] == ports["grpc"] and config["metrics-port"] == ports["metrics"]
     assert config["host"] == "0.0.0.0"
+    # No WINNOW_PORT=tcp://... from Services named winnow*: the daemon reads WINNOW_* variables.
+    assert spec["enableServiceLinks"] is False
 
     # GPU request and the model volume.
     for section in ("requests", "limits"):

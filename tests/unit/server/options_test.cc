@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -63,6 +64,62 @@ TEST(ServeOptionsTest, ErrorsNameTheSource) {
   EXPECT_FALSE(Parse({"--bogus", "1"}).ok());
   EXPECT_FALSE(Parse({"--port"}).ok());
   EXPECT_FALSE(Parse({"--log-format", "xml"}).ok());
+}
+
+TEST(ServeOptionsTest, FlagSyntax) {
+  auto o = Parse({"--metrics-port", "-1", "--threads=3", "--threads", "4", "--log-format=json"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->metrics_port, -1);  // a negative number is a value, not a flag
+  EXPECT_EQ(o->threads, 4);        // a repeated flag keeps its last value
+  EXPECT_EQ(o->log_format, "json");
+  auto typo = Parse({"--max-seq", "3"});
+  EXPECT_EQ(typo.status().message(), "unknown flag --max-seq (did you mean --max-seqs?)");
+  EXPECT_EQ(Parse({"--bogus=1"}).status().message(), "unknown flag --bogus");
+  EXPECT_EQ(Parse({"50051"}).status().message(), "unexpected argument '50051'");
+  EXPECT_NE(Parse({"--port"}).status().message().find("--port"), std::string::npos);
+  EXPECT_FALSE(Parse({"--help"}).ok());  // RunServe prints the usage before parsing
+}
+
+TEST(ServeOptionsTest, UnknownWinnowVariablesWarnWithTheClosestSetting) {
+  const std::map<std::string, std::string> env = {
+      {"WINNOW_MAX_SEQ", "4"},                           // a typo
+      {"WINNOW_WINNOW_SERVICE_PORT", "50051"},           // a Kubernetes service link
+      {"WINNOW_MAX_SEQS", "4"},                          // settings
+      {"WINNOW_PORT", "7000"},
+      {"WINNOW_BIN", "build/winnow"},                    // read on purpose by other tools
+      {"WINNOW_TEST_MODEL", "m.gguf"},
+      {"WINNOW_MODEL_DIR", "/models"},
+      {"WINNOW_TARGET", "localhost:50051"},
+      {"WINNOW_STUBS_DIR", "/tmp/stubs"},
+      {"WINNOW_PROTO_ROOT", "proto"},
+      {"WINNOW_QUALITY_BENCH", "build/quality_bench"},
+      {"HOME", "/root"},
+  };
+  const std::vector<UnknownVariable> unknown = UnknownWinnowVariables(env);
+  ASSERT_EQ(unknown.size(), 2u);
+  EXPECT_EQ(unknown[0].name, "WINNOW_MAX_SEQ");
+  EXPECT_EQ(unknown[0].closest, "WINNOW_MAX_SEQS");
+  EXPECT_EQ(unknown[0].flag, "--max-seqs");
+  EXPECT_EQ(unknown[1].name, "WINNOW_WINNOW_SERVICE_PORT");
+  EXPECT_FALSE(unknown[1].closest.empty());
+  EXPECT_EQ(unknown[1].flag.rfind("--", 0), 0u);
+
+  // Only a warning: the options still parse, and carry the unknown variables for the log.
+  auto o = Parse({}, env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_seqs, 4);
+  ASSERT_EQ(o->unknown_env.size(), 2u);
+  EXPECT_EQ(o->unknown_env[0].name, "WINNOW_MAX_SEQ");
+  EXPECT_TRUE(Parse({}, {{"WINNOW_PORT", "7000"}})->unknown_env.empty());
+}
+
+TEST(ServeOptionsTest, UsageListsEverySetting) {
+  const std::string usage = ServeUsage();
+  for (const char* flag : {"--model", "--max-seqs", "--kv-cache-bytes", "--drain-timeout",
+                           "--log-level", "--config"}) {
+    EXPECT_NE(usage.find(flag), std::string::npos) << flag;
+  }
+  EXPECT_NE(usage.find("flag > environment > config"), std::string::npos);
 }
 
 TEST(ServeOptionsTest, BytesAndDurations) {
