@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "cache/block_pool.h"
 #include "cache/prefix_cache.h"
@@ -126,7 +126,7 @@ struct Engine::Impl {
   OutputProcessor output;
 
   // --- Shared with the callers' threads. ---
-  mutable absl::Mutex mu;
+  mutable base::Mutex mu;
   std::deque<std::unique_ptr<Sequence>> inbox ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> cancels ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<uint64_t> live ABSL_GUARDED_BY(mu);  // submitted, not yet finished
@@ -232,7 +232,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   engine->impl_ = std::make_unique<Impl>(*model, limits, observer, std::move(pool));
   Impl& impl = *engine->impl_;
   {
-    absl::MutexLock lock(&impl.mu);
+    base::MutexLock lock(&impl.mu);
     impl.published.kv_blocks_total = num_blocks;
     impl.published.kv_blocks_free = num_blocks;
   }
@@ -270,7 +270,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
                                                std::move(sink));
   seq->submit_time = absl::Now();
 
-  absl::MutexLock lock(&impl_->mu);
+  base::MutexLock lock(&impl_->mu);
   if (impl_->stopping) return absl::UnavailableError("engine is shut down");
   if (impl_->draining) {
     return absl::UnavailableError("server is draining; not accepting new requests");
@@ -289,14 +289,14 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
 }
 
 bool Engine::Cancel(uint64_t id) {
-  absl::MutexLock lock(&impl_->mu);
+  base::MutexLock lock(&impl_->mu);
   if (!impl_->live.contains(id)) return false;
   impl_->cancels.push_back(id);
   return true;
 }
 
 EngineSnapshot Engine::Snapshot() const {
-  absl::MutexLock lock(&impl_->mu);
+  base::MutexLock lock(&impl_->mu);
   EngineSnapshot snap;
   snap.running = impl_->published.running;
   snap.waiting = impl_->published.waiting + static_cast<int32_t>(impl_->inbox.size());
@@ -309,18 +309,20 @@ EngineSnapshot Engine::Snapshot() const {
 }
 
 void Engine::BeginDrain() {
-  absl::MutexLock lock(&impl_->mu);
+  base::MutexLock lock(&impl_->mu);
   impl_->draining = true;
 }
 
 bool Engine::WaitForIdle(absl::Duration timeout) {
-  absl::MutexLock lock(&impl_->mu);
-  return impl_->mu.AwaitWithTimeout(absl::Condition(impl_.get(), &Impl::Idle), timeout);
+  base::MutexLock lock(&impl_->mu);
+  Impl* impl = impl_.get();
+  auto idle = [impl]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return impl->Idle(); };
+  return impl->mu.AwaitWithTimeout(idle, timeout);
 }
 
 void Engine::Shutdown() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    base::MutexLock lock(&impl_->mu);
     impl_->stopping = true;
   }
   if (impl_->thread.joinable()) impl_->thread.join();
@@ -352,8 +354,9 @@ void Engine::Impl::Run() {
         // Cannot happen while every admitted request fits the pool alone (Submit checks
         // that); if it does, wait for a cancel or deadline instead of spinning.
         spdlog::error("engine: {} requests but nothing schedulable", seqs.size());
-        absl::MutexLock lock(&mu);
-        mu.AwaitWithTimeout(absl::Condition(this, &Impl::HasWork), absl::Milliseconds(10));
+        base::MutexLock lock(&mu);
+        mu.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); },
+                           absl::Milliseconds(10));
       }
       RemoveFinished();
     }
@@ -365,8 +368,8 @@ void Engine::Impl::Run() {
 bool Engine::Impl::TakeSubmitted(std::vector<uint64_t>* to_cancel) {
   std::deque<std::unique_ptr<Sequence>> arrived;
   {
-    absl::MutexLock lock(&mu);
-    if (seqs.empty()) mu.Await(absl::Condition(this, &Impl::HasWork));
+    base::MutexLock lock(&mu);
+    if (seqs.empty()) mu.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
     if (stopping) return false;
     // Until the next Publish these count as waiting, so Submit's queue-full check and
     // Snapshot never lose sight of them in between.
@@ -511,7 +514,7 @@ void Engine::Impl::Publish() {
   state.preemptions_total = preemptions_total;
   // Observer first: once WaitForIdle returns, the gauges already show the idle state.
   if (observer) observer->OnSchedulerState(state);
-  absl::MutexLock lock(&mu);
+  base::MutexLock lock(&mu);
   published = state;
   for (uint64_t id : finished_ids) live.erase(id);
   finished_ids.clear();

@@ -159,6 +159,7 @@ int RunDaemon(const ServeOptions& options) {
   engine_options.max_seqs = options.max_seqs;
   engine_options.max_queue = options.max_queue;
   engine_options.block_size = options.block_size;
+  engine_options.enable_prefix_caching = options.enable_prefix_caching;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
   engine_options.max_prompt_tokens = options.max_prompt_tokens;

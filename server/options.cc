@@ -83,6 +83,24 @@ Setting StringSetting(std::string name, std::string help, std::string ServeOptio
                  std::move(type)};
 }
 
+// true/false (also 1/0, yes/no, on/off), so that a variable or YAML key can say either.
+Setting BoolSetting(std::string name, std::string help, bool ServeOptions::*field) {
+  return Setting{std::move(name), std::move(help),
+                 [field](const std::string& v, ServeOptions* o) -> absl::Status {
+                   const std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
+                   if (t == "true" || t == "1" || t == "yes" || t == "on") {
+                     o->*field = true;
+                   } else if (t == "false" || t == "0" || t == "no" || t == "off") {
+                     o->*field = false;
+                   } else {
+                     return absl::InvalidArgumentError(
+                         absl::StrCat("must be true or false, got '", v, "'"));
+                   }
+                   return absl::OkStatus();
+                 },
+                 "BOOL"};
+}
+
 const std::vector<Setting>& Settings() {
   constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
   static const auto* settings = new std::vector<Setting>{
@@ -108,6 +126,9 @@ const std::vector<Setting>& Settings() {
               "BYTES"},
       IntSetting("kv-blocks", "KV pool size in blocks; wins over --kv-cache-bytes",
                  &ServeOptions::kv_blocks, 0, kI32),
+      BoolSetting("enable-prefix-caching",
+                  "reuse the KV of equal prompt prefixes across requests (true)",
+                  &ServeOptions::enable_prefix_caching),
       IntSetting("block-size", "token slots per KV block (16)", &ServeOptions::block_size, 1,
                  1024),
       IntSetting("threads", "CPU threads for the forward; 0: all cores", &ServeOptions::threads, 0,
@@ -387,7 +408,8 @@ std::string ServeOptions::DebugString() const {
       "model=", model, " host=", host, " port=", port, " metrics_port=", metrics_port,
       " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
-      " block_size=", block_size, " threads=", threads,
+      " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,
+      " threads=", threads,
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
       " max_message_bytes=", max_message_bytes, " log_format=", log_format,

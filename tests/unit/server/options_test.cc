@@ -50,6 +50,17 @@ TEST(ServeOptionsTest, FlagBeatsEnvBeatsConfig) {
   EXPECT_EQ(o->config, "/etc/winnow.yaml");
 }
 
+TEST(ServeOptionsTest, PrefixCachingIsOnByDefaultAndTakesABoolean) {
+  EXPECT_TRUE(Parse({})->enable_prefix_caching);
+  EXPECT_FALSE(Parse({"--enable-prefix-caching=false"})->enable_prefix_caching);
+  EXPECT_FALSE(Parse({}, {{"WINNOW_ENABLE_PREFIX_CACHING", "0"}})->enable_prefix_caching);
+  EXPECT_FALSE(Parse({"--config", "/etc/winnow.yaml"}, {}, "enable_prefix_caching: off\n")
+                   ->enable_prefix_caching);
+  auto bad = Parse({"--enable-prefix-caching", "maybe"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--enable-prefix-caching"), std::string::npos);
+}
+
 TEST(ServeOptionsTest, ErrorsNameTheSource) {
   auto bad_flag = Parse({"--max-seqs", "many"});
   EXPECT_NE(bad_flag.status().message().find("--max-seqs"), std::string::npos);
