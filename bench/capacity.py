@@ -66,7 +66,7 @@ class Daemon:
         self.port = free_port()
         self.log = open(log_path, "wb")
         cmd = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
-               "--metrics-port", "-1", *args]
+               "--http-port", "-1", *args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("WINNOW_")}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.cmd = cmd

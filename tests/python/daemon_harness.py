@@ -45,7 +45,10 @@ class Daemon:
     def __init__(self, *extra_args: str, threads: int = 2, env: dict | None = None,
                  wait: bool = True):
         self.port = free_port()
-        self.metrics_port = free_port()
+        # /metrics is served on the HTTP port (no separate --metrics-port by default).
+        self.http_port = free_port()
+        self.metrics_port = self.http_port
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.log = tempfile.NamedTemporaryFile(prefix="winnow-daemon-", suffix=".log",
                                                delete=False)
         args = [
@@ -53,7 +56,7 @@ class Daemon:
             "--model", str(model_path()),
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--metrics-port", str(self.metrics_port),
+            "--http-port", str(self.http_port),
             "--threads", str(threads),
             *extra_args,
         ]

@@ -157,7 +157,7 @@ def test_dockerfile_build_packages_follow_install_deps():
     deps = install_deps_packages()
     assert packages <= deps, f"not in scripts/install-deps.sh: {sorted(packages - deps)}"
     # Everything install-deps.sh installs for building must be in the image's build stage.
-    test_only = {"python3-venv", "prometheus"}
+    test_only = {"python3-venv", "prometheus", "curl"}
     assert deps - test_only <= packages, f"missing in the Dockerfile: {sorted(deps - test_only - packages)}"
 
 
@@ -494,13 +494,14 @@ def test_prestop_hook_drains_the_daemon_as_pid_1(health_probe):
         pytest.skip("needs root and util-linux unshare/nsenter for a PID namespace")
     dep = by_kind(load_docs(K8S / "deployment.yaml"))["Deployment"]
     hook = dep["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
-    port, metrics_port = free_port(), free_port()
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
     log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"winnow-pid1-{port}.log", "w+")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WINNOW_")}
     proc = subprocess.Popen(
         [unshare, "--pid", "--fork", "--kill-child", str(binary_path()), "serve",
          "--model", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
-         "--metrics-port", str(metrics_port), "--threads", "2", "--drain-timeout", "60"],
+         "--http-port", str(http_port), "--metrics-port", str(metrics_port), "--threads", "2",
+         "--drain-timeout", "60"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     client = WinnowClient(f"127.0.0.1:{port}")
     try:
