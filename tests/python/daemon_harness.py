@@ -20,6 +20,10 @@ import grpc
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "clients" / "python"))
+import winnow_stubs  # noqa: E402
+
+# The client package (clients/python/src) and its stubs, generated from this checkout's protos.
+winnow_stubs.use_source_tree()
 
 from winnow_client import WinnowClient, pb2  # noqa: E402,F401
 
