@@ -3,6 +3,7 @@
 #include <ctime>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "httplib.h"
@@ -163,10 +164,17 @@ void HttpServer::Route() {
   // OpenAI error body too; handlers that wrote a body keep it.
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const std::string message =
-        res.status == 404   ? absl::StrCat("no route for ", req.method, " ", req.path)
-        : res.status == 413 ? "the request body is larger than the server accepts"
-                            : absl::StrCat("HTTP ", res.status);
+    std::string message = absl::StrCat("HTTP ", res.status);
+    if (res.status == 404) {
+      message = absl::StrCat("no route for ", req.method, " ", req.path);
+    } else if (res.status == 413 && absl::StrContains(req.get_header_value("Content-Type"),
+                                                      "x-www-form-urlencoded")) {
+      // cpp-httplib caps form bodies at 8 KiB; curl -d sends that content type by default.
+      message = "body: a form-encoded body is limited to 8 KiB; send the JSON with "
+                "Content-Type: application/json";
+    } else if (res.status == 413) {
+      message = "body: larger than the server accepts (--max-message-bytes)";
+    }
     res.set_content(ErrorBody(message, res.status >= 500 ? "server_error" : "invalid_request_error",
                               "", ""),
                     "application/json");

@@ -36,8 +36,10 @@ Json ChatLogprobs(const ResponseContext& ctx, const std::vector<scheduler::Token
       const std::string p = Piece(ctx, id);
       top.push_back({{"token", p}, {"logprob", logprob}, {"bytes", Bytes(p)}});
     }
-    content.push_back(
-        {{"token", piece}, {"logprob", lp.logprob}, {"bytes", Bytes(piece)}, {"top_logprobs", top}});
+    content.push_back({{"token", piece},
+                       {"logprob", lp.logprob},
+                       {"bytes", Bytes(piece)},
+                       {"top_logprobs", top}});
   }
   return {{"content", content}};
 }

@@ -400,7 +400,8 @@ def test_objects_fit_together():
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # model load time
     # Readiness does not flap on one slow answer, and a drain still leaves within ~10 s.
     ready = container["readinessProbe"]
-    assert ready["failureThreshold"] >= 2 and ready["periodSeconds"] * ready["failureThreshold"] <= 10
+    assert ready["failureThreshold"] >= 2
+    assert ready["periodSeconds"] * ready["failureThreshold"] <= 10
 
     # The pod outlives the drain: preStop starts it by signalling the daemon (PID 1) and waits.
     drain = _duration_seconds(config["drain-timeout"])

@@ -330,6 +330,17 @@ def test_other_errors(daemon, client, model_name):
     status, out = http(daemon, "POST", "/v1/completions",
                        {"prompt": PROMPT, "max_tokens": 1000})
     assert status == 413 and "KV blocks" in out["error"]["message"], out
+    # Deeply nested JSON is refused, not a crash.
+    status, out = http(daemon, "POST", "/v1/completions",
+                       raw=b'{"prompt": ' + b"[" * 200000 + b"]" * 200000 + b"}")
+    assert status == 400 and out["error"]["param"] == "prompt[0]", out
+    # cpp-httplib caps form-encoded bodies (curl -d's default type) at 8 KiB; the error says so.
+    req = urllib.request.Request(daemon.http_url + "/v1/completions", method="POST",
+                                 data=json.dumps({"prompt": "x " * 9000}).encode(),
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises(urllib.error.HTTPError) as form:
+        urllib.request.urlopen(req, timeout=30)
+    assert form.value.code == 413 and b"application/json" in form.value.read()
     status, out = http(daemon, "GET", "/v1/nothing")
     assert status == 404 and "error" in out
     # Rejections are counted under the gRPC code names.

@@ -137,8 +137,8 @@ TEST(OpenAiRequestTest, BuilderMessagesAreRenamed) {
        "prompt[4]: token id -1 is outside", "prompt[4]"},
       {&completion, "top_logprobs: must be in [0, 20], got 21",
        "logprobs: must be in [0, 20], got 21", "logprobs"},
-      {&chat, "top_logprobs: must be in [0, 20], got 21", "top_logprobs: must be in [0, 20], got 21",
-       "top_logprobs"},
+      {&chat, "top_logprobs: must be in [0, 20], got 21",
+       "top_logprobs: must be in [0, 20], got 21", "top_logprobs"},
       {&chat, "input: the prompt has 9 tokens", "messages: the prompt has 9 tokens", "messages"},
       {&completion, "prompt: must not be empty", "prompt: must not be empty", "prompt"},
   };

@@ -246,7 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--priority", type=int, default=0)
     ap.add_argument("--logprobs", action="store_true", help="per-token log-probabilities")
     ap.add_argument("--top-logprobs", type=int, default=0)
-    ap.add_argument("--policy", help="KV-compression policy, e.g. xkv, snapkv (docs/compression.md)")
+    ap.add_argument("--policy",
+                    help="KV-compression policy, e.g. xkv, snapkv (docs/compression.md)")
     ap.add_argument("--budget", type=float, default=0.0, help="fraction of the prompt's KV kept")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=NUMBER",
                     help="numeric policy parameter (repeatable)")
