@@ -356,6 +356,9 @@ absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
   if (add_special) g.set_add_special_tokens(*add_special);
   WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> request_id, String(body, "request_id"));
   if (request_id) g.set_request_id(*request_id);
+  // vLLM's prefix-cache isolation: requests share cached prompt blocks only with the same salt.
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> cache_salt, String(body, "cache_salt"));
+  if (cache_salt) g.set_cache_salt(*cache_salt);
   WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> priority, Int32(body, "priority"));
   g.set_priority(priority.value_or(0));
   WINNOW_RETURN_IF_ERROR(ParseSampling(body, g.mutable_sampling()));

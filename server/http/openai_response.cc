@@ -68,7 +68,9 @@ Json CompletionLogprobs(const ResponseContext& ctx,
 Json UsageJson(const scheduler::Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          // OpenAI's shape for prompt tokens served from the (prefix) cache.
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
 }
 
 Json Envelope(const ResponseContext& ctx, const char* object) {

@@ -97,6 +97,8 @@ def test_completion_matches_grpc(daemon, client, model_name):
     assert choice.text == text and choice.finish_reason == "length"
     assert out.usage.completion_tokens == 8 == len(ids)
     assert out.usage.total_tokens == out.usage.prompt_tokens + 8
+    # The prefix cache: a second identical prompt reuses full blocks (none for 5 tokens here).
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
     assert out.object == "text_completion" and out.model == model_name
 
     # Token ids as the prompt give the same tokens.
@@ -408,3 +410,15 @@ def test_queue_full_is_429_and_draining_is_503():
         assert status == 503 and out["error"]["type"] == "service_unavailable", out
         running.close()
         assert d.wait_exit(60) == 0
+
+
+def test_prefix_cache_usage_and_cache_salt(client, model_name):
+    prompt = "Shared context for the cache test: " + "alpha beta gamma delta " * 20
+    kwargs = dict(model=model_name, prompt=prompt, max_tokens=1, temperature=0)
+    first = client.completions.create(**kwargs, extra_body={"cache_salt": "tenant-a"})
+    again = client.completions.create(**kwargs, extra_body={"cache_salt": "tenant-a"})
+    other = client.completions.create(**kwargs, extra_body={"cache_salt": "tenant-b"})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16  # whole blocks of the prompt
+    assert other.usage.prompt_tokens_details.cached_tokens == 0   # another salt shares nothing
+    assert again.choices[0].text == first.choices[0].text

@@ -28,6 +28,7 @@ TEST(OpenAiRequestTest, CompletionFieldsMapOntoTheWireRequest) {
       "top_k": -1, "min_p": 0.1, "seed": 3, "stop": "x", "logprobs": 2, "presence_penalty": 1,
       "frequency_penalty": -1, "repetition_penalty": 1.2, "priority": 4, "stream": true,
       "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "user": "u",
+      "cache_salt": "tenant-a",
       "kv_compression": {"policy": "xkv", "budget": 0.2, "params": {"category": 1048576,
                          "flag": true}, "options": {"pooling": "max"}}})");
   const v1::GenerateRequest& g = r.generate;
@@ -46,6 +47,7 @@ TEST(OpenAiRequestTest, CompletionFieldsMapOntoTheWireRequest) {
   EXPECT_TRUE(g.logprobs());
   EXPECT_EQ(g.top_logprobs(), 2);
   EXPECT_EQ(g.priority(), 4);
+  EXPECT_EQ(g.cache_salt(), "tenant-a");
   EXPECT_EQ(g.compression().policy(), "xkv");
   EXPECT_DOUBLE_EQ(g.compression().params().at("category"), 1048576.0);
   EXPECT_DOUBLE_EQ(g.compression().params().at("flag"), 1.0);
