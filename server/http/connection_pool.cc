@@ -3,15 +3,33 @@
 #include <utility>
 
 namespace winnow::server::http {
+namespace {
 
-void ConnectionPool::enqueue(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;  // not reached: httplib stops accepting before it shuts us down
-  queue_.push_back(std::move(fn));
-  const size_t waiting = queue_.size() - head_;
-  if (waiting > idle_ && threads_.size() < max_threads_) {
-    threads_.emplace_back([this] { Work(); });
+// `accepted` as TaskQueue::enqueue's return type: bool, or nothing where it is void.
+template <typename Result>
+Result Accepted(bool accepted) {
+  if constexpr (std::is_void_v<Result>) {
+    return;
+  } else {
+    return accepted;
   }
+}
+
+}  // namespace
+
+ConnectionPool::EnqueueResult ConnectionPool::enqueue(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  // Not reached in practice: httplib stops accepting before it shuts the queue down. Where
+  // enqueue returns bool, false makes httplib close the connection.
+  const bool accepted = !stopping_;
+  if (accepted) {
+    queue_.push_back(std::move(fn));
+    const size_t waiting = queue_.size() - head_;
+    if (waiting > idle_ && threads_.size() < max_threads_) {
+      threads_.emplace_back([this] { Work(); });
+    }
+  }
+  return Accepted<EnqueueResult>(accepted);
 }
 
 void ConnectionPool::Work() {

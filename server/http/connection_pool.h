@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <functional>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -21,7 +23,11 @@ class ConnectionPool final : public httplib::TaskQueue {
   explicit ConnectionPool(size_t max_threads) : max_threads_(max_threads) {}
   ~ConnectionPool() override { shutdown(); }
 
-  void enqueue(std::function<void()> fn) override;
+  // void in cpp-httplib 0.11 (Debian 12), bool ("accepted") from 0.12 on (Ubuntu 24.04's 0.14,
+  // the CUDA image): take whichever the installed header declares.
+  using EnqueueResult =
+      decltype(std::declval<httplib::TaskQueue&>().enqueue(std::function<void()>()));
+  EnqueueResult enqueue(std::function<void()> fn) override;
   // Runs what is queued, then joins every thread. Idempotent.
   void shutdown() override;
 
