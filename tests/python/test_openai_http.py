@@ -229,9 +229,18 @@ def test_concurrent_streams_match_one_at_a_time(daemon, model_name):
         return run(prompt)
 
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        concurrent = list(pool.map(together, prompts))
+        futures = [pool.submit(together, p) for p in prompts]
+        # /health stays quick while every stream holds a connection (readiness must not flap).
+        slowest = 0.0
+        while not all(f.done() for f in futures):
+            t0 = time.monotonic()
+            assert http(daemon, "GET", "/health")[0] == 200
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.05)
+        concurrent = [f.result() for f in futures]
     c.close()
     assert concurrent == solo
+    assert slowest < 1.0, slowest
     daemon.wait_pool_free()
 
 
