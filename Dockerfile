@@ -9,7 +9,7 @@
 # The model is not in the image. Kubernetes fetches it with an init container into a volume
 # (deploy/helm/winnow); with plain Docker, mount a directory holding the GGUF at /models:
 #
-#   scripts/fetch-model.sh && docker run --rm -p 50051:50051 -p 9090:9090 \
+#   scripts/fetch-model.sh && docker run --rm -p 50051:50051 -p 8000:8000 \
 #       -v "$PWD/models:/models:ro" winnow:latest
 #
 # Why not baked in: docs/deploy.md, "Where the model comes from".
@@ -41,7 +41,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
-      libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev \
+      libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -91,8 +91,9 @@ LABEL org.opencontainers.image.title="winnow" \
 
 # Numeric user, so Kubernetes' runAsNonRoot can verify it without resolving names.
 USER 10001:10001
-# 50051: gRPC (winnow.v1.Inference, grpc.health.v1, reflection); 9090: Prometheus /metrics.
-EXPOSE 50051 9090
+# 50051: gRPC (winnow.v1.Inference, grpc.health.v1, reflection); 8000: HTTP (OpenAI API,
+# /health, Prometheus /metrics).
+EXPOSE 50051 8000
 # The default model takes well under a minute to load; large models take longer, hence the
 # long start period (failures inside it do not count).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \

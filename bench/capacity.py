@@ -42,6 +42,10 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "clients" / "python"))
+import winnow_stubs  # noqa: E402
+
+# The client package (clients/python/src) and its stubs, generated from this checkout's protos.
+winnow_stubs.use_source_tree()
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "bench" / "quality"))
 
@@ -66,7 +70,7 @@ class Daemon:
         self.port = free_port()
         self.log = open(log_path, "wb")
         cmd = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
-               "--metrics-port", "-1", *args]
+               "--http-port", "-1", *args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("WINNOW_")}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.cmd = cmd

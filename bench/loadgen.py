@@ -37,6 +37,10 @@ from dataclasses import asdict, dataclass, field
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "clients" / "python"))
+import winnow_stubs  # noqa: E402
+
+# The client package (clients/python/src) and its stubs, generated from this checkout's protos.
+winnow_stubs.use_source_tree()
 
 import grpc  # noqa: E402
 

@@ -8,8 +8,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  libcpp-httplib-dev
   python3-venv
-  prometheus
+  prometheus curl
 )
 
 missing=()
@@ -27,7 +28,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 # Debian starts the prometheus service on install where systemd runs; the tests start their own
-# Prometheus on a free loopback port, and 9090 is the daemon's default metrics port.
+# Prometheus on a free loopback port.
 if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
   $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi

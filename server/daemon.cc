@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -15,8 +16,10 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
+#include "server/http/http_server.h"
 #include "server/inference_service.h"
 #include "server/logging.h"
 #include "server/metrics.h"
@@ -91,6 +94,18 @@ void SetHealth(grpc::Server* server, bool serving) {
   health->SetServingStatus(kServiceName, serving);
 }
 
+// What clients send as `model` and what labels the metrics: --served-model-name, else the GGUF's
+// general.name (read from the header alone, so the metrics have it before the slow load), else
+// the file name.
+std::string ServedModelName(const ServeOptions& options) {
+  if (!options.served_model_name.empty()) return options.served_model_name;
+  if (auto file = model::GgufFile::Open(options.model); file.ok()) {
+    absl::StatusOr<std::string> name = (*file)->GetString("general.name");
+    if (name.ok() && !name->empty()) return *name;
+  }
+  return std::filesystem::path(options.model).stem().string();
+}
+
 }  // namespace
 
 int RunDaemon(const ServeOptions& options) {
@@ -110,7 +125,8 @@ int RunDaemon(const ServeOptions& options) {
   state.options = options;
 
   // Metrics first: a probe or scrape during a slow model load should already see the daemon.
-  auto metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768);
+  const std::string model_name = ServedModelName(options);
+  auto metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768, model_name);
   metrics->SetServing(false);
   if (options.metrics_port >= 0) {
     if (absl::Status st = metrics->StartExposer(options.host, options.metrics_port); !st.ok()) {
@@ -119,6 +135,25 @@ int RunDaemon(const ServeOptions& options) {
     }
   }
   state.metrics = metrics.get();
+
+  // The HTTP port (OpenAI API, /health, /metrics) answers 503 until the model is loaded.
+  std::unique_ptr<http::HttpServer> http_server;
+  if (options.http_port >= 0) {
+    http::HttpOptions http_options;
+    http_options.host = options.host;
+    http_options.port = options.http_port;
+    http_options.max_body_bytes = static_cast<size_t>(options.max_message_bytes);
+    // Every request the engine can hold (running or queued) gets a connection thread, plus
+    // room for probes, scrapes and tokenizer calls.
+    http_options.max_connections =
+        static_cast<size_t>(options.max_seqs) + static_cast<size_t>(options.max_queue) + 64;
+    http_server = std::make_unique<http::HttpServer>(&state, http_options);
+    http_server->SetModelName(model_name);
+    if (absl::Status st = http_server->Start(); !st.ok()) {
+      spdlog::error("{}", std::string(st.message()));
+      return 1;
+    }
+  }
 
   InferenceService service(&state);
   grpc::EnableDefaultHealthCheckService(true);
@@ -137,6 +172,7 @@ int RunDaemon(const ServeOptions& options) {
   SetHealth(server.get(), false);
   LogEvent(spdlog::level::info, "listening",
            {{"grpc", HostPort(options.host, grpc_port)},
+            {"http", http_server != nullptr ? HostPort(options.host, http_server->port()) : "off"},
             {"metrics", options.metrics_port >= 0 ? HostPort(options.host, metrics->port())
                                                   : "off"}});
 
@@ -176,6 +212,7 @@ int RunDaemon(const ServeOptions& options) {
   std::unique_ptr<scheduler::Engine> engine = std::move(*created);
   const scheduler::EngineLimits& limits = engine->limits();
   state.limits = LimitsFor(limits);
+  metrics->SetCacheConfig(limits.block_size, limits.kv_blocks_total, model->config().num_layers);
   state.model.store(model.get());
   state.engine.store(engine.get());
   state.phase.store(Phase::kServing);
@@ -183,6 +220,7 @@ int RunDaemon(const ServeOptions& options) {
   metrics->SetServing(true);
   LogEvent(spdlog::level::info, "serving",
            {{"model", model->config().name},
+            {"served_model_name", model_name},
             {"architecture", model->config().architecture},
             {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - load_start))},
             {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
@@ -217,6 +255,7 @@ int RunDaemon(const ServeOptions& options) {
   // Let the final messages flush, then stop; anything still open after that is cut.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
+  if (http_server != nullptr) http_server->Stop();  // streams have their last events by now
   state.engine.store(nullptr);
   state.model.store(nullptr);
   engine.reset();

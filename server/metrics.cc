@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/policies/policy.h"
+#include "prometheus/text_serializer.h"
 
 namespace winnow::server {
 namespace {
@@ -63,58 +64,71 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
-Metrics::Metrics(int32_t max_request_tokens)
+Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
     : registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
+  // Constant labels of every family below (none without a model name).
+  prometheus::Labels model;
+  if (!model_name.empty()) model["model_name"] = model_name;
   running_ = &BuildGauge()
                   .Name("winnow_requests_running")
+                  .Labels(model)
                   .Help("Requests holding KV blocks (prefilling or decoding).")
                   .Register(r)
                   .Add({});
   waiting_ = &BuildGauge()
                   .Name("winnow_requests_waiting")
+                  .Labels(model)
                   .Help("Requests queued: not admitted yet, or preempted and waiting to "
                         "recompute.")
                   .Register(r)
                   .Add({});
   kv_blocks_total_ = &BuildGauge()
                           .Name("winnow_kv_blocks_capacity")
+                          .Labels(model)
                           .Help("KV blocks in the pool (one layer's K and V for block_size "
                                 "tokens each).")
                           .Register(r)
                           .Add({});
   kv_blocks_used_ = &BuildGauge()
                          .Name("winnow_kv_blocks_used")
+                         .Labels(model)
                          .Help("KV blocks held by sequences.")
                          .Register(r)
                          .Add({});
   kv_usage_ratio_ = &BuildGauge()
                          .Name("winnow_kv_cache_usage_ratio")
+                         .Labels(model)
                          .Help("Fraction of KV blocks in use, 0 to 1.")
                          .Register(r)
                          .Add({});
   serving_ = &BuildGauge()
                   .Name("winnow_serving")
+                  .Labels(model)
                   .Help("1 while the daemon accepts requests; 0 while loading or draining.")
                   .Register(r)
                   .Add({});
   prompt_tokens_ = &BuildCounter()
                         .Name("winnow_prompt_tokens_total")
+                        .Labels(model)
                         .Help("Prompt tokens of requests that started prefill.")
                         .Register(r)
                         .Add({});
   generation_tokens_ = &BuildCounter()
                             .Name("winnow_generation_tokens_total")
+                            .Labels(model)
                             .Help("Tokens generated.")
                             .Register(r)
                             .Add({});
   preemptions_ = &BuildCounter()
                       .Name("winnow_preemptions_total")
+                      .Labels(model)
                       .Help("Sequences preempted (KV freed, to be recomputed).")
                       .Register(r)
                       .Add({});
   finished_ = &BuildCounter()
                    .Name("winnow_requests_finished_total")
+                   .Labels(model)
                    .Help("Requests finished, by reason (stop, length, cancelled, deadline, "
                          "error).")
                    .Register(r);
@@ -124,19 +138,31 @@ Metrics::Metrics(int32_t max_request_tokens)
   }
   rejected_ = &BuildCounter()
                    .Name("winnow_requests_rejected_total")
-                   .Help("Generate calls refused before reaching the engine, by gRPC code.")
+                   .Labels(model)
+                   .Help("Generation requests (gRPC or HTTP) refused before reaching the engine, "
+                         "by gRPC code.")
                    .Register(r);
+  for (const char* code : kRejectedCodes) rejected_->Add({{"code", code}});
+  cache_config_ = &BuildGauge()
+                       .Name("winnow_cache_config_info")
+                       .Help("KV cache configuration as labels (value 1): block_size in tokens, "
+                             "num_gpu_blocks in vLLM's sense (blocks holding every layer), "
+                             "kv_blocks (winnow's per-layer blocks) and num_layers.")
+                       .Register(r);
   kv_tokens_evicted_ = &BuildCounter()
                             .Name("winnow_kv_tokens_evicted_total")
+                            .Labels(model)
                             .Help("KV slots removed by compression (prefill and decode-time "
                                   "eviction), summed over layers, by policy.")
                             .Register(r);
   kv_blocks_reclaimed_ = &BuildCounter()
                               .Name("winnow_kv_blocks_reclaimed_total")
+                              .Labels(model)
                               .Help("KV blocks returned to the pool by compression, by policy.")
                               .Register(r);
   kv_kept_ratio_ = &BuildHistogram()
                         .Name("winnow_kv_kept_ratio")
+                        .Labels(model)
                         .Help("Fraction of a prompt's KV slots (summed over layers) kept by "
                               "its prefill compression, by policy.")
                         .Register(r);
@@ -149,11 +175,13 @@ Metrics::Metrics(int32_t max_request_tokens)
   }
   ttft_ = &BuildHistogram()
                .Name("winnow_time_to_first_token_seconds")
+               .Labels(model)
                .Help("Time from arrival to the first generated token.")
                .Register(r)
                .Add({}, TtftBuckets());
   itl_ = &BuildHistogram()
               .Name("winnow_inter_token_latency_seconds")
+              .Labels(model)
               .Help("Time between consecutive generated tokens of a request.")
               .Register(r)
               .Add({}, ItlBuckets());
@@ -164,32 +192,38 @@ Metrics::Metrics(int32_t max_request_tokens)
               .Add({}, RequestTimeBuckets());
   queue_time_ = &BuildHistogram()
                      .Name("winnow_request_queue_time_seconds")
+                     .Labels(model)
                      .Help("Time from arrival to the first scheduled prefill chunk.")
                      .Register(r)
                      .Add({}, QueueTimeBuckets());
   double max_tokens = max_request_tokens > 0 ? max_request_tokens : 8192;
   request_prompt_tokens_ = &BuildHistogram()
                                 .Name("winnow_request_prompt_tokens")
+                                .Labels(model)
                                 .Help("Prompt length of finished requests, in tokens.")
                                 .Register(r)
                                 .Add({}, OneTwoFive(max_tokens));
   request_generation_tokens_ = &BuildHistogram()
                                     .Name("winnow_request_generation_tokens")
+                                    .Labels(model)
                                     .Help("Generated tokens of finished requests.")
                                     .Register(r)
                                     .Add({}, OneTwoFive(max_tokens));
   iteration_tokens_ = &BuildHistogram()
                            .Name("winnow_iteration_tokens")
+                           .Labels(model)
                            .Help("Tokens fed to one engine iteration (prefill + decode).")
                            .Register(r)
                            .Add({}, PowersOfTwo(16384));
   iteration_sequences_ = &BuildHistogram()
                               .Name("winnow_iteration_sequences")
+                              .Labels(model)
                               .Help("Sequences in one engine iteration.")
                               .Register(r)
                               .Add({}, PowersOfTwo(1024));
   iteration_seconds_ = &BuildHistogram()
                             .Name("winnow_iteration_seconds")
+                            .Labels(model)
                             .Help("Forward time of one engine iteration.")
                             .Register(r)
                             .Add({}, Buckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -214,6 +248,20 @@ absl::Status Metrics::StartExposer(const std::string& host, int32_t port) {
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   return absl::OkStatus();
+}
+
+std::string Metrics::Exposition() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+void Metrics::SetCacheConfig(int32_t block_size, int32_t kv_blocks_total, int32_t num_layers) {
+  const int32_t layers = num_layers > 0 ? num_layers : 1;
+  cache_config_
+      ->Add({{"block_size", absl::StrCat(block_size)},
+             {"num_gpu_blocks", absl::StrCat(kv_blocks_total / layers)},
+             {"kv_blocks", absl::StrCat(kv_blocks_total)},
+             {"num_layers", absl::StrCat(layers)}})
+      .Set(1);
 }
 
 void Metrics::OnRejected(const std::string& code) {

@@ -20,10 +20,18 @@
 
 namespace winnow::server {
 
+// The codes an edge refuses requests with; pre-created at 0 so rate() sees the first one.
+inline constexpr const char* kRejectedCodes[] = {
+    "INVALID_ARGUMENT", "NOT_FOUND",         "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
+    "UNAVAILABLE",      "DEADLINE_EXCEEDED", "CANCELLED",           "INTERNAL"};
+
 class Metrics : public scheduler::EngineObserver {
  public:
   // max_request_tokens bounds the token-count histograms' buckets (the context length).
-  explicit Metrics(int32_t max_request_tokens = 8192);
+  // model_name, when not empty, labels every series of the engine and the edge as
+  // model_name="..." (vLLM's label), so dashboards and the Gateway API Inference Extension can
+  // tell models apart when one Prometheus scrapes several.
+  explicit Metrics(int32_t max_request_tokens = 8192, const std::string& model_name = "");
   ~Metrics() override;
 
   // Serves the registry at http://host:port/metrics. Port 0 picks a free port.
@@ -32,8 +40,15 @@ class Metrics : public scheduler::EngineObserver {
   int32_t port() const { return port_; }
 
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+  // The registry in the Prometheus text format (0.0.4), for GET /metrics on the HTTP port.
+  std::string Exposition() const;
 
-  // Requests refused at the gRPC edge before reaching the engine, by gRPC status code name.
+  // winnow_cache_config_info{block_size, num_gpu_blocks, kv_blocks, num_layers} = 1, once the
+  // engine has sized its pool (vLLM's cache_config_info; the endpoint picker reads block_size).
+  void SetCacheConfig(int32_t block_size, int32_t kv_blocks_total, int32_t num_layers);
+
+  // Requests refused at the gRPC or HTTP edge before reaching the engine, by gRPC status code
+  // name (absl::StatusCodeToString). Every name in kRejectedCodes is exported from start-up.
   void OnRejected(const std::string& code);
   void SetServing(bool serving);
 
@@ -64,6 +79,7 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Counter* preemptions_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Family<prometheus::Gauge>* cache_config_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Histogram* e2e_;

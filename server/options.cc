@@ -106,12 +106,20 @@ const std::vector<Setting>& Settings() {
   static const auto* settings = new std::vector<Setting>{
       StringSetting("model", "GGUF model path (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)",
                     &ServeOptions::model),
-      StringSetting("host", "address to bind gRPC and metrics to (default 0.0.0.0)",
+      StringSetting("host", "address to bind gRPC, HTTP and metrics to (default 0.0.0.0)",
                     &ServeOptions::host),
       IntSetting("port", "gRPC port; 0 picks a free one (default 50051)", &ServeOptions::port, 0,
                  65535),
-      IntSetting("metrics-port", "Prometheus /metrics port; 0 picks one, -1 disables (9090)",
+      IntSetting("http-port",
+                 "HTTP port: OpenAI API, /health, /metrics; 0 picks one, -1 disables (8000)",
+                 &ServeOptions::http_port, -1, 65535),
+      IntSetting("metrics-port",
+                 "a separate Prometheus /metrics port; 0 picks one, -1: none (-1; /metrics is "
+                 "on the HTTP port)",
                  &ServeOptions::metrics_port, -1, 65535),
+      StringSetting("served-model-name",
+                    "model name for the OpenAI API (default: the GGUF's general.name)",
+                    &ServeOptions::served_model_name),
       IntSetting("max-batched-tokens", "tokens per engine iteration (2048)",
                  &ServeOptions::max_batched_tokens, 1, kI32),
       IntSetting("max-seqs", "sequences per engine iteration (64)", &ServeOptions::max_seqs, 1,
@@ -405,7 +413,8 @@ std::string ServeUsage() {
 
 std::string ServeOptions::DebugString() const {
   return absl::StrCat(
-      "model=", model, " host=", host, " port=", port, " metrics_port=", metrics_port,
+      "model=", model, " host=", host, " port=", port, " http_port=", http_port,
+      " metrics_port=", metrics_port, " served_model_name=", served_model_name,
       " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,

@@ -26,7 +26,10 @@ struct ServeOptions {
   std::string model;  // GGUF path
   std::string host = "0.0.0.0";
   int32_t port = 50051;          // 0: pick a free port (logged)
-  int32_t metrics_port = 9090;   // 0: pick a free port (logged); -1: no exposer
+  int32_t http_port = 8000;      // OpenAI API, /health, /metrics; 0: pick one; -1: off
+  // A separate Prometheus port besides the HTTP port's /metrics. 0: pick a free port (logged).
+  int32_t metrics_port = -1;      // -1: none
+  std::string served_model_name;  // the `model` clients send; empty: the GGUF's general.name
   int32_t max_batched_tokens = 2048;
   int32_t max_seqs = 64;
   int32_t max_queue = 1024;

@@ -20,6 +20,10 @@ import grpc
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "clients" / "python"))
+import winnow_stubs  # noqa: E402
+
+# The client package (clients/python/src) and its stubs, generated from this checkout's protos.
+winnow_stubs.use_source_tree()
 
 from winnow_client import WinnowClient, pb2  # noqa: E402,F401
 
@@ -45,7 +49,10 @@ class Daemon:
     def __init__(self, *extra_args: str, threads: int = 2, env: dict | None = None,
                  wait: bool = True):
         self.port = free_port()
-        self.metrics_port = free_port()
+        # /metrics is served on the HTTP port (no separate --metrics-port by default).
+        self.http_port = free_port()
+        self.metrics_port = self.http_port
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
         self.log = tempfile.NamedTemporaryFile(prefix="winnow-daemon-", suffix=".log",
                                                delete=False)
         args = [
@@ -53,7 +60,7 @@ class Daemon:
             "--model", str(model_path()),
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--metrics-port", str(self.metrics_port),
+            "--http-port", str(self.http_port),
             "--threads", str(threads),
             *extra_args,
         ]

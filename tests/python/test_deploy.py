@@ -157,7 +157,7 @@ def test_dockerfile_build_packages_follow_install_deps():
     deps = install_deps_packages()
     assert packages <= deps, f"not in scripts/install-deps.sh: {sorted(packages - deps)}"
     # Everything install-deps.sh installs for building must be in the image's build stage.
-    test_only = {"python3-venv", "prometheus"}
+    test_only = {"python3-venv", "prometheus", "curl"}
     assert deps - test_only <= packages, f"missing in the Dockerfile: {sorted(deps - test_only - packages)}"
 
 
@@ -204,7 +204,7 @@ def test_rendered_manifests_are_the_charts_rendering():
                        "`.venv/bin/python deploy/render-k8s.py`")
     kinds = {d["kind"] for p in K8S.glob("*.yaml") for d in load_docs(p)}
     assert kinds == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
-                     "ServiceMonitor", "ScaledObject"}
+                     "ServiceMonitor", "ScaledObject", "InferencePool"}
 
 
 # Structural schemas for the CRD objects the chart renders: the fields it uses, types, and the
@@ -256,11 +256,50 @@ CRD_SCHEMAS = {
 }
 
 
+def _strict(schema):
+    """The CRD schema with unknown fields refused, as `kubectl apply --validate=strict` does
+    (the API server would silently prune them)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "properties" in out:
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def inference_pool_schema() -> dict:
+    """The InferencePool CRD's own openAPIV3Schema (tests/python/data, from the Gateway API
+    Inference Extension), strict, with metadata checked like other objects'."""
+    crd = yaml.safe_load((REPO / "tests" / "python" / "data" /
+                          "inferencepools.crd.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = _META
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return schema
+
+
+def check_inference_pool_rules(doc: dict) -> None:
+    """The CRD's x-kubernetes-validations (CEL rules the API server runs), restated."""
+    ref = doc["spec"].get("endpointPickerRef")
+    if ref is not None and ref.get("kind", "Service") == "Service" and "port" not in ref:
+        raise ValueError("endpointPickerRef: port is required when kind is 'Service'")
+    numbers = [p["number"] for p in doc["spec"]["targetPorts"]]
+    if len(numbers) != len(set(numbers)):
+        raise ValueError("targetPorts: port number must be unique")
+
+
 def validate_object(doc: dict) -> None:
     import jsonschema
     import kubernetes_validate
 
     key = (doc["apiVersion"], doc["kind"])
+    if key == ("inference.networking.k8s.io/v1", "InferencePool"):
+        jsonschema.validate(doc, inference_pool_schema())
+        check_inference_pool_rules(doc)
+        return
     if key in CRD_SCHEMAS:
         jsonschema.validate(doc, CRD_SCHEMAS[key])
         return
@@ -283,13 +322,29 @@ def test_rendered_objects_validate_against_schemas(values_file):
 def test_schema_validation_catches_mistakes():
     dep = by_kind(load_docs(K8S / "deployment.yaml"))["Deployment"]
     bad = copy.deepcopy(dep)
-    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = "grpc"
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = "5"
     with pytest.raises(Exception, match="integer"):
         validate_object(bad)
     bad = copy.deepcopy(dep)
     bad["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStopp"] = {}
     with pytest.raises(Exception, match="preStopp"):
         validate_object(bad)
+    pool = by_kind(load_docs(K8S / "inferencepool.yaml"))["InferencePool"]
+    validate_object(pool)
+    for mistake, needle in [
+        (lambda p: p["spec"].update(targetPorts=[]), "non-empty"),
+        (lambda p: p["spec"].update(targetPort=[{"number": 8000}]), "targetPort"),
+        (lambda p: p["spec"].update(appProtocol="grpc"), "grpc"),
+        (lambda p: p["spec"]["targetPorts"].append({"number": 8000}), "unique"),
+        (lambda p: p["spec"]["endpointPickerRef"].pop("port"), "port is required"),
+        (lambda p: p["spec"]["endpointPickerRef"].update(failureMode="Open"), "Open"),
+        (lambda p: p["spec"]["selector"]["matchLabels"].update({"a": "not valid!"}),
+         "does not match"),
+    ]:
+        bad = copy.deepcopy(pool)
+        mistake(bad)
+        with pytest.raises(Exception, match=needle):
+            validate_object(bad)
     so = by_kind(load_docs(K8S / "scaledobject.yaml"))["ScaledObject"]
     bad = copy.deepcopy(so)
     bad["spec"]["triggers"][0]["metadata"]["threshold"] = 4
@@ -319,7 +374,9 @@ def test_objects_fit_together():
     assert container["args"] == ["serve", "--config", "/etc/winnow/winnow.yaml"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
     assert mount["mountPath"] == "/etc/winnow/winnow.yaml" and mount["subPath"] == "winnow.yaml"
-    assert config["port"] == ports["grpc"] and config["metrics-port"] == ports["metrics"]
+    assert config["port"] == ports["grpc"] and config["http-port"] == ports["http"]
+    # /metrics is on the HTTP port unless ports.metrics asks for a separate one.
+    assert "metrics-port" not in config and "metrics" not in ports
     assert config["host"] == "0.0.0.0"
     # No WINNOW_PORT=tcp://... from Services named winnow*: the daemon reads WINNOW_* variables.
     assert spec["enableServiceLinks"] is False
@@ -336,11 +393,15 @@ def test_objects_fit_together():
                for m in init["volumeMounts"])
     assert cm["data"]["fetch-model.sh"] == (REPO / "scripts" / "fetch-model.sh").read_text()
 
-    # Native gRPC probes on the gRPC port, against the whole server's health.
+    # HTTP probes on /health (200 only while serving) on the HTTP port.
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"] == {"port": ports["grpc"], "service": ""}, probe
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # model load time
+    # Readiness does not flap on one slow answer, and a drain still leaves within ~10 s.
+    ready = container["readinessProbe"]
+    assert ready["failureThreshold"] >= 2
+    assert ready["periodSeconds"] * ready["failureThreshold"] <= 10
 
     # The pod outlives the drain: preStop starts it by signalling the daemon (PID 1) and waits.
     drain = _duration_seconds(config["drain-timeout"])
@@ -355,7 +416,7 @@ def test_objects_fit_together():
     # Scrape annotations point at the metrics port.
     ann = pod["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true"
-    assert int(ann["prometheus.io/port"]) == ports["metrics"]
+    assert int(ann["prometheus.io/port"]) == ports["http"]
     assert ann["prometheus.io/path"] == "/metrics"
 
     # Headless Service selecting the pods, with the gRPC and metrics ports.
@@ -363,14 +424,20 @@ def test_objects_fit_together():
     pod_labels = pod["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    assert svc_ports["grpc"]["port"] == ports["grpc"] and svc_ports["metrics"]["targetPort"] == "metrics"
+    assert svc_ports["grpc"]["port"] == ports["grpc"] and svc_ports["http"]["targetPort"] == "http"
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
     # ServiceMonitor selects the Service and scrapes its metrics port.
     sm = k["ServiceMonitor"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert sm["spec"]["endpoints"][0]["port"] in svc_ports
+    assert sm["spec"]["endpoints"][0]["port"] == "http" and "http" in svc_ports
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+
+    # The InferencePool selects the pods on the HTTP port (OpenAI API and /metrics).
+    pool = k["InferencePool"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": ports["http"]}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == f'{dep["metadata"]["name"]}-epp'
 
     # PDB covers the pods.
     pdb = k["PodDisruptionBudget"]
@@ -425,6 +492,22 @@ def test_chart_refuses_settings_it_owns():
     assert "fetch-model.sh" not in k["ConfigMap"]["data"]
 
 
+def test_separate_metrics_port_and_no_pool_by_default():
+    k = by_kind(rendered({"ports": {"metrics": 9400}}))
+    config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
+    assert config["metrics-port"] == 9400
+    container = k["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
+    ann = k["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == "9400"
+    assert "InferencePool" not in k
+    for values in ({"config": {"http-port": 1}}, {"config": {"metrics-port": 1}}):
+        import helm_python as helm
+
+        with pytest.raises(helm.HelmError):
+            render_k8s.render(values)
+
+
 def test_grace_period_follows_drain_timeout():
     k = by_kind(rendered({"drain": {"timeoutSeconds": 120}}))
     config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
@@ -470,6 +553,11 @@ def test_daemon_takes_the_configmap_and_health_probe_answers(tmp_path, health_pr
 
         p = probe(health_probe, "--addr", d.target)
         assert p.returncode == 0 and p.stdout.strip() == "SERVING", p.stderr
+        # The chart's probes: GET /health on the HTTP port.
+        import urllib.request
+
+        with urllib.request.urlopen(d.http_url + "/health", timeout=5) as r:
+            assert r.status == 200
         # Without --addr it reads the port like the daemon does: $WINNOW_PORT.
         p = probe(health_probe, env={"WINNOW_PORT": str(d.port), "PATH": os.environ["PATH"]})
         assert p.returncode == 0, p.stderr
@@ -494,13 +582,14 @@ def test_prestop_hook_drains_the_daemon_as_pid_1(health_probe):
         pytest.skip("needs root and util-linux unshare/nsenter for a PID namespace")
     dep = by_kind(load_docs(K8S / "deployment.yaml"))["Deployment"]
     hook = dep["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
-    port, metrics_port = free_port(), free_port()
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
     log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"winnow-pid1-{port}.log", "w+")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WINNOW_")}
     proc = subprocess.Popen(
         [unshare, "--pid", "--fork", "--kill-child", str(binary_path()), "serve",
          "--model", str(model_path()), "--host", "127.0.0.1", "--port", str(port),
-         "--metrics-port", str(metrics_port), "--threads", "2", "--drain-timeout", "60"],
+         "--http-port", str(http_port), "--metrics-port", str(metrics_port), "--threads", "2",
+         "--drain-timeout", "60"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     client = WinnowClient(f"127.0.0.1:{port}")
     try:

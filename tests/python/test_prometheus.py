@@ -148,6 +148,17 @@ def test_pool_size_is_scraped_before_any_request(stack):
     status = daemon.client.server_status()
     assert prom.wait_for("winnow_kv_blocks_capacity", lambda v: v > 0, timeout=3) == \
         status.kv_blocks_total
+    # Labelled counters have their series before the first event, so rate() works from the
+    # first burst and panels read 0, not "No data".
+    rejected = prom.query("winnow_requests_rejected_total")
+    assert {r["metric"]["code"] for r in rejected} >= {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
+                                                       "UNAVAILABLE", "NOT_FOUND"}
+    assert all(float(r["value"][1]) == 0 for r in rejected)
+    # The endpoint picker's block size, and vLLM's model_name label.
+    (info,) = prom.query("winnow_cache_config_info")
+    assert info["metric"]["block_size"] == str(status.block_size)
+    (running,) = prom.query("winnow_requests_running")
+    assert running["metric"]["model_name"] == daemon.client.model_info().name
 
 
 def test_promtool_accepts_the_exposition(stack):
@@ -181,7 +192,7 @@ def test_prometheus_sees_requests_tokens_and_kv(stack):
                                              temperature=0.0, ignore_eos=True, timeout=60)
         assert len(ids) == MAX_TOKENS and final.finish_reason == pb2.FINISH_REASON_LENGTH
         prompt_tokens += final.usage.prompt_tokens
-    with pytest.raises(grpc.RpcError):  # one rejection, so the rejected counter has a series
+    with pytest.raises(grpc.RpcError):  # one rejection
         list(client.generate("", max_tokens=2, timeout=10))
 
     total = prom.wait_for("sum(winnow_requests_finished_total)", lambda v: v >= N_REQUESTS)

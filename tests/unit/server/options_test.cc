@@ -30,7 +30,9 @@ TEST(ServeOptionsTest, Defaults) {
   auto o = Parse({});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->port, 50051);
-  EXPECT_EQ(o->metrics_port, 9090);
+  EXPECT_EQ(o->http_port, 8000);     // OpenAI API, /health and /metrics
+  EXPECT_EQ(o->metrics_port, -1);    // no separate metrics port
+  EXPECT_EQ(o->served_model_name, "");
   EXPECT_EQ(o->block_size, 16);
   EXPECT_EQ(o->drain_timeout, absl::Seconds(30));
   EXPECT_EQ(o->log_format, "text");

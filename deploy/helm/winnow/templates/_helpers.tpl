@@ -32,7 +32,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The daemon's --config YAML: the user's settings plus the ones the chart owns. */}}
 {{- define "winnow.config" -}}
-{{- range $key := list "model" "host" "port" "metrics-port" "drain-timeout" "config" -}}
+{{- range $key := list "model" "host" "port" "http-port" "metrics-port" "drain-timeout" "config" -}}
 {{- if hasKey $.Values.config $key -}}
 {{- fail (printf "config.%s is set by the chart; use the values model.*, ports.* or drain.* instead" $key) -}}
 {{- end -}}
@@ -41,7 +41,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       "model" (printf "/models/%s" .Values.model.file)
       "host" "0.0.0.0"
       "port" (int .Values.ports.grpc)
-      "metrics-port" (int .Values.ports.metrics)
+      "http-port" (int .Values.ports.http)
       "drain-timeout" (printf "%ds" (int .Values.drain.timeoutSeconds)) -}}
+{{- if .Values.ports.metrics -}}
+{{- $_ := set $owned "metrics-port" (int .Values.ports.metrics) -}}
+{{- end -}}
 {{- toYaml (merge $owned .Values.config) -}}
+{{- end -}}
+
+
+{{/* The container port Prometheus scrapes: the separate metrics port if any, else HTTP. */}}
+{{- define "winnow.metricsPortName" -}}
+{{- if .Values.ports.metrics -}}metrics{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{- define "winnow.metricsPort" -}}
+{{- if .Values.ports.metrics -}}{{ .Values.ports.metrics }}{{- else -}}{{ .Values.ports.http }}{{- end -}}
+{{- end -}}
+
+{{- define "winnow.eppServiceName" -}}
+{{- default (printf "%s-epp" (include "winnow.fullname" .)) .Values.inferencePool.endpointPicker.serviceName -}}
 {{- end -}}

@@ -1,0 +1,5 @@
+import sys
+
+from winnow_client import main
+
+sys.exit(main())

@@ -1,0 +1,418 @@
+#include "server/http/openai_request.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace winnow::server::http {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// A present, non-null member, or nullptr: clients (and the OpenAI SDK) send null for unset.
+const Json* Member(const Json& body, const std::string& key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<double>> Number(const Json& body, const std::string& key) {
+  const Json* v = Member(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) return Bad(key, "must be a number");
+  return v->get<double>();
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const Json& v, const std::string& field) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Bad(field, "is out of range");
+    }
+    return v.get<int64_t>();
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  return Bad(field, "must be an integer");
+}
+
+absl::StatusOr<std::optional<int64_t>> IntegerMember(const Json& body, const std::string& key) {
+  const Json* v = Member(body, key);
+  if (v == nullptr) return std::nullopt;
+  return Integer(*v, key);
+}
+
+// An integer that must fit the proto's int32; its own range is request_builder's business.
+absl::StatusOr<std::optional<int32_t>> Int32(const Json& body, const std::string& key) {
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> v, IntegerMember(body, key));
+  if (!v.has_value()) return std::nullopt;
+  if (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()) {
+    return Bad(key, absl::StrCat(*v, " is out of range"));
+  }
+  return static_cast<int32_t>(*v);
+}
+
+absl::StatusOr<std::optional<bool>> Bool(const Json& body, const std::string& key) {
+  const Json* v = Member(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean()) return Bad(key, "must be true or false");
+  return v->get<bool>();
+}
+
+absl::StatusOr<std::optional<std::string>> String(const Json& body, const std::string& key) {
+  const Json* v = Member(body, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_string()) return Bad(key, "must be a string");
+  return v->get<std::string>();
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIdArray(const Json& v, const std::string& field) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string f = absl::StrCat(field, "[", i, "]");
+    WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> id, Integer(v[i], f));
+    if (*id < std::numeric_limits<int32_t>::min() || *id > std::numeric_limits<int32_t>::max()) {
+      return Bad(f, absl::StrCat("token id ", *id, " is out of range"));
+    }
+    ids.push_back(static_cast<int32_t>(*id));
+  }
+  return ids;
+}
+
+bool AllIntegers(const Json& v) {
+  for (const Json& e : v) {
+    if (!e.is_number()) return false;
+  }
+  return true;
+}
+
+// prompt: a string, a list of token ids, or a list holding exactly one of either.
+absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* out) {
+  const Json* p = Member(body, "prompt");
+  if (p == nullptr) return Bad("prompt", "is required");
+  if (p->is_string()) {
+    out->set_prompt(p->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!p->is_array()) return Bad("prompt", "must be a string or a list of token ids");
+  if (p->empty()) return Bad("prompt", "must not be empty");
+  if (AllIntegers(*p)) {
+    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdArray(*p, "prompt"));
+    out->mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    return absl::OkStatus();
+  }
+  if (p->size() > 1) {
+    return Bad("prompt", "one prompt per request is supported (send one request per prompt)");
+  }
+  const Json& only = (*p)[0];
+  if (only.is_string()) {
+    out->set_prompt(only.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (only.is_array() && AllIntegers(only)) {
+    if (only.empty()) return Bad("prompt[0]", "must not be empty");
+    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdArray(only, "prompt[0]"));
+    out->mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    return absl::OkStatus();
+  }
+  return Bad("prompt[0]", "must be a string or a list of token ids");
+}
+
+// content: a string, null (an assistant turn without text), or a list of text parts.
+absl::StatusOr<std::string> MessageContent(const Json& msg, const std::string& field) {
+  const Json* c = Member(msg, "content");
+  if (c == nullptr) return std::string();
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) return Bad(field, "must be a string or a list of content parts");
+  std::string text;
+  for (size_t j = 0; j < c->size(); ++j) {
+    const Json& part = (*c)[j];
+    const std::string pf = absl::StrCat(field, "[", j, "]");
+    if (!part.is_object()) return Bad(pf, "must be an object");
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> type, String(part, "type"));
+    if (type.value_or("") != "text") {
+      return Bad(pf + ".type", absl::StrCat("only text parts are supported, got '",
+                                            type.value_or(""), "'"));
+    }
+    const Json* t = Member(part, "text");
+    if (t == nullptr || !t->is_string()) return Bad(pf + ".text", "must be a string");
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
+  const Json* m = Member(body, "messages");
+  if (m == nullptr) return Bad("messages", "is required");
+  if (!m->is_array()) return Bad("messages", "must be a list of messages");
+  v1::ChatMessages* chat = out->mutable_chat();
+  for (size_t i = 0; i < m->size(); ++i) {
+    const Json& msg = (*m)[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!msg.is_object()) return Bad(field, "must be an object with role and content");
+    const Json* role = Member(msg, "role");
+    if (role == nullptr || !role->is_string()) return Bad(field + ".role", "must be a string");
+    WINNOW_ASSIGN_OR_RETURN(std::string content, MessageContent(msg, field + ".content"));
+    v1::ChatMessage* out_msg = chat->add_messages();
+    out_msg->set_role(role->get<std::string>());
+    out_msg->set_content(std::move(content));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
+  if (const Json* stop = Member(body, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      stopping->add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) return Bad(absl::StrCat("stop[", i, "]"), "must be a string");
+        stopping->add_stop((*stop)[i].get<std::string>());
+      }
+    } else {
+      return Bad("stop", "must be a string or a list of strings");
+    }
+  }
+  if (const Json* ids = Member(body, "stop_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return Bad("stop_token_ids", "must be a list of token ids");
+    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> v, TokenIdArray(*ids, "stop_token_ids"));
+    stopping->mutable_stop_token_ids()->Add(v.begin(), v.end());
+  }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, Bool(body, "ignore_eos"));
+  stopping->set_ignore_eos(ignore_eos.value_or(false));
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature"));
+  // OpenAI's default temperature is 1 (winnow's gRPC default is greedy).
+  s->set_temperature(static_cast<float>(temperature.value_or(1.0)));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> top_p, Number(body, "top_p"));
+  if (top_p) s->set_top_p(static_cast<float>(*top_p));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> top_k, Int32(body, "top_k"));
+  // vLLM spells "off" as -1; winnow as 0.
+  if (top_k) s->set_top_k(*top_k == -1 ? 0 : *top_k);
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> min_p, Number(body, "min_p"));
+  if (min_p) s->set_min_p(static_cast<float>(*min_p));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> rep, Number(body, "repetition_penalty"));
+  if (rep) s->set_repetition_penalty(static_cast<float>(*rep));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> freq, Number(body, "frequency_penalty"));
+  if (freq) s->set_frequency_penalty(static_cast<float>(*freq));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<double> pres, Number(body, "presence_penalty"));
+  if (pres) s->set_presence_penalty(static_cast<float>(*pres));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> seed, IntegerMember(body, "seed"));
+  if (seed) s->set_seed(static_cast<uint64_t>(*seed));  // negative seeds wrap; still fixed
+  return absl::OkStatus();
+}
+
+// kv_compression: {policy, budget, params: {name: number}, options: {name: string}}, winnow's
+// CompressionSpec under an extension name (extra body fields, as vLLM takes them).
+absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
+  const Json* c = Member(body, "kv_compression");
+  if (c == nullptr) return absl::OkStatus();
+  if (!c->is_object()) return Bad("kv_compression", "must be an object");
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> policy, String(*c, "policy"));
+  if (!policy) return Bad("kv_compression.policy", "is required");
+  out->set_policy(*policy);
+  const Json* budget = Member(*c, "budget");
+  if (budget != nullptr) {
+    if (!budget->is_number()) return Bad("kv_compression.budget", "must be a number");
+    out->set_budget(budget->get<double>());
+  }
+  if (const Json* params = Member(*c, "params"); params != nullptr) {
+    if (!params->is_object()) return Bad("kv_compression.params", "must be an object");
+    for (const auto& [k, v] : params->items()) {
+      if (v.is_boolean()) {
+        (*out->mutable_params())[k] = v.get<bool>() ? 1.0 : 0.0;
+      } else if (v.is_number()) {
+        (*out->mutable_params())[k] = v.get<double>();
+      } else {
+        return Bad(absl::StrCat("kv_compression.params.", k),
+                   "must be a number (string values go in kv_compression.options)");
+      }
+    }
+  }
+  if (const Json* options = Member(*c, "options"); options != nullptr) {
+    if (!options->is_object()) return Bad("kv_compression.options", "must be an object");
+    for (const auto& [k, v] : options->items()) {
+      if (!v.is_string()) {
+        return Bad(absl::StrCat("kv_compression.options.", k),
+                   "must be a string (numbers go in kv_compression.params)");
+      }
+      (*out->mutable_options())[k] = v.get<std::string>();
+    }
+  }
+  for (const auto& [k, v] : c->items()) {
+    if (k != "policy" && k != "budget" && k != "params" && k != "options") {
+      return Bad(absl::StrCat("kv_compression.", k),
+                 "unknown field (known: policy, budget, params, options)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI features winnow does not have. Sending one with a non-default value is a 400 naming
+// it, rather than a silently different answer.
+absl::Status RejectUnsupported(const Json& body) {
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> n, IntegerMember(body, "n"));
+  if (n && *n != 1) return Bad("n", absl::StrCat("only n = 1 is supported, got ", *n));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, IntegerMember(body, "best_of"));
+  if (best_of && *best_of != 1) {
+    return Bad("best_of", absl::StrCat("only best_of = 1 is supported, got ", *best_of));
+  }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> echo, Bool(body, "echo"));
+  if (echo.value_or(false)) return Bad("echo", "is not supported");
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> suffix, String(body, "suffix"));
+  if (suffix && !suffix->empty()) return Bad("suffix", "is not supported");
+  for (const char* key : {"logit_bias", "tools", "functions"}) {
+    const Json* v = Member(body, key);
+    if (v != nullptr && !v->empty()) return Bad(key, "is not supported");
+  }
+  if (const Json* rf = Member(body, "response_format"); rf != nullptr) {
+    const Json* type = rf->is_object() ? Member(*rf, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return Bad("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLogprobs(const Json& body, OpenAiRequest* out) {
+  v1::GenerateRequest& g = out->generate;
+  if (out->endpoint == Endpoint::kCompletions) {
+    // Completions: logprobs is the number of alternatives per token (0: only the chosen one).
+    WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> n, Int32(body, "logprobs"));
+    if (n) {
+      out->logprobs = true;
+      g.set_logprobs(true);
+      g.set_top_logprobs(*n);
+    }
+    return absl::OkStatus();
+  }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> lp, Bool(body, "logprobs"));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> top, Int32(body, "top_logprobs"));
+  out->logprobs = lp.value_or(false);
+  if (top && *top > 0 && !out->logprobs) {
+    return Bad("top_logprobs", "needs logprobs: true");
+  }
+  g.set_logprobs(out->logprobs);
+  if (top) g.set_top_logprobs(*top);
+  return absl::OkStatus();
+}
+
+absl::Status ParseLimits(const Json& body, OpenAiRequest* out) {
+  v1::StoppingCriteria* stopping = out->generate.mutable_stopping();
+  std::optional<int32_t> max_tokens;
+  if (out->endpoint == Endpoint::kChat) {
+    WINNOW_ASSIGN_OR_RETURN(max_tokens, Int32(body, "max_completion_tokens"));
+    if (max_tokens) out->max_tokens_field = "max_completion_tokens";
+  }
+  if (!max_tokens) {
+    WINNOW_ASSIGN_OR_RETURN(max_tokens, Int32(body, "max_tokens"));
+  }
+  // OpenAI's completions default is 16 tokens; chat leaves it to the server (winnow's default).
+  if (!max_tokens && out->endpoint == Endpoint::kCompletions) max_tokens = 16;
+  if (max_tokens) stopping->set_max_tokens(*max_tokens);
+  return ParseStop(body, stopping);
+}
+
+absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
+  if (!body.is_object()) return Bad("body", "must be a JSON object");
+  WINNOW_RETURN_IF_ERROR(RejectUnsupported(body));
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> model, String(body, "model"));
+  out->model = model.value_or("");
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> stream, Bool(body, "stream"));
+  out->stream = stream.value_or(false);
+  if (const Json* so = Member(body, "stream_options"); so != nullptr) {
+    if (!so->is_object()) return Bad("stream_options", "must be an object");
+    const Json* usage = Member(*so, "include_usage");
+    if (usage != nullptr && !usage->is_boolean()) {
+      return Bad("stream_options.include_usage", "must be true or false");
+    }
+    out->include_usage = usage != nullptr && usage->get<bool>();
+  }
+  v1::GenerateRequest& g = out->generate;
+  if (out->endpoint == Endpoint::kChat) {
+    WINNOW_RETURN_IF_ERROR(ParseMessages(body, &g));
+  } else {
+    WINNOW_RETURN_IF_ERROR(ParsePrompt(body, &g));
+  }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> add_special, Bool(body, "add_special_tokens"));
+  if (add_special) g.set_add_special_tokens(*add_special);
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> request_id, String(body, "request_id"));
+  if (request_id) g.set_request_id(*request_id);
+  // vLLM's prefix-cache isolation: requests share cached prompt blocks only with the same salt.
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> cache_salt, String(body, "cache_salt"));
+  if (cache_salt) g.set_cache_salt(*cache_salt);
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> priority, Int32(body, "priority"));
+  g.set_priority(priority.value_or(0));
+  WINNOW_RETURN_IF_ERROR(ParseSampling(body, g.mutable_sampling()));
+  WINNOW_RETURN_IF_ERROR(ParseLimits(body, out));
+  WINNOW_RETURN_IF_ERROR(ParseLogprobs(body, out));
+  return ParseCompression(body, g.mutable_compression());
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, const std::string& body) {
+  Json json = Json::parse(body, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError("body: not valid JSON");
+  }
+  OpenAiRequest out;
+  out.endpoint = endpoint;
+  WINNOW_RETURN_IF_ERROR(ParseBody(json, &out));
+  return out;
+}
+
+std::string OpenAiFieldMessage(const OpenAiRequest& request, const std::string& message,
+                               std::string* param) {
+  const bool chat = request.endpoint == Endpoint::kChat;
+  // Most specific first: "stopping.stop_token_ids" before "stopping.stop".
+  const std::vector<std::pair<std::string, std::string>> renames = {
+      {"stopping.max_tokens", request.max_tokens_field},
+      {"stopping.stop_token_ids", "stop_token_ids"},
+      {"stopping.stop", "stop"},
+      {"stopping.ignore_eos", "ignore_eos"},
+      {"sampling.top_logprobs", chat ? "top_logprobs" : "logprobs"},
+      {"top_logprobs", chat ? "top_logprobs" : "logprobs"},
+      {"sampling.", ""},
+      {"compression", "kv_compression"},
+      {"chat.messages", "messages"},
+      {"chat", "messages"},
+      {"token_ids.ids", "prompt"},
+      {"input", chat ? "messages" : "prompt"},
+  };
+  std::string out = message;
+  for (const auto& [wire, openai] : renames) {
+    if (out.rfind(wire, 0) != 0) continue;
+    const bool prefix_only = wire.back() == '.';
+    const char next = out.size() > wire.size() ? out[wire.size()] : '\0';
+    if (!prefix_only && next != '\0' && next != '.' && next != '[' && next != ':' &&
+        next != ' ') {
+      continue;
+    }
+    out = openai + out.substr(wire.size());
+    break;
+  }
+  const size_t end = out.find_first_of(": ");
+  *param = end == std::string::npos ? "" : out.substr(0, end);
+  return out;
+}
+
+}  // namespace winnow::server::http

@@ -1,0 +1,174 @@
+#include "server/http/openai_response.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace winnow::server::http {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
+
+// Token pieces are raw bytes and may be part of a UTF-8 character; Dump() replaces what is
+// invalid in the string, and `bytes` keeps the exact bytes (as OpenAI's chat logprobs do).
+std::string Piece(const ResponseContext& ctx, int32_t id) {
+  return ctx.tokenizer != nullptr ? ctx.tokenizer->TokenToPiece(id, /*render_special=*/true)
+                                  : std::string();
+}
+
+Json Bytes(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+Json ChatLogprobs(const ResponseContext& ctx, const std::vector<scheduler::TokenLogprob>& lps) {
+  Json content = Json::array();
+  for (const scheduler::TokenLogprob& lp : lps) {
+    const std::string piece = Piece(ctx, lp.id);
+    Json top = Json::array();
+    for (const auto& [id, logprob] : lp.top) {
+      const std::string p = Piece(ctx, id);
+      top.push_back({{"token", p}, {"logprob", logprob}, {"bytes", Bytes(p)}});
+    }
+    content.push_back({{"token", piece},
+                       {"logprob", lp.logprob},
+                       {"bytes", Bytes(piece)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+// Completions logprobs: parallel lists, text_offset counted from the start of the output.
+Json CompletionLogprobs(const ResponseContext& ctx,
+                        const std::vector<scheduler::TokenLogprob>& lps, int64_t* offset) {
+  Json tokens = Json::array(), logprobs = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (const scheduler::TokenLogprob& lp : lps) {
+    const std::string piece = Piece(ctx, lp.id);
+    tokens.push_back(piece);
+    logprobs.push_back(lp.logprob);
+    Json top = Json::object();
+    for (const auto& [id, logprob] : lp.top) top[Piece(ctx, id)] = logprob;
+    tops.push_back(top);
+    offsets.push_back(*offset);
+    *offset += static_cast<int64_t>(piece.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", logprobs},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+Json UsageJson(const scheduler::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          // OpenAI's shape for prompt tokens served from the (prefix) cache.
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+}
+
+Json Envelope(const ResponseContext& ctx, const char* object) {
+  return {{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
+}
+
+}  // namespace
+
+const char* OpenAiFinishReason(scheduler::FinishReason reason) {
+  return reason == scheduler::FinishReason::kLength ? "length" : "stop";
+}
+
+std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
+                           const std::vector<scheduler::TokenLogprob>& logprobs,
+                           scheduler::FinishReason reason, const scheduler::Usage& usage) {
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  Json body = Envelope(ctx, chat ? "chat.completion" : "text_completion");
+  Json choice = {{"index", 0}, {"finish_reason", OpenAiFinishReason(reason)}};
+  int64_t offset = 0;
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, logprobs) : Json(nullptr);
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = ctx.logprobs ? CompletionLogprobs(ctx, logprobs, &offset) : Json(nullptr);
+  }
+  body["choices"] = Json::array({choice});
+  body["usage"] = UsageJson(usage);
+  return Dump(body);
+}
+
+std::string StreamFormatter::Chunk(const std::string& text,
+                                   const std::vector<scheduler::TokenLogprob>& lp,
+                                   const char* finish_reason) {
+  const bool chat = ctx_.endpoint == Endpoint::kChat;
+  Json body = Envelope(ctx_, chat ? "chat.completion.chunk" : "text_completion");
+  Json choice = {{"index", 0},
+                 {"finish_reason", finish_reason != nullptr ? Json(finish_reason) : Json()}};
+  if (chat) {
+    choice["delta"] = finish_reason != nullptr ? Json::object() : Json{{"content", text}};
+    choice["logprobs"] = ctx_.logprobs && !lp.empty() ? ChatLogprobs(ctx_, lp) : Json(nullptr);
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = ctx_.logprobs && !lp.empty()
+                             ? CompletionLogprobs(ctx_, lp, &text_offset_)
+                             : Json(nullptr);
+  }
+  body["choices"] = Json::array({choice});
+  if (ctx_.include_usage) body["usage"] = nullptr;
+  return SseEvent(Dump(body));
+}
+
+std::string StreamFormatter::Start() {
+  if (ctx_.endpoint != Endpoint::kChat) return "";
+  Json body = Envelope(ctx_, "chat.completion.chunk");
+  body["choices"] = Json::array({{{"index", 0},
+                                  {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}}});
+  if (ctx_.include_usage) body["usage"] = nullptr;
+  return SseEvent(Dump(body));
+}
+
+std::string StreamFormatter::Delta(const std::string& text,
+                                   const std::vector<scheduler::TokenLogprob>& lp) {
+  if (text.empty() && (lp.empty() || !ctx_.logprobs)) return "";
+  return Chunk(text, lp, nullptr);
+}
+
+std::string StreamFormatter::Finish(scheduler::FinishReason reason,
+                                    const scheduler::Usage& usage) {
+  std::string out = Chunk("", {}, OpenAiFinishReason(reason));
+  if (ctx_.include_usage) {
+    const bool chat = ctx_.endpoint == Endpoint::kChat;
+    Json body = Envelope(ctx_, chat ? "chat.completion.chunk" : "text_completion");
+    body["choices"] = Json::array();
+    body["usage"] = UsageJson(usage);
+    out += SseEvent(Dump(body));
+  }
+  return out + kSseDone;
+}
+
+std::string StreamFormatter::Error(int status, const std::string& message) {
+  Json err = {{"error",
+               {{"message", message}, {"type", "server_error"}, {"param", nullptr},
+                {"code", status}}}};
+  return SseEvent(Dump(err)) + kSseDone;
+}
+
+std::string ErrorBody(const std::string& message, const std::string& type,
+                      const std::string& param, const std::string& code) {
+  Json err = {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? Json() : Json(param)},
+              {"code", code.empty() ? Json() : Json(code)}};
+  return Dump(Json{{"error", err}});
+}
+
+std::string SseEvent(const std::string& payload) { return absl::StrCat("data: ", payload, "\n\n"); }
+
+}  // namespace winnow::server::http

@@ -1,0 +1,155 @@
+// The OpenAI body -> v1::GenerateRequest mapping and the renaming of request_builder's field
+// names back to the OpenAI ones. No model needed: values are request_builder's to check.
+#include "server/http/openai_request.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace winnow::server::http {
+namespace {
+
+OpenAiRequest ParseOk(Endpoint e, const std::string& body) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(e, body);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : OpenAiRequest{};
+}
+
+std::string ParseError(Endpoint e, const std::string& body) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(e, body);
+  EXPECT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+
+TEST(OpenAiRequestTest, CompletionFieldsMapOntoTheWireRequest) {
+  OpenAiRequest r = ParseOk(Endpoint::kCompletions, R"({
+      "model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+      "top_k": -1, "min_p": 0.1, "seed": 3, "stop": "x", "logprobs": 2, "presence_penalty": 1,
+      "frequency_penalty": -1, "repetition_penalty": 1.2, "priority": 4, "stream": true,
+      "stream_options": {"include_usage": true}, "ignore_eos": true, "n": 1, "user": "u",
+      "cache_salt": "tenant-a",
+      "kv_compression": {"policy": "xkv", "budget": 0.2, "params": {"category": 1048576,
+                         "flag": true}, "options": {"pooling": "max"}}})");
+  const v1::GenerateRequest& g = r.generate;
+  EXPECT_EQ(r.model, "m");
+  EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
+  EXPECT_EQ(g.prompt(), "hi");
+  EXPECT_EQ(g.stopping().max_tokens(), 7);
+  EXPECT_EQ(g.stopping().stop(0), "x");
+  EXPECT_TRUE(g.stopping().ignore_eos());
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 0);  // vLLM's -1 is winnow's 0: off
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.1f);
+  EXPECT_EQ(g.sampling().seed(), 3u);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.2f);
+  EXPECT_TRUE(g.logprobs());
+  EXPECT_EQ(g.top_logprobs(), 2);
+  EXPECT_EQ(g.priority(), 4);
+  EXPECT_EQ(g.cache_salt(), "tenant-a");
+  EXPECT_EQ(g.compression().policy(), "xkv");
+  EXPECT_DOUBLE_EQ(g.compression().params().at("category"), 1048576.0);
+  EXPECT_DOUBLE_EQ(g.compression().params().at("flag"), 1.0);
+  EXPECT_EQ(g.compression().options().at("pooling"), "max");
+}
+
+TEST(OpenAiRequestTest, OpenAiDefaults) {
+  OpenAiRequest c = ParseOk(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})");
+  EXPECT_EQ(c.generate.token_ids().ids_size(), 3);
+  EXPECT_EQ(c.generate.stopping().max_tokens(), 16);  // OpenAI's completions default
+  EXPECT_FLOAT_EQ(c.generate.sampling().temperature(), 1.0f);
+  EXPECT_FALSE(c.generate.sampling().has_seed());
+  OpenAiRequest chat = ParseOk(Endpoint::kChat, R"({"messages": [
+      {"role": "system", "content": "s"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null}], "max_completion_tokens": 5, "max_tokens": 9,
+      "logprobs": true, "top_logprobs": 2, "temperature": null})");
+  EXPECT_EQ(chat.generate.chat().messages_size(), 3);
+  EXPECT_EQ(chat.generate.chat().messages(1).content(), "ab");
+  EXPECT_EQ(chat.generate.chat().messages(2).content(), "");
+  EXPECT_EQ(chat.generate.stopping().max_tokens(), 5);  // max_completion_tokens wins
+  EXPECT_EQ(chat.max_tokens_field, "max_completion_tokens");
+  EXPECT_FLOAT_EQ(chat.generate.sampling().temperature(), 1.0f);  // null means unset
+  EXPECT_EQ(chat.generate.top_logprobs(), 2);
+  // Chat leaves the token limit to the server when none is given.
+  OpenAiRequest bare = ParseOk(Endpoint::kChat, R"({"messages": [{"role":"user","content":"x"}]})");
+  EXPECT_FALSE(bare.generate.stopping().has_max_tokens());
+}
+
+TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, "{nope"), "body: not valid JSON");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, "[1]"), "body: must be a JSON object");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "n": 3})"),
+            "n: only n = 1 is supported, got 3");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "temperature": "1"})"),
+            "temperature: must be a number");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 1.5})"),
+            "max_tokens: must be an integer");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 1e12})"),
+            "max_tokens: 1000000000000 is out of range");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "stop": ["a", 1]})"),
+            "stop[1]: must be a string");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": ["a", "b"]})"),
+            "prompt: one prompt per request is supported (send one request per prompt)");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "echo": true})"),
+            "echo: is not supported");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions,
+                       R"({"prompt": "x", "kv_compression": {"policy": "h2o", "params":
+                          {"window": "8"}}})"),
+            "kv_compression.params.window: must be a number (string values go in "
+            "kv_compression.options)");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions,
+                       R"({"prompt": "x", "kv_compression": {"policy": "h2o", "budgit": 1}})"),
+            "kv_compression.budgit: unknown field (known: policy, budget, params, options)");
+  EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [{"content": "x"}]})"),
+            "messages[0].role: must be a string");
+  EXPECT_EQ(ParseError(Endpoint::kChat,
+                       R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+            "messages[0].content[0].type: only text parts are supported, got 'image_url'");
+  EXPECT_EQ(ParseError(Endpoint::kChat,
+                       R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"),
+            "top_logprobs: needs logprobs: true");
+}
+
+TEST(OpenAiRequestTest, BuilderMessagesAreRenamed) {
+  OpenAiRequest completion = ParseOk(Endpoint::kCompletions, R"({"prompt": "x"})");
+  OpenAiRequest chat = ParseOk(Endpoint::kChat,
+                               R"({"messages": [{"role":"u","content":"x"}],
+                                   "max_completion_tokens": 3})");
+  struct Case {
+    const OpenAiRequest* request;
+    std::string in, out, param;
+  };
+  const Case cases[] = {
+      {&completion, "stopping.max_tokens: must be >= 1, got 0", "max_tokens: must be >= 1, got 0",
+       "max_tokens"},
+      {&chat, "stopping.max_tokens: must be >= 1, got 0",
+       "max_completion_tokens: must be >= 1, got 0", "max_completion_tokens"},
+      {&completion, "sampling.temperature = nan is invalid: must be a finite number >= 0",
+       "temperature = nan is invalid: must be a finite number >= 0", "temperature"},
+      {&completion, "stopping.stop[2]: must not be empty", "stop[2]: must not be empty", "stop[2]"},
+      {&completion, "stopping.stop_token_ids[0]: token id 99 is outside",
+       "stop_token_ids[0]: token id 99 is outside", "stop_token_ids[0]"},
+      {&completion, "compression.policy: unknown policy 'x'",
+       "kv_compression.policy: unknown policy 'x'", "kv_compression.policy"},
+      {&chat, "chat.messages[1].role: must not be empty", "messages[1].role: must not be empty",
+       "messages[1].role"},
+      {&completion, "token_ids.ids[4]: token id -1 is outside",
+       "prompt[4]: token id -1 is outside", "prompt[4]"},
+      {&completion, "top_logprobs: must be in [0, 20], got 21",
+       "logprobs: must be in [0, 20], got 21", "logprobs"},
+      {&chat, "top_logprobs: must be in [0, 20], got 21",
+       "top_logprobs: must be in [0, 20], got 21", "top_logprobs"},
+      {&chat, "input: the prompt has 9 tokens", "messages: the prompt has 9 tokens", "messages"},
+      {&completion, "prompt: must not be empty", "prompt: must not be empty", "prompt"},
+  };
+  for (const Case& c : cases) {
+    std::string param;
+    EXPECT_EQ(OpenAiFieldMessage(*c.request, c.in, &param), c.out);
+    EXPECT_EQ(param, c.param) << c.in;
+  }
+}
+
+}  // namespace
+}  // namespace winnow::server::http
