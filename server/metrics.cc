@@ -126,6 +126,18 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
                       .Help("Sequences preempted (KV freed, to be recomputed).")
                       .Register(r)
                       .Add({});
+  prefix_cache_queries_ = &BuildCounter()
+                               .Name("winnow_prefix_cache_queries_total")
+                               .Labels(model)
+                               .Help("Prompt tokens looked up in the prefix cache at admission.")
+                               .Register(r)
+                               .Add({});
+  prefix_cache_hits_ = &BuildCounter()
+                            .Name("winnow_prefix_cache_hits_total")
+                            .Labels(model)
+                            .Help("Prompt tokens whose KV came from the prefix cache.")
+                            .Register(r)
+                            .Add({});
   finished_ = &BuildCounter()
                    .Name("winnow_requests_finished_total")
                    .Labels(model)
@@ -294,6 +306,11 @@ void Metrics::OnToken(uint64_t id, absl::Duration inter_token_latency) {
 }
 
 void Metrics::OnPreemption(uint64_t id) { preemptions_->Increment(); }
+
+void Metrics::OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {
+  prefix_cache_queries_->Increment(queried_tokens);
+  prefix_cache_hits_->Increment(hit_tokens);
+}
 
 void Metrics::OnCompression(const scheduler::CompressionEvent& event) {
   const std::map<std::string, std::string> labels = {{"policy", event.policy}};

@@ -58,6 +58,7 @@ class Metrics : public scheduler::EngineObserver {
   void OnFirstToken(uint64_t id, absl::Duration ttft) override;
   void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
   void OnPreemption(uint64_t id) override;
+  void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) override;
   void OnCompression(const scheduler::CompressionEvent& event) override;
   void OnRequestFinished(const scheduler::RequestStats& stats) override;
   void OnIteration(const scheduler::IterationStats& stats) override;
@@ -77,6 +78,8 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* prefix_cache_queries_;
+  prometheus::Counter* prefix_cache_hits_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejected_;
   prometheus::Family<prometheus::Gauge>* cache_config_;
