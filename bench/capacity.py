@@ -20,6 +20,7 @@ and prints a table. Never asserts on times.
 
     .venv/bin/python bench/capacity.py --winnow build/winnow          # all policies, 0.1 & 0.2
     .venv/bin/python bench/capacity.py --policies snapkv --budgets 0.1 --requests 8
+    .venv/bin/python bench/capacity.py --kv-cache-dtype q8_0 --policies snapkv --budgets 0.1
 """
 
 from __future__ import annotations
@@ -247,6 +248,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-batched-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-cache-dtype", default=None, choices=["f32", "f16", "bf16", "q8_0"],
+                    help="passed to the daemon; the pool is then sized in bytes (--kv-cache-bytes)"
+                         " as --fit-uncompressed requests at f32, so every dtype gets the same "
+                         "memory and a smaller dtype holds more tokens. Unset: --kv-blocks, "
+                         "the daemon's default dtype")
     ap.add_argument("--poll", type=float, default=0.1, help="GetServerStatus interval (s)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per-request deadline (s)")
     ap.add_argument("--seed", type=int, default=7)
@@ -270,13 +276,27 @@ def main(argv=None) -> int:
           f"{args.output_tokens} output tokens; {layers} layers; pool {kv_blocks} blocks = "
           f"{args.fit_uncompressed} × {per_request} (the longest request uncompressed)",
           flush=True)
+    pool_args = ["--kv-blocks", str(kv_blocks)]
+    kv_bytes = None
+    if args.kv_cache_dtype is not None:
+        # The same bytes as kv_blocks f32 blocks: K and V, per KV head, block_size rows of
+        # head_dim floats.
+        f32_block_bytes = 2 * info.num_kv_heads * args.block_size * info.head_dim * 4
+        kv_bytes = kv_blocks * f32_block_bytes
+        pool_args = ["--kv-cache-bytes", str(kv_bytes), "--kv-cache-dtype", args.kv_cache_dtype]
+        print(f"pool: {kv_bytes} bytes (those blocks at f32), KV stored as {args.kv_cache_dtype}",
+              flush=True)
 
     log_path = pathlib.Path(tempfile.gettempdir()) / f"winnow-capacity-{os.getpid()}.log"
     daemon = Daemon(args.winnow, args.model,
-                    ["--kv-blocks", str(kv_blocks), "--block-size", str(args.block_size),
+                    [*pool_args, "--block-size", str(args.block_size),
                      "--max-batched-tokens", str(args.max_batched_tokens),
                      "--max-seqs", "64", "--max-queue", "1024", "--threads", str(args.threads)],
                     log_path)
+    st = daemon.client.server_status()
+    print(f"daemon pool: {st.kv_blocks_total} blocks, KV dtype {st.kv_cache_dtype or '?'}",
+          flush=True)
+    daemon_pool = {"kv_blocks_total": st.kv_blocks_total, "kv_cache_dtype": st.kv_cache_dtype}
     results = []
     configs = [("none", 1.0)] + [(p, float(b)) for p in args.policies.split(",") if p
                                  for b in args.budgets.split(",") if b]
@@ -309,6 +329,9 @@ def main(argv=None) -> int:
         "config": vars(args),
         "prompt_tokens": lengths,
         "kv_blocks": kv_blocks,
+        "kv_cache_bytes": kv_bytes,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "daemon_pool": daemon_pool,
         "per_request_blocks_uncompressed": per_request,
         "wall_seconds": time.time() - t_start,
         "results": results,

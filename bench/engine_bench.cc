@@ -33,6 +33,7 @@
 #include "base/cli.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
+#include "kernels/cpu/kv_dtype.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 
@@ -54,6 +55,7 @@ struct Options {
   int32_t decode_context = 64;
   std::vector<int32_t> batches = {1, 8, 32};
   int32_t reps = 2;
+  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;  // the daemon's default
   bool json = false;
 };
 
@@ -112,8 +114,9 @@ int32_t Argmax(std::span<const float> row) {
 
 // A pool for `num_seqs` sequences of up to `max_tokens` positions each.
 absl::StatusOr<std::unique_ptr<cache::BlockPool>> MakePool(const model::Model& model,
-                                                           int32_t num_seqs, int32_t max_tokens) {
-  const cache::KvLayout layout = model.KvLayoutFor(kBlockSize);
+                                                           int32_t num_seqs, int32_t max_tokens,
+                                                           kernels::KvDtype dtype) {
+  const cache::KvLayout layout = model.KvLayoutFor(kBlockSize, dtype);
   const int32_t per_seq = layout.num_layers * ((max_tokens + kBlockSize - 1) / kBlockSize);
   return cache::BlockPool::Create(layout, num_seqs * per_seq);
 }
@@ -146,7 +149,8 @@ absl::StatusOr<Timing> TimePrefill(model::Model& model, cache::BlockPool& pool,
 }
 
 absl::StatusOr<Timing> BestPrefill(model::Model& model, const Options& opt, int32_t chunk) {
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool = MakePool(model, 1, opt.prompt_tokens);
+  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool =
+      MakePool(model, 1, opt.prompt_tokens, opt.kv_cache_dtype);
   if (!pool.ok()) return pool.status();
   const std::vector<int32_t> tokens = Prompt(/*seq=*/0, opt.prompt_tokens);
   Timing best;
@@ -238,7 +242,8 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
 
 absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Options& opt) {
   const int32_t max_tokens = opt.decode_context + kDecodeWarmupSteps + opt.decode_tokens;
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool = MakePool(model, b, max_tokens);
+  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool =
+      MakePool(model, b, max_tokens, opt.kv_cache_dtype);
   if (!pool.ok()) return pool.status();
   // TimeDecode warms up inside; the first rep also warms the pool's pages.
   DecodeRun best;
@@ -274,6 +279,11 @@ std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
   app.add_option("--batches", opt->batches, "decode batch sizes, comma-separated")
       ->delimiter(',')
       ->check(base::AtLeast(1));
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [opt](const std::string& v) { opt->kv_cache_dtype = *kernels::ParseKvDtype(v); },
+         "KV cache dtype: f32, f16 (default), bf16, q8_0")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   app.add_flag("--json", opt->json, "print one JSON object instead of tables");
   return base::ParseCommandLine(app, argc, argv);
 }
@@ -306,6 +316,7 @@ int Main(int argc, char** argv) {
   result["decode_tokens"] = opt.decode_tokens;
   result["decode_context"] = opt.decode_context;
   result["reps"] = opt.reps;
+  result["kv_cache_dtype"] = kernels::KvDtypeName(opt.kv_cache_dtype);
 
   // One JSON entry per measurement: tokens / wall seconds and tokens / process-CPU seconds.
   auto entry = [](int64_t tokens, const Timing& t) {

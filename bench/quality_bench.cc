@@ -153,13 +153,12 @@ absl::StatusOr<cache::SequenceKv> CloneKv(const cache::SequenceKv& src, cache::B
   cache::SequenceKv dst(src.num_layers(), src.block_size());
   const int32_t n = src.num_slots(0);
   if (!dst.Reserve(pool, n)) return absl::ResourceExhaustedError("KV pool too small for a copy");
-  const size_t block_bytes = static_cast<size_t>(pool.layout().bytes_per_block());
   for (int32_t l = 0; l < src.num_layers(); ++l) {
     const std::span<const int32_t> from = src.block_table(l);
     const std::span<const int32_t> to = dst.block_table(l);
     const int32_t blocks = (src.num_slots(l) + src.block_size() - 1) / src.block_size();
     for (int32_t b = 0; b < blocks; ++b) {
-      std::memcpy(pool.Keys(to[b], 0), pool.Keys(from[b], 0), block_bytes);
+      pool.CopyBlock(from[b], to[b]);
     }
     dst.AppendSlots(l, src.num_slots(l));
   }

@@ -99,15 +99,21 @@ void KernelLevel(const Options& opt, const Shape& shape) {
     cache::SequenceKv kv(1, kBlock);
     if (!kv.Reserve(*pool, n + 1)) std::abort();
     kv.AppendSlots(0, n + 1);
-    float* arena = pool->arena();
-    for (int64_t i = 0; i < int64_t{blocks} * pool->layout().floats_per_block(); ++i) {
-      arena[i] = normal(rng);
+    std::vector<float> row(shape.head_dim);
+    for (int32_t b = 0; b < blocks; ++b) {
+      for (int32_t h = 0; h < shape.kv_heads; ++h) {
+        for (int32_t s = 0; s < kBlock; ++s) {
+          for (bool values : {false, true}) {
+            for (float& x : row) x = normal(rng);
+            pool->WriteRow(b, h, s, values, row.data());
+          }
+        }
+      }
     }
     std::vector<float> q(static_cast<size_t>(shape.heads) * shape.head_dim);
     for (float& x : q) x = normal(rng);
     std::vector<float> out(q.size());
-    const kernels::PagedKvView view{pool->arena(), pool->layout().floats_per_block(), kBlock,
-                                    shape.kv_heads, shape.head_dim};
+    const kernels::PagedKvView view = pool->View();
     const std::vector<int32_t> table(kv.block_table(0).begin(), kv.block_table(0).end());
     const float scale = 1.0f / 8.0f;
     kernels::AttentionSequence dense_seq{table.data(), n + 1, 1, 0};

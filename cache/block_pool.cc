@@ -11,6 +11,7 @@ namespace winnow::cache {
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout,
                                                              int32_t num_blocks) {
+  if (absl::Status s = kernels::CheckKvDtype(layout.dtype, layout.head_dim); !s.ok()) return s;
   if (num_blocks <= 0 || layout.bytes_per_block() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV pool needs at least one block (got ", num_blocks, " blocks of ",
@@ -19,7 +20,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& lay
   const size_t bytes = static_cast<size_t>(layout.bytes_per_block()) * num_blocks;
   // 64-byte alignment keeps every head block on its own cache lines for the SIMD kernels.
   const size_t rounded = (bytes + 63) / 64 * 64;
-  auto* arena = static_cast<float*>(std::aligned_alloc(64, rounded));
+  auto* arena = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
   if (arena == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate a KV pool of ", bytes, " bytes"));
@@ -28,7 +29,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& lay
   return std::unique_ptr<BlockPool>(new BlockPool(layout, num_blocks, arena));
 }
 
-BlockPool::BlockPool(const KvLayout& layout, int32_t num_blocks, float* arena)
+BlockPool::BlockPool(const KvLayout& layout, int32_t num_blocks, std::byte* arena)
     : layout_(layout), num_blocks_(num_blocks), arena_(arena), meta_(num_blocks) {
   // Hand out low ids first: they were touched first and are likeliest to be resident.
   for (int32_t b = 0; b < num_blocks; ++b) PushFree(b, /*front=*/false);
@@ -115,8 +116,16 @@ void BlockPool::ClearKey(int32_t block) {
 }
 
 void BlockPool::CopyBlock(int32_t from, int32_t to) {
-  std::memcpy(arena_ + to * layout_.floats_per_block(), arena_ + from * layout_.floats_per_block(),
-              layout_.bytes_per_block());
+  const int64_t bytes = layout_.bytes_per_block();
+  std::memcpy(arena_ + to * bytes, arena_ + from * bytes, bytes);
+}
+
+float* BlockPool::F32(std::byte* p) {
+  if (layout_.dtype != kernels::KvDtype::kF32) {
+    std::fprintf(stderr, "float view of a %s KV pool\n", kernels::KvDtypeName(layout_.dtype));
+    std::abort();
+  }
+  return reinterpret_cast<float*>(p);
 }
 
 }  // namespace winnow::cache

@@ -3,6 +3,7 @@
 // tokens (the point of the compression policies).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -10,25 +11,34 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/kv_dtype.h"
 
 namespace winnow::cache {
 
 // Geometry of a block. Inside a block the layout is
-//   K[kv_head][slot][head_dim] followed by V[kv_head][slot][head_dim], float32,
-// so one head's keys for a block are contiguous (attention streams them; per-head compaction
-// gathers them).
+//   K[kv_head][slot][row] followed by V[kv_head][slot][row],
+// a row being one token's head_dim values for one KV head, stored as `dtype`
+// (kernels/cpu/kv_dtype.h: f32, f16, bf16, or q8_0 blocks of 32 values with an fp16 scale).
+// One head's keys for a block are contiguous (attention streams them) and each row is whole and
+// contiguous, so compaction moves a token by copying its row's bytes, whatever the dtype.
 struct KvLayout {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;
+  kernels::KvDtype dtype = kernels::KvDtype::kF32;
 
-  int64_t floats_per_head_block() const { return int64_t{block_size} * head_dim; }
-  int64_t floats_per_block() const { return 2 * int64_t{num_kv_heads} * floats_per_head_block(); }
-  int64_t bytes_per_block() const { return floats_per_block() * int64_t{sizeof(float)}; }
+  int64_t row_bytes() const { return kernels::KvRowBytes(dtype, head_dim); }
+  int64_t bytes_per_head_block() const { return int64_t{block_size} * row_bytes(); }
+  int64_t bytes_per_block() const { return 2 * int64_t{num_kv_heads} * bytes_per_head_block(); }
   // K and V bytes one token occupies across all layers (uncompressed).
   int64_t kv_bytes_per_token() const {
-    return int64_t{num_layers} * 2 * num_kv_heads * head_dim * int64_t{sizeof(float)};
+    return int64_t{num_layers} * 2 * num_kv_heads * row_bytes();
+  }
+  kernels::PagedKvView View(const std::byte* arena) const {
+    return kernels::PagedKvView{arena,     bytes_per_block(), block_size, num_kv_heads,
+                                head_dim,  dtype,             row_bytes()};
   }
 };
 
@@ -80,22 +90,30 @@ class BlockPool {
   void ClearKey(int32_t block);
   bool has_key(int32_t block) const { return meta_[block].has_key; }
 
-  float* Keys(int32_t block, int32_t kv_head) {
-    return arena_ + block * layout_.floats_per_block() + kv_head * layout_.floats_per_head_block();
+  // One row (K when `values` is false, else V) in its stored form: row_bytes() bytes. Copying
+  // these bytes moves a token's K or V exactly, whatever the dtype.
+  std::byte* Row(int32_t block, int32_t kv_head, int32_t slot, bool values) {
+    return arena_ + RowOffset(block, kv_head, slot, values);
   }
-  float* Values(int32_t block, int32_t kv_head) {
-    return Keys(block, kv_head) + int64_t{layout_.num_kv_heads} * layout_.floats_per_head_block();
+  const std::byte* Row(int32_t block, int32_t kv_head, int32_t slot, bool values) const {
+    return arena_ + RowOffset(block, kv_head, slot, values);
   }
-  const float* Keys(int32_t block, int32_t kv_head) const {
-    return arena_ + block * layout_.floats_per_block() + kv_head * layout_.floats_per_head_block();
+  // Stores head_dim floats into a row (rounded or quantised to the dtype).
+  void WriteRow(int32_t block, int32_t kv_head, int32_t slot, bool values, const float* src) {
+    kernels::EncodeKv(layout_.dtype, src, layout_.head_dim, Row(block, kv_head, slot, values));
   }
-  const float* Values(int32_t block, int32_t kv_head) const {
-    return Keys(block, kv_head) + int64_t{layout_.num_kv_heads} * layout_.floats_per_head_block();
+  // Reads a row back as head_dim floats.
+  void ReadRow(int32_t block, int32_t kv_head, int32_t slot, bool values, float* dst) const {
+    kernels::DecodeKv(layout_.dtype, Row(block, kv_head, slot, values), layout_.head_dim, dst);
   }
-  // Copies a whole block's K and V.
+  // Float views of a head block, for float32 pools only (tests and tools that poke values in
+  // place); any other dtype aborts, as it has no float storage to point at.
+  float* Keys(int32_t block, int32_t kv_head) { return F32(Row(block, kv_head, 0, false)); }
+  float* Values(int32_t block, int32_t kv_head) { return F32(Row(block, kv_head, 0, true)); }
+  // Copies a whole block's K and V (bit for bit: any dtype).
   void CopyBlock(int32_t from, int32_t to);
-  float* arena() { return arena_; }
-  const float* arena() const { return arena_; }
+  // The arena as the kernels read it.
+  kernels::PagedKvView View() const { return layout_.View(arena_); }
 
  private:
   struct Meta {
@@ -107,13 +125,19 @@ class BlockPool {
     int32_t next = -1;
   };
 
-  BlockPool(const KvLayout& layout, int32_t num_blocks, float* arena);
+  BlockPool(const KvLayout& layout, int32_t num_blocks, std::byte* arena);
+  int64_t RowOffset(int32_t block, int32_t kv_head, int32_t slot, bool values) const {
+    return block * layout_.bytes_per_block() +
+           (int64_t{values ? layout_.num_kv_heads : 0} + kv_head) * layout_.bytes_per_head_block() +
+           slot * layout_.row_bytes();
+  }
+  float* F32(std::byte* p);
   void PushFree(int32_t block, bool front);
   void Unlink(int32_t block);
 
   KvLayout layout_;
   int32_t num_blocks_;
-  float* arena_;
+  std::byte* arena_;
   std::vector<Meta> meta_;
   // Free queue, a doubly linked list through meta_: never-cached blocks at the front (reused
   // first), cached ones appended at the back as they are freed (so the front-most cached block

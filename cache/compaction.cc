@@ -1,17 +1,20 @@
 #include "cache/compaction.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <vector>
+
+#include "kernels/cpu/kv_dtype.h"
 
 namespace winnow::cache {
 namespace {
 
-// The float row of `slot` for one head: K when `values` is false, V otherwise.
-float* Row(BlockPool& pool, const SequenceKv& kv, int32_t layer, int32_t kv_head, int32_t slot,
-           bool values) {
+// The stored row of `slot` for one head: K when `values` is false, V otherwise.
+std::byte* Row(BlockPool& pool, const SequenceKv& kv, int32_t layer, int32_t kv_head,
+               int32_t slot, bool values) {
   const int32_t block_size = kv.block_size();
-  const int32_t block = kv.block_table(layer)[slot / block_size];
-  float* base = values ? pool.Values(block, kv_head) : pool.Keys(block, kv_head);
-  return base + int64_t{slot % block_size} * pool.layout().head_dim;
+  return pool.Row(kv.block_table(layer)[slot / block_size], kv_head, slot % block_size, values);
 }
 
 }  // namespace
@@ -32,8 +35,15 @@ absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, Se
   CompactionStats stats;
   if (plan.empty()) return stats;
 
+  // Kept rows are gathered as stored bytes, so a copy never rounds (a q8_0 row keeps its
+  // blocks bit for bit); only a merged row is computed, in float32 from the decoded sources, and
+  // stored back in the pool's dtype.
   const int32_t d = layout.head_dim;
-  std::vector<float> scratch;
+  const int64_t row_bytes = layout.row_bytes();
+  const kernels::KvDtype dtype = layout.dtype;
+  std::vector<std::byte> scratch;
+  std::vector<float> sum(d);
+  std::vector<float> row(d);
   const int32_t used_before = kv.num_blocks_held();
   for (int32_t l = 0; l < static_cast<int32_t>(plan.layers.size()); ++l) {
     const policies::LayerKeep& keep = plan.layers[l];
@@ -44,7 +54,7 @@ absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, Se
       // Keeping every slot of an ascending list means the identity: nothing moves.
       continue;
     }
-    scratch.resize(static_cast<size_t>(kept) * d);
+    scratch.resize(static_cast<size_t>(kept) * row_bytes);
     for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
       const std::vector<int32_t>& slots = keep.heads[h];
       const bool merged = !keep.merge.empty() && !keep.merge[h].empty();
@@ -55,23 +65,24 @@ absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, Se
       while (!merged && in_place < kept && slots[in_place] == in_place) ++in_place;
       for (bool values : {false, true}) {
         for (int32_t i = in_place; i < kept; ++i) {
-          float* dst = scratch.data() + int64_t{i} * d;
+          std::byte* dst = scratch.data() + int64_t{i} * row_bytes;
           if (!merged) {
-            std::memcpy(dst, Row(pool, kv, l, h, slots[i], values), d * sizeof(float));
+            std::memcpy(dst, Row(pool, kv, l, h, slots[i], values), row_bytes);
             continue;
           }
           const std::vector<int32_t>& sources = keep.merge[h][i];
-          std::fill(dst, dst + d, 0.0f);
+          std::fill(sum.begin(), sum.end(), 0.0f);
           for (int32_t src : sources) {
-            const float* row = Row(pool, kv, l, h, src, values);
-            for (int32_t k = 0; k < d; ++k) dst[k] += row[k];
+            kernels::DecodeKv(dtype, Row(pool, kv, l, h, src, values), d, row.data());
+            for (int32_t k = 0; k < d; ++k) sum[k] += row[k];
           }
           const float inv = 1.0f / static_cast<float>(sources.size());
-          for (int32_t k = 0; k < d; ++k) dst[k] *= inv;
+          for (int32_t k = 0; k < d; ++k) sum[k] *= inv;
+          kernels::EncodeKv(dtype, sum.data(), d, dst);
         }
         for (int32_t i = in_place; i < kept; ++i) {
-          std::memcpy(Row(pool, kv, l, h, i, values), scratch.data() + int64_t{i} * d,
-                      d * sizeof(float));
+          std::memcpy(Row(pool, kv, l, h, i, values), scratch.data() + int64_t{i} * row_bytes,
+                      row_bytes);
         }
       }
     }

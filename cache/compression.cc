@@ -8,11 +8,7 @@
 namespace winnow::cache {
 namespace {
 
-kernels::PagedKvView ViewOf(const BlockPool& pool) {
-  const KvLayout& layout = pool.layout();
-  return kernels::PagedKvView{pool.arena(), layout.floats_per_block(), layout.block_size,
-                              layout.num_kv_heads, layout.head_dim};
-}
+kernels::PagedKvView ViewOf(const BlockPool& pool) { return pool.View(); }
 
 }  // namespace
 

@@ -188,8 +188,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   return m;
 }
 
-cache::KvLayout Model::KvLayoutFor(int32_t block_size) const {
-  return cache::KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size};
+cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) const {
+  return cache::KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size,
+                         dtype};
 }
 
 absl::Status Model::ValidateBatch(std::span<const BatchEntry> batch,
@@ -306,8 +307,7 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
                                               ? kernels::RopeLayout::kHalves
                                               : kernels::RopeLayout::kAdjacent;
   const cache::KvLayout& layout = pool.layout();
-  const kernels::PagedKvView kv_view{pool.arena(), layout.floats_per_block(), layout.block_size,
-                                     layout.num_kv_heads, layout.head_dim};
+  const kernels::PagedKvView kv_view = pool.View();
   std::vector<kernels::AttentionSequence> attention_seqs(batch.size());
   std::vector<std::vector<int32_t>> selections(batch.size());  // selector output, per entry
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -352,13 +352,11 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
       for (int32_t i = 0; i < n; ++i) {
         const int32_t slot = past + i;
         const int32_t block = table[slot / layout.block_size];
-        const int64_t offset = int64_t{slot % layout.block_size} * c.head_dim;
+        const int32_t in_block = slot % layout.block_size;
         const int64_t row = first_row[e] + i;
         for (int32_t h = 0; h < c.num_kv_heads; ++h) {
-          std::memcpy(pool.Keys(block, h) + offset, s.k.data() + row * kv_dim + h * c.head_dim,
-                      c.head_dim * sizeof(float));
-          std::memcpy(pool.Values(block, h) + offset, s.v.data() + row * kv_dim + h * c.head_dim,
-                      c.head_dim * sizeof(float));
+          pool.WriteRow(block, h, in_block, false, s.k.data() + row * kv_dim + h * c.head_dim);
+          pool.WriteRow(block, h, in_block, true, s.v.data() + row * kv_dim + h * c.head_dim);
         }
       }
       entry.kv->AppendSlots(l, n);

@@ -81,7 +81,9 @@ class Model {
   // Not every model has a recognised chat template.
   const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
   const GgufFile& gguf() const { return *file_; }
-  cache::KvLayout KvLayoutFor(int32_t block_size) const;
+  // The KV pool geometry this model needs, with rows stored as `dtype`.
+  cache::KvLayout KvLayoutFor(int32_t block_size,
+                              kernels::KvDtype dtype = kernels::KvDtype::kF32) const;
 
   // One forward over a varlen batch (prefill chunks and decode tokens mixed). Writes the new
   // tokens' K/V into their sequences' blocks and advances their slot counts. Not thread-safe:

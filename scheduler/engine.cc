@@ -189,7 +189,7 @@ absl::Status ValidateOptions(const EngineOptions& options) {
 }
 
 EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& config,
-                      int32_t num_blocks) {
+                      const cache::KvLayout& layout, int32_t num_blocks) {
   EngineLimits limits;
   limits.max_batched_tokens = options.max_batched_tokens;
   limits.max_seqs = options.max_seqs;
@@ -203,6 +203,8 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
   limits.kv_blocks_total = num_blocks;
   limits.max_tokens_in_pool = int64_t{num_blocks / config.num_layers} * options.block_size;
   limits.prefix_caching = options.enable_prefix_caching;
+  limits.kv_cache_dtype = layout.dtype;
+  limits.kv_bytes_per_token = layout.kv_bytes_per_token();
   return limits;
 }
 
@@ -214,7 +216,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   if (model == nullptr) return absl::InvalidArgumentError("engine: model is null");
   WINNOW_RETURN_IF_ERROR(ValidateOptions(options));
   const model::ModelConfig& config = model->config();
-  const cache::KvLayout layout = model->KvLayoutFor(options.block_size);
+  const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype);
+  WINNOW_RETURN_IF_ERROR(kernels::CheckKvDtype(layout.dtype, layout.head_dim));
   const int32_t num_blocks = options.kv_blocks > 0
                                  ? options.kv_blocks
                                  : cache::BlockPool::BlocksForBytes(layout, options.kv_cache_bytes);
@@ -227,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
                           cache::BlockPool::Create(layout, num_blocks));
 
-  const EngineLimits limits = LimitsOf(options, config, num_blocks);
+  const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);
   std::unique_ptr<Engine> engine(new Engine(model, limits));
   engine->impl_ = std::make_unique<Impl>(*model, limits, observer, std::move(pool));
   Impl& impl = *engine->impl_;
@@ -237,11 +240,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
     impl.published.kv_blocks_free = num_blocks;
   }
   spdlog::info(
-      "engine: KV pool {} blocks x {} tokens ({:.1f} MiB, {} tokens per sequence at most), "
-      "max_batched_tokens={} max_seqs={} max_queue={}",
+      "engine: KV pool {} blocks x {} tokens ({:.1f} MiB, {} KV, {} bytes per token, {} tokens "
+      "per sequence at most), max_batched_tokens={} max_seqs={} max_queue={}",
       num_blocks, options.block_size,
       static_cast<double>(layout.bytes_per_block()) * num_blocks / (1 << 20),
-      limits.max_tokens_in_pool, limits.max_batched_tokens, limits.max_seqs, limits.max_queue);
+      kernels::KvDtypeName(layout.dtype), layout.kv_bytes_per_token(), limits.max_tokens_in_pool,
+      limits.max_batched_tokens, limits.max_seqs, limits.max_queue);
   impl.thread = std::thread([&impl] { impl.Run(); });
   return engine;
 }

@@ -196,6 +196,7 @@ int RunDaemon(const ServeOptions& options) {
   engine_options.max_queue = options.max_queue;
   engine_options.block_size = options.block_size;
   engine_options.enable_prefix_caching = options.enable_prefix_caching;
+  engine_options.kv_cache_dtype = options.kv_cache_dtype;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
   engine_options.max_prompt_tokens = options.max_prompt_tokens;
@@ -225,6 +226,7 @@ int RunDaemon(const ServeOptions& options) {
             {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - load_start))},
             {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
             {"block_size", absl::StrCat(limits.block_size)},
+            {"kv_cache_dtype", kernels::KvDtypeName(limits.kv_cache_dtype)},
             {"max_tokens_in_pool", absl::StrCat(limits.max_tokens_in_pool)}});
 
   signals.WaitFor(1, absl::InfiniteDuration());

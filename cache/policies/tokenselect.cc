@@ -88,15 +88,17 @@ std::vector<float> TokenSelectSelector::Vote(int32_t layer, std::span<const floa
   std::vector<float> chunk_max(static_cast<size_t>(num_chunks) * num_heads);
   std::vector<double> chunk_sum(static_cast<size_t>(num_chunks) * num_heads);
   // Pass 1: logits, each key row read once for every query head of its group; chunk maxima.
+  const kernels::PagedKvView view = pool.View();
   parallel([&](int64_t c_begin, int64_t c_end) {
+    std::vector<float> key_row(d);  // a key converted to float32 (unused for f32 pools)
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int32_t t0 = static_cast<int32_t>(c) * kChunk;
       const int32_t t1 = std::min(n, t0 + kChunk);
       for (int32_t g = 0; g < num_kv; ++g) {
         for (int32_t t = t0; t < t1; ++t) {
           const int32_t slot = begin + t;
-          const float* key = pool.Keys(table[slot / block_size], g) +
-                             static_cast<int64_t>(slot % block_size) * d;
+          const float* key = view.Row(view.Keys(table[slot / block_size], g), slot % block_size,
+                                      key_row.data());
           for (int32_t h : heads_of_kv[g]) {
             logits_[static_cast<int64_t>(h) * n + t] =
                 kernels::Dot(query.data() + static_cast<int64_t>(h) * d, key, d) * scale;

@@ -24,41 +24,57 @@ void SparseVisible(const AttentionSequence& seq, int32_t token, std::vector<int3
 }
 
 // Attention of one token's query heads that share `kv_head` (a GQA group). Two passes over the
-// visible keys: scores and their max, then exp-weights applied to V. Scores live in a
-// thread-local buffer; visible keys are at most the context length. `slots` (sparse path) lists
-// the visible slots; when null, slots [0, visible) are.
+// visible keys: scores and their max, then exp-weights applied to V. Each key and value block is
+// converted to float32 once for the whole group (into `rows`, block_size x head_dim floats,
+// unused for f32). Scores live in a thread-local buffer; visible keys are at most the context
+// length. `slots` (sparse path) lists the visible slots; when null, slots [0, visible) are. Every
+// output is the same sum in the same order whatever the dtype or loop nesting, so a token's
+// result depends only on its own inputs.
 void AttendGroup(const PagedKvView& kv, const AttentionSequence& seq, int32_t token,
                  int32_t kv_head, int32_t group, int32_t num_heads, const float* q, float scale,
-                 float* out, const std::vector<int32_t>* slots, std::vector<float>& scores) {
+                 float* out, const std::vector<int32_t>* slots, std::vector<float>& scores,
+                 float* rows) {
   const int32_t head_dim = kv.head_dim;
   const int32_t visible = slots != nullptr ? static_cast<int32_t>(slots->size())
                                            : seq.num_slots - seq.num_new + token + 1;
   scores.resize(static_cast<size_t>(group) * visible);
+  auto key_row = [&](int32_t j) {
+    const int32_t slot = (*slots)[j];
+    return kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
+                  slot % kv.block_size, rows);
+  };
+  auto value_row = [&](int32_t j) {
+    const int32_t slot = (*slots)[j];
+    return kv.Row(kv.Values(seq.block_table[slot / kv.block_size], kv_head),
+                  slot % kv.block_size, rows);
+  };
 
-  for (int32_t g = 0; g < group; ++g) {
-    const float* qh = q + static_cast<int64_t>(g) * head_dim;
-    float* s = scores.data() + static_cast<int64_t>(g) * visible;
-    if (slots != nullptr) {
-      for (int32_t j = 0; j < visible; ++j) {
-        const int32_t slot = (*slots)[j];
-        const float* key = kv.Keys(seq.block_table[slot / kv.block_size], kv_head) +
-                           static_cast<int64_t>(slot % kv.block_size) * head_dim;
-        s[j] = Dot(qh, key, head_dim) * scale;
+  if (slots != nullptr) {
+    for (int32_t j = 0; j < visible; ++j) {
+      const float* key = key_row(j);
+      for (int32_t g = 0; g < group; ++g) {
+        scores[static_cast<int64_t>(g) * visible + j] =
+            Dot(q + static_cast<int64_t>(g) * head_dim, key, head_dim) * scale;
       }
-      continue;
     }
+  } else {
     for (int32_t start = 0; start < visible; start += kv.block_size) {
-      const float* keys = kv.Keys(seq.block_table[start / kv.block_size], kv_head);
       const int32_t n = std::min(kv.block_size, visible - start);
-      for (int32_t j = 0; j < n; ++j) {
-        s[start + j] = Dot(qh, keys + static_cast<int64_t>(j) * head_dim, head_dim) * scale;
+      const float* keys = kv.Rows(kv.Keys(seq.block_table[start / kv.block_size], kv_head), n,
+                                  rows);
+      for (int32_t g = 0; g < group; ++g) {
+        const float* qh = q + static_cast<int64_t>(g) * head_dim;
+        float* s = scores.data() + static_cast<int64_t>(g) * visible + start;
+        for (int32_t j = 0; j < n; ++j) {
+          s[j] = Dot(qh, keys + static_cast<int64_t>(j) * head_dim, head_dim) * scale;
+        }
       }
     }
   }
 
+  // Softmax weights, normalised in place.
   for (int32_t g = 0; g < group; ++g) {
     float* s = scores.data() + static_cast<int64_t>(g) * visible;
-    float* o = out + static_cast<int64_t>(g) * head_dim;
     const float max_score = *std::max_element(s, s + visible);
     double sum = 0.0;
     for (int32_t j = 0; j < visible; ++j) {
@@ -66,31 +82,41 @@ void AttendGroup(const PagedKvView& kv, const AttentionSequence& seq, int32_t to
       sum += s[j];
     }
     const float inv_sum = static_cast<float>(1.0 / sum);
-    std::fill(o, o + head_dim, 0.0f);
-    if (slots != nullptr) {
-      for (int32_t j = 0; j < visible; ++j) {
-        const int32_t slot = (*slots)[j];
-        const float* value = kv.Values(seq.block_table[slot / kv.block_size], kv_head) +
-                             static_cast<int64_t>(slot % kv.block_size) * head_dim;
-        Axpy(s[j] * inv_sum, value, o, head_dim);
+    for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
+    std::fill(out + static_cast<int64_t>(g) * head_dim,
+              out + static_cast<int64_t>(g + 1) * head_dim, 0.0f);
+  }
+
+  if (slots != nullptr) {
+    for (int32_t j = 0; j < visible; ++j) {
+      const float* value = value_row(j);
+      for (int32_t g = 0; g < group; ++g) {
+        Axpy(scores[static_cast<int64_t>(g) * visible + j], value,
+             out + static_cast<int64_t>(g) * head_dim, head_dim);
       }
-    } else {
-      for (int32_t start = 0; start < visible; start += kv.block_size) {
-        const float* values = kv.Values(seq.block_table[start / kv.block_size], kv_head);
-        const int32_t n = std::min(kv.block_size, visible - start);
+    }
+  } else {
+    for (int32_t start = 0; start < visible; start += kv.block_size) {
+      const int32_t n = std::min(kv.block_size, visible - start);
+      const float* values = kv.Rows(kv.Values(seq.block_table[start / kv.block_size], kv_head),
+                                    n, rows);
+      for (int32_t g = 0; g < group; ++g) {
+        const float* s = scores.data() + static_cast<int64_t>(g) * visible + start;
+        float* o = out + static_cast<int64_t>(g) * head_dim;
         for (int32_t j = 0; j < n; ++j) {
-          Axpy(s[start + j] * inv_sum, values + static_cast<int64_t>(j) * head_dim, o,
-               head_dim);
+          Axpy(s[j], values + static_cast<int64_t>(j) * head_dim, o, head_dim);
         }
       }
     }
-    if (seq.probs != nullptr) {
+  }
+
+  if (seq.probs != nullptr) {
+    for (int32_t g = 0; g < group; ++g) {
       // This work item is the only writer of its (token, head) row.
       const int32_t h = kv_head * group + g;
+      const float* s = scores.data() + static_cast<int64_t>(g) * visible;
       float* p = seq.probs + (static_cast<int64_t>(token) * num_heads + h) * seq.num_slots;
-      for (int32_t j = 0; j < visible; ++j) {
-        p[slots != nullptr ? (*slots)[j] : j] = s[j] * inv_sum;
-      }
+      for (int32_t j = 0; j < visible; ++j) p[slots != nullptr ? (*slots)[j] : j] = s[j];
     }
   }
 }
@@ -115,6 +141,8 @@ void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> se
   pool.ParallelFor(stride, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int32_t> slots;
+    thread_local std::vector<float> rows;
+    rows.resize(static_cast<size_t>(kv.block_size) * kv.head_dim);
     for (int64_t lane = begin; lane < end; ++lane) {
       for (int64_t i = lane; i < num_items; i += stride) {
         const WorkItem& item = items[i];
@@ -125,7 +153,8 @@ void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> se
         if (sparse) SparseVisible(seq, item.token, slots);
         AttendGroup(kv, seq, item.token, item.kv_head, group, num_heads,
                     q + row * row_floats + head_offset, scale,
-                    out + row * row_floats + head_offset, sparse ? &slots : nullptr, scores);
+                    out + row * row_floats + head_offset, sparse ? &slots : nullptr, scores,
+                    rows.data());
       }
     }
   });

@@ -1,27 +1,44 @@
-// Causal attention over a paged KV cache (float32, CPU).
+// Causal attention over a paged KV cache (CPU; any KV dtype, float32 arithmetic).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace winnow::kernels {
 
 // A raw view of the block arena (see cache/block_pool.h for the layout): each block holds
-// K[kv_head][slot][head_dim] then V[kv_head][slot][head_dim].
+// K[kv_head][slot][row] then V[kv_head][slot][row], a row being head_dim values stored as
+// `dtype` in row_bytes bytes.
 struct PagedKvView {
-  const float* arena = nullptr;
-  int64_t floats_per_block = 0;
+  const std::byte* arena = nullptr;
+  int64_t bytes_per_block = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  KvDtype dtype = KvDtype::kF32;
+  int64_t row_bytes = 0;  // KvRowBytes(dtype, head_dim)
 
-  const float* Keys(int32_t block, int32_t kv_head) const {
-    return arena + block * floats_per_block + int64_t{kv_head} * block_size * head_dim;
+  const std::byte* Keys(int32_t block, int32_t kv_head) const {
+    return arena + block * bytes_per_block + int64_t{kv_head} * block_size * row_bytes;
   }
-  const float* Values(int32_t block, int32_t kv_head) const {
-    return Keys(block, kv_head) + int64_t{num_kv_heads} * block_size * head_dim;
+  const std::byte* Values(int32_t block, int32_t kv_head) const {
+    return Keys(block, kv_head) + int64_t{num_kv_heads} * block_size * row_bytes;
+  }
+  // The first `rows` rows of a head block (Keys or Values) as float32: the arena itself for
+  // f32 (no copy, so the f32 path reads exactly what it always did), else decoded into
+  // `scratch` (rows x head_dim floats).
+  const float* Rows(const std::byte* head_block, int32_t rows, float* scratch) const {
+    if (dtype == KvDtype::kF32) return reinterpret_cast<const float*>(head_block);
+    DecodeKv(dtype, head_block, int64_t{rows} * head_dim, scratch);
+    return scratch;
+  }
+  // Row `slot` (within its block) of a head block as float32, like Rows.
+  const float* Row(const std::byte* head_block, int32_t slot, float* scratch) const {
+    return Rows(head_block + slot * row_bytes, 1, scratch);
   }
 };
 

@@ -9,13 +9,21 @@
 namespace winnow::kernels {
 namespace {
 
+// Room for one block's rows in float32, per thread (the f32 path reads the arena directly).
+float* BlockScratch(const PagedKvView& kv) {
+  thread_local std::vector<float> rows;
+  rows.resize(static_cast<size_t>(kv.block_size) * kv.head_dim);
+  return rows.data();
+}
+
 // scale * q.k_j for j in [0, n) into out, reading keys block by block.
 void Logits(const PagedKvView& kv, const int32_t* block_table, int32_t kv_head, const float* q,
             int32_t n, float scale, float* out) {
   const int32_t d = kv.head_dim;
+  float* scratch = BlockScratch(kv);
   for (int32_t start = 0; start < n; start += kv.block_size) {
-    const float* keys = kv.Keys(block_table[start / kv.block_size], kv_head);
     const int32_t m = std::min(kv.block_size, n - start);
+    const float* keys = kv.Rows(kv.Keys(block_table[start / kv.block_size], kv_head), m, scratch);
     for (int32_t j = 0; j < m; ++j) {
       out[start + j] = Dot(q, keys + static_cast<int64_t>(j) * d, d) * scale;
     }
@@ -87,7 +95,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
       const int32_t kb = static_cast<int32_t>(tile % num_key_blocks);
       const int32_t start = kb * kv.block_size;
       const int32_t n = std::min(kv.block_size, max_visible - start);
-      const float* keys = kv.Keys(in.block_table[kb], g);
+      const float* keys = kv.Rows(kv.Keys(in.block_table[kb], g), n, BlockScratch(kv));
       for (int32_t hh = 0; hh < group; ++hh) {
         const int32_t h = g * group + hh;
         float* col = column_sums + int64_t{h} * in.num_slots + start;

@@ -1,6 +1,7 @@
 // Attention-probability extraction for KV-compression policies: the softmax of a few captured
 // query rows against one sequence's paged keys in one layer, without running (or storing) the
-// whole prompt's attention. Float32, CPU, threaded; results do not depend on the thread count.
+// whole prompt's attention. Keys of any KV dtype, float32 arithmetic, CPU, threaded; results do
+// not depend on the thread count.
 #pragma once
 
 #include <cstdint>

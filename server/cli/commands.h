@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "kernels/cpu/kv_dtype.h"
 
 namespace winnow::cli {
 
@@ -21,6 +22,9 @@ struct CommonFlags {
 };
 // Sets up `app` with base::ConfigureApp and adds --model and --threads.
 void AddCommonFlags(CLI::App& app, CommonFlags* flags);
+
+// --kv-cache-dtype f32|f16|bf16|q8_0 (default f16, as the daemon's), stored in *dtype.
+void AddKvCacheDtypeFlag(CLI::App& app, kernels::KvDtype* dtype);
 
 int RunGenerate(const std::vector<std::string>& args);
 int RunTokenize(const std::vector<std::string>& args);

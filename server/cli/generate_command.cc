@@ -43,6 +43,7 @@ struct GenerateFlags {
   bool ignore_eos = false;
   bool quiet = false;
   bool json = false;
+  kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
 };
 
 void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
@@ -65,6 +66,7 @@ void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
   app.add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
   app.add_option("--chunk-size", f->chunk_size, "prefill chunk in tokens")
       ->check(base::AtLeast(1));
+  AddKvCacheDtypeFlag(app, &f->kv_cache_dtype);
   app.add_flag("--json", f->json,
                "print {prompt_token_ids, token_ids, text} at the end instead of streaming");
   app.add_flag("--quiet", f->quiet, "no statistics line on stderr");
@@ -106,8 +108,9 @@ v1::GenerateRequest ToProto(const GenerateFlags& f) {
 // chunk of --chunk-size tokens per iteration.
 scheduler::EngineOptions EngineOptionsFor(const model::Model& model,
                                           const scheduler::GenerationRequest& request,
-                                          int32_t chunk_size) {
+                                          int32_t chunk_size, kernels::KvDtype kv_cache_dtype) {
   scheduler::EngineOptions options;
+  options.kv_cache_dtype = kv_cache_dtype;
   options.max_batched_tokens = chunk_size;
   options.max_seqs = 1;
   options.max_queue = 1;
@@ -220,7 +223,8 @@ absl::Status Generate(const GenerateFlags& f) {
   const std::vector<int32_t> prompt = request.prompt_tokens;
   WINNOW_ASSIGN_OR_RETURN(
       std::unique_ptr<scheduler::Engine> engine,
-      scheduler::Engine::Create(model.get(), EngineOptionsFor(*model, request, f.chunk_size)));
+      scheduler::Engine::Create(
+          model.get(), EngineOptionsFor(*model, request, f.chunk_size, f.kv_cache_dtype)));
 
   auto sink = std::make_shared<StreamSink>();
   const Clock::time_point submitted = Clock::now();

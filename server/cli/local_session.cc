@@ -9,8 +9,9 @@ namespace winnow::cli {
 
 absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(model::Model& model,
                                                                    int32_t max_tokens,
+                                                                   kernels::KvDtype dtype,
                                                                    int32_t block_size) {
-  const cache::KvLayout layout = model.KvLayoutFor(block_size);
+  const cache::KvLayout layout = model.KvLayoutFor(block_size, dtype);
   const int32_t blocks = layout.num_layers * ((max_tokens + block_size - 1) / block_size);
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
                           cache::BlockPool::Create(layout, blocks));

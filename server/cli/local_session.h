@@ -17,9 +17,10 @@ namespace winnow::cli {
 
 class LocalSession {
  public:
-  // A pool large enough for `max_tokens` positions of one sequence.
+  // A pool large enough for `max_tokens` positions of one sequence, storing K/V as `dtype`.
   static absl::StatusOr<std::unique_ptr<LocalSession>> Create(model::Model& model,
                                                               int32_t max_tokens,
+                                                              kernels::KvDtype dtype,
                                                               int32_t block_size = 16);
   ~LocalSession();
 

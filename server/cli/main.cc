@@ -40,6 +40,20 @@ void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
       ->check(base::AtLeast(0));
 }
 
+void AddKvCacheDtypeFlag(CLI::App& app, kernels::KvDtype* dtype) {
+  *dtype = kernels::KvDtype::kF16;
+  const CLI::Validator known(
+      [](std::string& v) -> std::string {
+        return kernels::ParseKvDtype(v).ok() ? "" : "must be one of f32, f16, bf16, q8_0";
+      },
+      "{f32,f16,bf16,q8_0}");
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [dtype](const std::string& v) { *dtype = *kernels::ParseKvDtype(v); },
+         "how the KV cache stores K/V (f16)")
+      ->check(known);
+}
+
 }  // namespace winnow::cli
 
 int main(int argc, char** argv) {

@@ -54,6 +54,8 @@ int RunScore(const std::vector<std::string>& args) {
   app.add_option("--tokens-file", tokens_file, "JSON array of token ids")->required();
   app.add_option("--chunk-size", chunk_size, "prefill chunk in tokens (default: all at once)")
       ->check(base::AtLeast(1));
+  kernels::KvDtype kv_cache_dtype;
+  AddKvCacheDtypeFlag(app, &kv_cache_dtype);
   if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
 
   absl::StatusOr<std::vector<int32_t>> tokens = ReadTokens(tokens_file);
@@ -75,7 +77,7 @@ int RunScore(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError("more tokens than the context length"));
   }
   absl::StatusOr<std::unique_ptr<LocalSession>> session =
-      LocalSession::Create(**model, static_cast<int32_t>(tokens->size()));
+      LocalSession::Create(**model, static_cast<int32_t>(tokens->size()), kv_cache_dtype);
   if (!session.ok()) return Fail(session.status());
   absl::StatusOr<std::vector<float>> logits =
       (*session)->Feed(*tokens, chunk_size);

@@ -205,11 +205,14 @@ def test_tokenize_model_info_status(daemon):
     assert info.architecture in ("llama", "qwen2")
     assert info.num_layers > 0 and info.num_kv_heads > 0 and info.vocab_size > 0
     assert info.block_size == 16
-    assert info.kv_bytes_per_token == info.num_layers * 2 * info.num_kv_heads * info.head_dim * 4
+    # The default KV cache dtype is f16: 2 bytes a value.
+    assert info.kv_cache_dtype == "f16"
+    assert info.kv_bytes_per_token == info.num_layers * 2 * info.num_kv_heads * info.head_dim * 2
     ids = daemon.client.tokenize("Hello world", add_special_tokens=False)
     assert ids and daemon.client.detokenize(ids) == "Hello world"
     st = daemon.client.server_status()
     assert st.serving and not st.draining
+    assert st.kv_cache_dtype == "f16"
     assert st.kv_blocks_total > 0 and st.limits.max_batched_tokens == 64
     assert st.limits.max_prompt_tokens == 512
 

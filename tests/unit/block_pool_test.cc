@@ -26,10 +26,13 @@ TEST(BlockPoolTest, KeysAndValuesOfBlocksDoNotOverlap) {
   auto pool = BlockPool::Create(SmallLayout(), 2);
   ASSERT_TRUE(pool.ok());
   BlockPool& p = **pool;
-  const int64_t head_block = SmallLayout().floats_per_head_block();
-  EXPECT_EQ(p.Values(0, 0) - p.Keys(0, 0), 2 * head_block);
-  EXPECT_EQ(p.Keys(0, 1) - p.Keys(0, 0), head_block);
-  EXPECT_EQ(p.Keys(1, 0) - p.Keys(0, 0), SmallLayout().floats_per_block());
+  const int64_t head_block = SmallLayout().bytes_per_head_block();
+  EXPECT_EQ(head_block, 4 * 4 * 4);  // 4 slots x head_dim 4 x float32
+  EXPECT_EQ(p.Row(0, 0, 0, true) - p.Row(0, 0, 0, false), 2 * head_block);
+  EXPECT_EQ(p.Row(0, 1, 0, false) - p.Row(0, 0, 0, false), head_block);
+  EXPECT_EQ(p.Row(0, 0, 1, false) - p.Row(0, 0, 0, false), 4 * 4);
+  EXPECT_EQ(p.Row(1, 0, 0, false) - p.Row(0, 0, 0, false), SmallLayout().bytes_per_block());
+  EXPECT_EQ(reinterpret_cast<std::byte*>(p.Values(1, 1)), p.Row(1, 1, 0, true));
 }
 
 TEST(BlockPoolTest, RejectsEmptyPool) { EXPECT_FALSE(BlockPool::Create(SmallLayout(), 0).ok()); }

@@ -53,11 +53,7 @@ struct Fixture {
   float* Value(int32_t g, int32_t s) {
     return pool->Values(kv.block_table(0)[s / kBlock], g) + (s % kBlock) * kDim;
   }
-  PagedKvView View() const {
-    const cache::KvLayout& l = pool->layout();
-    return PagedKvView{pool->arena(), l.floats_per_block(), l.block_size, l.num_kv_heads,
-                       l.head_dim};
-  }
+  PagedKvView View() const { return pool->View(); }
   // Dense reference probabilities of row r, head h over the first `visible` slots.
   std::vector<double> Reference(int32_t r, int32_t h, int32_t visible, float scale) {
     std::vector<double> p(visible);

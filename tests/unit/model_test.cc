@@ -60,7 +60,19 @@ std::vector<int32_t> Tokens(const Model& m, const std::string& text) {
   return m.tokenizer().Encode(text, true, true);
 }
 
-TEST_F(ModelTest, MixedBatchGivesEachSequenceItsSoloLogits) {
+// Batching invariance holds for every KV dtype: a row is converted the same way whatever batch
+// wrote or reads it.
+class ModelDtypeTest : public ModelTest, public ::testing::WithParamInterface<kernels::KvDtype> {
+ protected:
+  void SetUp() override {
+    ModelTest::SetUp();
+    if (model_ != nullptr) {
+      pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(16, GetParam()), 30 * 16);
+    }
+  }
+};
+
+TEST_P(ModelDtypeTest, MixedBatchGivesEachSequenceItsSoloLogits) {
   const std::vector<int32_t> a = Tokens(*model_, "The quick brown fox jumps over the lazy dog. "
                                                  "Then it ran into the forest and");
   const std::vector<int32_t> b = Tokens(*model_, "In 1969, the first humans landed on");
@@ -104,6 +116,13 @@ TEST_F(ModelTest, MixedBatchGivesEachSequenceItsSoloLogits) {
   kv_b.Release(*pool_);
   EXPECT_EQ(pool_->num_free(), pool_->num_blocks());
 }
+
+INSTANTIATE_TEST_SUITE_P(AllKvDtypes, ModelDtypeTest,
+                         ::testing::Values(kernels::KvDtype::kF32, kernels::KvDtype::kF16,
+                                           kernels::KvDtype::kBF16, kernels::KvDtype::kQ8_0),
+                         [](const auto& info) {
+                           return std::string(kernels::KvDtypeName(info.param));
+                         });
 
 TEST_F(ModelTest, BadBatchesAreErrorsNotCrashes) {
   cache::SequenceKv kv(model_->config().num_layers, 16);
