@@ -174,8 +174,10 @@ def reference_logits(model, ids):
 def winnow_score(winnow_bin, path, tmp_path, ids):
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(json.dumps(ids))
+    # An f32 KV cache: these checks hold the forward's math to 1e-3 (the f16 default's own
+    # tolerance is checked on the real model in test_reference.py).
     return run_winnow_json(winnow_bin, "score", "--model", str(path), "--tokens-file",
-                           str(tokens_file))
+                           str(tokens_file), "--kv-cache-dtype", "f32")
 
 
 def random_ids(length, seed):
