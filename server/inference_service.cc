@@ -20,9 +20,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-namespace {
-
-// UNAVAILABLE (retry elsewhere) while the daemon is not taking requests; OK otherwise.
 absl::Status CheckServing(const ServingState& state, bool generate) {
   switch (state.phase.load()) {
     case Phase::kLoading:
@@ -39,6 +36,9 @@ absl::Status CheckServing(const ServingState& state, bool generate) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
 
 std::string NewRequestId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};

@@ -28,6 +28,11 @@ struct ServingState {
   RequestLimits limits;  // written before `engine` is published
 };
 
+// UNAVAILABLE (retry elsewhere) while the daemon is not taking requests, OK otherwise; for
+// gRPC and HTTP alike. While draining, introspection (generate = false) stays available so
+// in-flight streams can finish.
+absl::Status CheckServing(const ServingState& state, bool generate);
+
 class InferenceService final : public v1::Inference::CallbackService {
  public:
   explicit InferenceService(ServingState* state) : state_(state) {}

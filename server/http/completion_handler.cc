@@ -126,22 +126,6 @@ void RespondWhole(GenerationSink& gen, scheduler::Engine* engine, uint64_t id,
 
 }  // namespace
 
-absl::Status CheckServing(const ServingState& state, bool generate) {
-  switch (state.phase.load()) {
-    case Phase::kLoading:
-      return absl::UnavailableError("the model is still loading; retry shortly");
-    case Phase::kDraining:
-      if (generate) return absl::UnavailableError("server is draining; not accepting requests");
-      break;
-    case Phase::kServing:
-      break;
-  }
-  if (state.model.load() == nullptr || state.engine.load() == nullptr) {
-    return absl::UnavailableError("the model is not loaded");
-  }
-  return absl::OkStatus();
-}
-
 void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingState* state,
                       const httplib::Request& req, httplib::Response& res) {
   absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, req.body);

@@ -19,7 +19,4 @@ namespace winnow::server::http {
 void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingState* state,
                       const httplib::Request& req, httplib::Response& res);
 
-// UNAVAILABLE while loading or draining, as the gRPC service answers.
-absl::Status CheckServing(const ServingState& state, bool generate);
-
 }  // namespace winnow::server::http
