@@ -1,0 +1,85 @@
+// An owned allocation of device memory: freed when the buffer is destroyed, movable, never
+// copied. Allocation and copies return absl::Status (out-of-memory is an error the caller
+// reports, not an abort).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace winnow::kernels::cuda {
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static absl::StatusOr<DeviceBuffer> Allocate(int64_t count) {
+    DeviceBuffer buffer;
+    if (count > 0) {
+      WINNOW_CUDA_RETURN_IF_ERROR(
+          cudaMalloc(reinterpret_cast<void**>(&buffer.data_), sizeof(T) * count));
+    }
+    buffer.size_ = count;
+    return buffer;
+  }
+  // A device copy of `host`.
+  static absl::StatusOr<DeviceBuffer> FromHost(std::span<const T> host) {
+    absl::StatusOr<DeviceBuffer> buffer = Allocate(static_cast<int64_t>(host.size()));
+    if (!buffer.ok()) return buffer.status();
+    if (absl::Status copied = buffer->CopyFromHost(host); !copied.ok()) return copied;
+    return buffer;
+  }
+
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Release();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Release(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return size_; }
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(T)); }
+
+  // Synchronous copies of the first host.size() elements.
+  absl::Status CopyFromHost(std::span<const T> host) {
+    if (static_cast<int64_t>(host.size()) > size_) {
+      return absl::OutOfRangeError("DeviceBuffer::CopyFromHost: host span larger than buffer");
+    }
+    return CudaStatus(cudaMemcpy(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice),
+                      "cudaMemcpy host->device");
+  }
+  absl::Status CopyToHost(std::span<T> host) const {
+    if (static_cast<int64_t>(host.size()) > size_) {
+      return absl::OutOfRangeError("DeviceBuffer::CopyToHost: host span larger than buffer");
+    }
+    return CudaStatus(cudaMemcpy(host.data(), data_, host.size_bytes(), cudaMemcpyDeviceToHost),
+                      "cudaMemcpy device->host");
+  }
+
+ private:
+  void Release() {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+}  // namespace winnow::kernels::cuda
