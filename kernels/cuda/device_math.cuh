@@ -32,7 +32,9 @@ __device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
 }
 
 __device__ inline float WarpSum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
   return v;
 }
 __device__ inline float WarpMax(float v) {

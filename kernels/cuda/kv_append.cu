@@ -28,8 +28,9 @@ __global__ void KvAppendKernel(DevicePagedKv kv, const T* k, const T* v, int64_t
     for (int32_t i = threadIdx.x; i < width; i += blockDim.x) {
       const int32_t h = i / d;
       const int32_t c = i % d;
-      detail::KvRow<KvT>(kv, block, h, slot, false)[c] = FromFloat<KvT>(ToFloat(k[r * src_stride + i]));
-      detail::KvRow<KvT>(kv, block, h, slot, true)[c] = FromFloat<KvT>(ToFloat(v[r * src_stride + i]));
+      const int64_t src = r * src_stride + i;
+      detail::KvRow<KvT>(kv, block, h, slot, false)[c] = FromFloat<KvT>(ToFloat(k[src]));
+      detail::KvRow<KvT>(kv, block, h, slot, true)[c] = FromFloat<KvT>(ToFloat(v[src]));
     }
   }
 }
@@ -48,7 +49,8 @@ absl::Status KvAppend(const DevicePagedKv& kv, const T* k, const T* v, int64_t s
   if (rows == 0) return absl::OkStatus();
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
   if (kv.dtype == KvDtype::kF16) {
-    KvAppendKernel<T, __half><<<grid, kThreads, 0, stream>>>(kv, k, v, src_stride, slot_mapping, rows);
+    KvAppendKernel<T, __half><<<grid, kThreads, 0, stream>>>(kv, k, v, src_stride, slot_mapping,
+                                                             rows);
   } else {
     KvAppendKernel<T, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(kv, k, v, src_stride,
                                                                      slot_mapping, rows);

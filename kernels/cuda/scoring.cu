@@ -36,7 +36,9 @@ __device__ inline const KvT* KeyOf(const DevicePagedKv& kv, const int32_t* table
 template <typename KvT, typename Q>
 __device__ inline float WarpDot(const KvT* key, const Q* q, int32_t d) {
   float partial = 0.0f;
-  for (int32_t c = threadIdx.x % kWarp; c < d; c += kWarp) partial += ToFloat(key[c]) * ToFloat(q[c]);
+  for (int32_t c = threadIdx.x % kWarp; c < d; c += kWarp) {
+    partial += ToFloat(key[c]) * ToFloat(q[c]);
+  }
   return detail::WarpSum(partial);
 }
 
@@ -197,7 +199,8 @@ absl::Status CheckScoreInput(const char* op, const DevicePagedKv& kv,
                                                    in.num_rows, ") not negative"));
   }
   if (in.block_table == nullptr || in.q == nullptr || in.visible == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": block_table, q and visible are required"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": block_table, q and visible are required"));
   }
   return absl::OkStatus();
 }

@@ -38,7 +38,8 @@ std::vector<std::byte> ArenaBytes(const cache::BlockPool& pool) {
 TEST_P(CompactionTest, GathersKeptSlotsLikeTheCpuInPlaceAndIntoFreshBlocks) {
   const KvDtype dtype = GetParam();
   auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype}, kBlocks);
-  const std::vector<float> values = RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 41);
+  const std::vector<float> values =
+      RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 41);
   for (int32_t b = 0, next = 0; b < kBlocks; ++b) {
     for (int32_t h = 0; h < kKvHeads; ++h) {
       for (int32_t s = 0; s < kBlock; ++s) {
@@ -128,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(DevicePoolDtypes, CompactionTest,
                          });
 
 TEST(CompactionArgumentsTest, KeepingNothingIsAnError) {
-  auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kBF16}, 1);
+  auto pool =
+      *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kBF16}, 1);
   const DevicePagedKv kv = DevicePagedKvFor(pool->View(), reinterpret_cast<std::byte*>(16));
   const absl::Status s = CompactLayer(kv, nullptr, nullptr, nullptr, 0, nullptr, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -31,7 +31,8 @@ constexpr int32_t kBlocks = 6;
 std::unique_ptr<cache::BlockPool> RandomPool(KvDtype dtype) {
   std::unique_ptr<cache::BlockPool> pool =
       *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype}, kBlocks);
-  const std::vector<float> values = RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 21);
+  const std::vector<float> values =
+      RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 21);
   int64_t next = 0;
   for (int32_t b = 0; b < kBlocks; ++b) {
     for (int32_t h = 0; h < kKvHeads; ++h) {
@@ -100,7 +101,8 @@ TEST(KvAppendArgumentsTest, RejectsPoolsTheDeviceDoesNotStore) {
   auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kQ8_0},
                                         1);
   const DevicePagedKv kv = DevicePagedKvFor(pool->View(), reinterpret_cast<std::byte*>(16));
-  const absl::Status s = KvAppend<__half>(kv, nullptr, nullptr, kKvHeads * kDim, nullptr, 1, nullptr);
+  const absl::Status s =
+      KvAppend<__half>(kv, nullptr, nullptr, kKvHeads * kDim, nullptr, 1, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("dtype"), std::string::npos) << s;
   DevicePagedKv wrong = kv;

@@ -147,7 +147,8 @@ TYPED_TEST(OpsTest, RopeMatchesTheCpuForBothLayouts) {
 TYPED_TEST(OpsTest, SiluMulOnAFusedGateUpOutputAndInPlace) {
   using T = TypeParam;
   const int64_t rows = 3, cols = 200;
-  const std::vector<float> gate_up = RoundedTo(this->kDtype, RandomNormal(rows * 2 * cols, 7, 3.0f));
+  const std::vector<float> gate_up =
+      RoundedTo(this->kDtype, RandomNormal(rows * 2 * cols, 7, 3.0f));
   std::vector<float> want(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     kernels::SiluMul(gate_up.data() + r * 2 * cols, gate_up.data() + r * 2 * cols + cols, cols,

@@ -128,7 +128,9 @@ TYPED_TEST(ScoringTest, ProbabilitiesAndColumnSumsMatchTheCpu) {
     std::vector<float> want_lse(kHeads * rows);
     kernels::AttentionProbabilities(f.pool->View(), cpu_in, want_probs.data(), want_lse.data(),
                                     threads);
-    const std::vector<float> initial_sums = RandomNormal(kHeads * kSlots, 33);
+    // Sums already accumulated (from earlier chunks): non-negative, as probabilities' sums are.
+    std::vector<float> initial_sums = RandomNormal(kHeads * kSlots, 33);
+    for (float& x : initial_sums) x = std::abs(x);
     std::vector<float> want_sums = initial_sums;
     kernels::AccumulateAttentionColumns(f.pool->View(), cpu_in, want_sums.data(), threads);
 
@@ -189,7 +191,8 @@ TYPED_TEST(ScoringTest, TokenSelectVoteMatchesTheCpu) {
 }
 
 TEST(ScoringArgumentsTest, RejectsHeadsThatDoNotGroupAndMissingScratch) {
-  auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF16}, 1);
+  auto pool =
+      *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF16}, 1);
   const DevicePagedKv kv = DevicePagedKvFor(pool->View(), reinterpret_cast<std::byte*>(16));
   const int32_t fake_ints[1] = {0};
   const float fake_floats[1] = {0};
