@@ -1,0 +1,242 @@
+#include "kernels/cuda/ops.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace winnow::kernels::cuda {
+namespace {
+
+using detail::FromFloat;
+using detail::ToFloat;
+
+constexpr int kRowThreads = 256;  // a block per row for the per-row kernels
+
+absl::Status CheckPositive(const char* op,
+                           std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, " must be positive, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OK for an empty batch, InvalidArgument for a negative row count.
+absl::Status NoRows(const char* op, int64_t rows) {
+  if (rows == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": rows is negative (", rows, ")"));
+}
+
+// Grid of at most 2^31-1 blocks in x; rows beyond that are looped over in the kernels.
+unsigned RowGrid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
+
+template <typename T>
+__global__ void EmbeddingGatherKernel(const T* table, int64_t vocab, int64_t hidden,
+                                      const int32_t* token_ids, const int32_t* embedding_rows,
+                                      const float* embeddings, int64_t rows, float* out) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t id = token_ids[r];
+    float* dst = out + r * hidden;
+    const T* src_table = nullptr;
+    const float* src_embedding = nullptr;
+    if (id == kEmbeddingInputId) {
+      const int32_t e = embedding_rows != nullptr ? embedding_rows[r] : -1;
+      if (e >= 0) src_embedding = embeddings + int64_t{e} * hidden;
+    } else if (id >= 0 && id < vocab) {
+      src_table = table + int64_t{id} * hidden;
+    }
+    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+      dst[c] = src_table != nullptr      ? ToFloat(src_table[c])
+               : src_embedding != nullptr ? src_embedding[c]
+                                          : 0.0f;
+    }
+  }
+}
+
+template <typename T>
+__global__ void RmsNormKernel(float* x, const T* residual_delta, const float* weight,
+                              int64_t rows, int64_t hidden, float eps, T* out) {
+  __shared__ float shared[detail::kWarp];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* row = x + r * hidden;
+    float sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+      float v = row[c];
+      if (residual_delta != nullptr) {
+        v += ToFloat(residual_delta[r * hidden + c]);
+        row[c] = v;  // read back below by this same thread only
+      }
+      sum_sq += v * v;
+    }
+    sum_sq = detail::BlockReduce<false>(sum_sq, shared);
+    // The scale as the CPU computes it: 1 / sqrt(mean + eps) in double, then float.
+    const float scale =
+        static_cast<float>(1.0 / sqrt(static_cast<double>(sum_sq) / hidden + eps));
+    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+      out[r * hidden + c] = FromFloat<T>(row[c] * scale * weight[c]);
+    }
+  }
+}
+
+// One block per row; thread i owns pair i (its cos/sin computed once) across all heads.
+template <typename T>
+__global__ void RopeKernel(T* q, int64_t q_stride, int32_t num_heads, T* k, int64_t k_stride,
+                           int32_t num_kv_heads, int64_t rows, int32_t head_dim, int32_t rope_dim,
+                           const int32_t* positions, const float* inv_freq, float attn_factor,
+                           bool halves) {
+  const int32_t half = rope_dim / 2;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t position = positions[r];
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+      // Angles in double, as the CPU: positions reach 10^5+, where float angles lose bits.
+      double sin_d, cos_d;
+      sincos(static_cast<double>(position) * inv_freq[i], &sin_d, &cos_d);
+      const float c = static_cast<float>(cos_d) * attn_factor;
+      const float s = static_cast<float>(sin_d) * attn_factor;
+      const int32_t a = halves ? i : 2 * i;
+      const int32_t b = halves ? i + half : 2 * i + 1;
+      auto rotate = [&](T* row, int32_t heads) {
+        for (int32_t h = 0; h < heads; ++h) {
+          T* v = row + int64_t{h} * head_dim;
+          const float x0 = ToFloat(v[a]);
+          const float x1 = ToFloat(v[b]);
+          v[a] = FromFloat<T>(x0 * c - x1 * s);
+          v[b] = FromFloat<T>(x0 * s + x1 * c);
+        }
+      };
+      rotate(q + r * q_stride, num_heads);
+      if (k != nullptr) rotate(k + r * k_stride, num_kv_heads);
+    }
+  }
+}
+
+template <typename T>
+__global__ void SiluMulKernel(const T* gate, const T* up, int64_t rows, int64_t cols,
+                              int64_t in_stride, T* out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols;
+    const int64_t c = i % cols;
+    const float g = ToFloat(gate[r * in_stride + c]);
+    const float u = ToFloat(up[r * in_stride + c]);
+    out[i] = FromFloat<T>(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+template <typename T>
+__global__ void AddBiasKernel(T* x, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = FromFloat<T>(ToFloat(x[i]) + bias[i % cols]);
+  }
+}
+
+unsigned ElementGrid(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kRowThreads - 1) / kRowThreads, 1,
+                                                   int64_t{1} << 20));
+}
+
+}  // namespace
+
+template <typename T>
+absl::Status EmbeddingGather(const T* table, int64_t vocab, int64_t hidden,
+                             const int32_t* token_ids, const int32_t* embedding_rows,
+                             const float* embeddings, int64_t rows, float* out,
+                             cudaStream_t stream) {
+  if (rows <= 0) return NoRows("EmbeddingGather", rows);
+  if (absl::Status s = CheckPositive("EmbeddingGather", {{"vocab", vocab}, {"hidden", hidden}});
+      !s.ok()) {
+    return s;
+  }
+  if (embedding_rows != nullptr && embeddings == nullptr) {
+    return absl::InvalidArgumentError("EmbeddingGather: embedding_rows without embeddings");
+  }
+  EmbeddingGatherKernel<<<RowGrid(rows), kRowThreads, 0, stream>>>(
+      table, vocab, hidden, token_ids, embedding_rows, embeddings, rows, out);
+  return LastLaunchStatus("EmbeddingGatherKernel");
+}
+
+template <typename T>
+absl::Status RmsNorm(float* x, const T* residual_delta, const float* weight, int64_t rows,
+                     int64_t hidden, float eps, T* out, cudaStream_t stream) {
+  if (rows <= 0) return NoRows("RmsNorm", rows);
+  if (absl::Status s = CheckPositive("RmsNorm", {{"hidden", hidden}}); !s.ok()) return s;
+  RmsNormKernel<<<RowGrid(rows), kRowThreads, 0, stream>>>(x, residual_delta, weight, rows,
+                                                            hidden, eps, out);
+  return LastLaunchStatus("RmsNormKernel");
+}
+
+template <typename T>
+absl::Status ApplyRope(T* q, int64_t q_stride, int32_t num_heads, T* k, int64_t k_stride,
+                       int32_t num_kv_heads, int64_t rows, int32_t head_dim, int32_t rope_dim,
+                       const int32_t* positions, const float* inv_freq, float attn_factor,
+                       RopeLayout layout, cudaStream_t stream) {
+  if (rows <= 0) return NoRows("ApplyRope", rows);
+  if (rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("ApplyRope: rope_dim ", rope_dim,
+                                                   " must be even and within head_dim ",
+                                                   head_dim));
+  }
+  if (num_heads <= 0 || (k != nullptr && num_kv_heads <= 0)) {
+    return absl::InvalidArgumentError("ApplyRope: num_heads and num_kv_heads must be positive");
+  }
+  if (q_stride < int64_t{num_heads} * head_dim ||
+      (k != nullptr && k_stride < int64_t{num_kv_heads} * head_dim)) {
+    return absl::InvalidArgumentError(
+        "ApplyRope: q_stride / k_stride must cover num_heads / num_kv_heads x head_dim");
+  }
+  const int threads = std::min(kRowThreads, (rope_dim / 2 + detail::kWarp - 1) / detail::kWarp *
+                                                detail::kWarp);
+  RopeKernel<<<RowGrid(rows), threads, 0, stream>>>(
+      q, q_stride, num_heads, k, k_stride, num_kv_heads, rows, head_dim, rope_dim, positions,
+      inv_freq, attn_factor, layout == RopeLayout::kHalves);
+  return LastLaunchStatus("RopeKernel");
+}
+
+template <typename T>
+absl::Status SiluMul(const T* gate, const T* up, int64_t rows, int64_t cols, int64_t in_stride,
+                     T* out, cudaStream_t stream) {
+  if (rows <= 0) return NoRows("SiluMul", rows);
+  if (cols <= 0 || in_stride < cols) {
+    return absl::InvalidArgumentError(absl::StrCat("SiluMul: cols (", cols,
+                                                   ") must be positive and <= in_stride (",
+                                                   in_stride, ")"));
+  }
+  SiluMulKernel<<<ElementGrid(rows * cols), kRowThreads, 0, stream>>>(gate, up, rows, cols,
+                                                                       in_stride, out);
+  return LastLaunchStatus("SiluMulKernel");
+}
+
+template <typename T>
+absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0) return NoRows("AddBias", rows);
+  if (absl::Status s = CheckPositive("AddBias", {{"cols", cols}}); !s.ok()) return s;
+  AddBiasKernel<<<ElementGrid(rows * cols), kRowThreads, 0, stream>>>(x, bias, rows, cols);
+  return LastLaunchStatus("AddBiasKernel");
+}
+
+#define WINNOW_INSTANTIATE_OPS(T)                                                             \
+  template absl::Status EmbeddingGather<T>(const T*, int64_t, int64_t, const int32_t*,        \
+                                           const int32_t*, const float*, int64_t, float*,     \
+                                           cudaStream_t);                                     \
+  template absl::Status RmsNorm<T>(float*, const T*, const float*, int64_t, int64_t, float,   \
+                                   T*, cudaStream_t);                                         \
+  template absl::Status ApplyRope<T>(T*, int64_t, int32_t, T*, int64_t, int32_t, int64_t,     \
+                                     int32_t, int32_t, const int32_t*, const float*, float,   \
+                                     RopeLayout, cudaStream_t);                               \
+  template absl::Status SiluMul<T>(const T*, const T*, int64_t, int64_t, int64_t, T*,         \
+                                   cudaStream_t);                                             \
+  template absl::Status AddBias<T>(T*, const float*, int64_t, int64_t, cudaStream_t);
+
+WINNOW_INSTANTIATE_OPS(__half)
+WINNOW_INSTANTIATE_OPS(__nv_bfloat16)
+
+}  // namespace winnow::kernels::cuda

@@ -1,0 +1,212 @@
+// kernels/cuda/scoring.h against the CPU scoring kernels (kernels/cpu/attention_scores.h) and
+// TokenSelect's vote (TokenSelectSelector::Vote): the same keys in an f16 or bf16 pool, the same
+// query rows (float, fp16 or bf16 on the device; their exact values on the CPU). Tolerance: the
+// two sides differ only in float summation order and exp's last bits, so every probability, sum
+// and vote is within 2e-4 relative + 1e-6 absolute, and every log-normaliser within 1e-4
+// absolute (logits are O(10) here).
+#include "kernels/cuda/scoring.h"
+
+#include <cmath>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/policies/tokenselect.h"
+#include "cache/sequence_kv.h"
+#include "kernels/cpu/attention_scores.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/kernel_test_util.h"
+
+namespace winnow::kernels::cuda {
+namespace {
+
+using ::winnow::testing::Allocate;
+using ::winnow::testing::Download;
+using ::winnow::testing::ExpectClose;
+using ::winnow::testing::Half16;
+using ::winnow::testing::RandomNormal;
+using ::winnow::testing::RoundedTo;
+using ::winnow::testing::Synchronize;
+using ::winnow::testing::Upload;
+using ::winnow::testing::Upload16;
+
+constexpr int32_t kHeads = 6;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kDim = 64;
+constexpr int32_t kBlock = 4;
+constexpr int32_t kBlocks = 10;
+constexpr int32_t kSlots = 23;  // not a multiple of the block size
+constexpr double kRel = 2e-4;
+constexpr double kAbs = 1e-6;
+
+// Random K/V in every row of a pool, one sequence of kSlots slots whose table does not start at
+// block 0, and the arena on the device.
+struct Fixture {
+  std::unique_ptr<cache::BlockPool> pool;
+  cache::SequenceKv kv{1, kBlock};
+  std::vector<int32_t> table;
+  DeviceBuffer<std::byte> arena;
+  DeviceBuffer<int32_t> d_table;
+
+  explicit Fixture(KvDtype dtype) {
+    pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype}, kBlocks);
+    const std::vector<float> values =
+        RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 31);
+    int64_t next = 0;
+    for (int32_t b = 0; b < kBlocks; ++b) {
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        for (int32_t s = 0; s < kBlock; ++s) {
+          for (bool v : {false, true}) {
+            pool->WriteRow(b, h, s, v, values.data() + next);
+            next += kDim;
+          }
+        }
+      }
+    }
+    std::vector<int32_t> spare;
+    pool->Allocate(3, &spare);
+    EXPECT_TRUE(kv.Reserve(*pool, kSlots));
+    pool->Free(spare);
+    kv.AppendSlots(0, kSlots);
+    table.assign(kv.block_table(0).begin(), kv.block_table(0).end());
+    const std::byte* host = pool->View().arena;
+    arena = Upload(std::vector<std::byte>(host, host + kBlocks * pool->layout().bytes_per_block()));
+    d_table = Upload(table);
+  }
+  ~Fixture() { kv.Release(*pool); }
+  DevicePagedKv Device() { return DevicePagedKvFor(pool->View(), arena.data()); }
+};
+
+// Query values as Q holds them: exact for float, rounded for the 16-bit types.
+template <typename Q>
+std::vector<float> AsQ(const std::vector<float>& values) {
+  if constexpr (std::is_same_v<Q, float>) {
+    return values;
+  } else {
+    return RoundedTo(Half16<Q>::kDtype, values);
+  }
+}
+template <typename Q>
+DeviceBuffer<Q> UploadQ(const std::vector<float>& values) {
+  if constexpr (std::is_same_v<Q, float>) {
+    return Upload(values);
+  } else {
+    return Upload16<Q>(values);
+  }
+}
+
+template <typename Q>
+class ScoringTest : public ::winnow::testing::CudaTest {};
+struct TypeNames {
+  template <typename Q>
+  static std::string GetName(int) {
+    if constexpr (std::is_same_v<Q, float>) {
+      return "f32";
+    } else {
+      return Half16<Q>::kDtype == KvDtype::kF16 ? "f16" : "bf16";
+    }
+  }
+};
+using QueryTypes = ::testing::Types<float, __half, __nv_bfloat16>;
+TYPED_TEST_SUITE(ScoringTest, QueryTypes, TypeNames);
+
+TYPED_TEST(ScoringTest, ProbabilitiesAndColumnSumsMatchTheCpu) {
+  using Q = TypeParam;
+  const int32_t rows = 4;
+  const std::vector<int32_t> visible = {5, 12, 22, 23};
+  const std::vector<float> q = AsQ<Q>(RandomNormal(int64_t{rows} * kHeads * kDim, 32, 2.0f));
+  const float scale = 1.0f / 8.0f;
+  ThreadPool threads(2);
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kBF16}) {
+    SCOPED_TRACE(KvDtypeName(dtype));
+    Fixture f(dtype);
+    const ScoreInput cpu_in{f.table.data(), kSlots, q.data(), rows, visible.data(), kHeads, scale};
+    std::vector<float> want_probs(int64_t{kHeads} * rows * kSlots);
+    std::vector<float> want_lse(kHeads * rows);
+    kernels::AttentionProbabilities(f.pool->View(), cpu_in, want_probs.data(), want_lse.data(),
+                                    threads);
+    // Sums already accumulated (from earlier chunks): non-negative, as probabilities' sums are.
+    std::vector<float> initial_sums = RandomNormal(kHeads * kSlots, 33);
+    for (float& x : initial_sums) x = std::abs(x);
+    std::vector<float> want_sums = initial_sums;
+    kernels::AccumulateAttentionColumns(f.pool->View(), cpu_in, want_sums.data(), threads);
+
+    auto d_q = UploadQ<Q>(q);
+    auto d_visible = Upload(visible);
+    const DeviceScoreInput<Q> in{f.d_table.data(), kSlots, d_q.data(), rows, d_visible.data(),
+                                 kHeads, scale};
+    // The probabilities' buffer starts as garbage: every element must be written.
+    auto d_probs = Upload(std::vector<float>(want_probs.size(), NAN));
+    auto d_lse = Allocate<float>(kHeads * rows);
+    ASSERT_TRUE(AttentionProbabilities<Q>(f.Device(), in, d_probs.data(), d_lse.data(), nullptr)
+                    .ok());
+    auto d_sums = Upload(initial_sums);
+    auto d_scratch = Allocate<float>(kHeads * rows);
+    ASSERT_TRUE(
+        AccumulateAttentionColumns<Q>(f.Device(), in, d_sums.data(), d_scratch.data(), nullptr)
+            .ok());
+    ASSERT_TRUE(Synchronize().ok());
+    ExpectClose(Download(d_probs), want_probs, kRel, kAbs, "probabilities");
+    ExpectClose(Download(d_lse), want_lse, 0, 1e-4, "log-normalisers");
+    ExpectClose(Download(d_scratch), want_lse, 0, 1e-4, "online log-normalisers");
+    ExpectClose(Download(d_sums), want_sums, kRel, kAbs, "column sums");
+  }
+}
+
+TYPED_TEST(ScoringTest, TokenSelectVoteMatchesTheCpu) {
+  using Q = TypeParam;
+  const int32_t begin = 3, end = 20;
+  const std::vector<float> query = AsQ<Q>(RandomNormal(int64_t{kHeads} * kDim, 34, 0.5f));
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kBF16}) {
+    for (bool gqa_mod : {false, true}) {
+      for (bool scaled : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << KvDtypeName(dtype) << (gqa_mod ? " mod" : " div")
+                                          << (scaled ? " sqrt_d" : " raw"));
+        Fixture f(dtype);
+        cache::policies::TokenSelectOptions options;
+        options.num_heads = kHeads;
+        options.num_kv_heads = kKvHeads;
+        options.head_dim = kDim;
+        options.gqa_mod = gqa_mod;
+        options.scaled_vote = scaled;
+        cache::policies::TokenSelectSelector selector(options);
+        const std::vector<float> want = selector.Vote(0, query, begin, end, f.kv, *f.pool);
+
+        auto d_query = UploadQ<Q>(query);
+        auto d_vote = Upload(std::vector<float>(end - begin, NAN));
+        auto d_scratch = Allocate<float>(kHeads);
+        const float scale = scaled ? 1.0f / std::sqrt(static_cast<float>(kDim)) : 1.0f;
+        ASSERT_TRUE(TokenSelectVote<Q>(f.Device(), f.d_table.data(), d_query.data(), kHeads,
+                                       begin, end, scale, gqa_mod, d_vote.data(),
+                                       d_scratch.data(), nullptr)
+                        .ok());
+        ASSERT_TRUE(Synchronize().ok());
+        ExpectClose(Download(d_vote), want, kRel, kAbs, "vote");
+      }
+    }
+  }
+}
+
+TEST(ScoringArgumentsTest, RejectsHeadsThatDoNotGroupAndMissingScratch) {
+  auto pool =
+      *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF16}, 1);
+  const DevicePagedKv kv = DevicePagedKvFor(pool->View(), reinterpret_cast<std::byte*>(16));
+  const int32_t fake_ints[1] = {0};
+  const float fake_floats[1] = {0};
+  DeviceScoreInput<float> in{fake_ints, kSlots, fake_floats, 1, fake_ints, 5, 1.0f};
+  absl::Status s = AttentionProbabilities<float>(kv, in, nullptr, nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("num_heads"), std::string::npos) << s;
+  in.num_heads = kHeads;
+  s = AccumulateAttentionColumns<float>(kv, in, nullptr, nullptr, nullptr);
+  EXPECT_NE(s.message().find("log_normalizer"), std::string::npos) << s;
+  s = TokenSelectVote<float>(kv, fake_ints, fake_floats, kHeads, 5, 4, 1.0f, false, nullptr,
+                             nullptr, nullptr);
+  EXPECT_NE(s.message().find("range"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace winnow::kernels::cuda
