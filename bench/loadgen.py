@@ -12,6 +12,15 @@ lognormal:MEDIAN:SIGMA (all clipped to >= 1). Prompts are exact token counts, cu
 tokenized text corpus so the model sees ordinary text; outputs are forced to their drawn length
 with ignore_eos unless --no-ignore-eos.
 
+Three workloads (--workload):
+  random         every prompt cut from the corpus at its own offset (the default);
+  shared-prefix  every prompt starts with the same --shared-prefix-len tokens (a system prompt
+                 or few-shot block), then a per-request marker and its own --prompt-len tokens;
+  multi-turn     --concurrency conversations of --turns turns each: turn k's prompt is the whole
+                 history (earlier prompts, the model's earlier outputs as token ids) plus a new
+                 user message of --prompt-len tokens, the way chat clients resend history.
+The last two are what prefix caching serves (bench/prefix_cache_bench.py compares it on/off).
+
 Reports throughput and TTFT / TPOT / ITL / E2E percentiles as a table, and writes everything
 (config, per-request records, summary) as JSON. Never asserts on times.
 
@@ -100,7 +109,8 @@ class Record:
     e2e: float | None = None
     output_tokens: int = 0
     itl: list = field(default_factory=list)  # seconds between tokens (per token)
-    status: str = "OK"
+    cached_prompt_tokens: int = 0  # usage.cached_prompt_tokens: prompt KV the cache supplied
+    status: str = "NOT_SENT"  # until sent: then OK or the gRPC status code's name
     error: str = ""
 
 
@@ -118,11 +128,14 @@ def stream_request(client: WinnowClient, rec: Record, request, timeout: float, t
     sees every streamed response."""
     start = time.perf_counter()
     rec.start = start - t0
+    rec.status = "OK"
     last = None
     try:
         for msg in client.generate(request=request, timeout=timeout):
             if on_message is not None:
                 on_message(msg)
+            if msg.HasField("usage"):
+                rec.cached_prompt_tokens = msg.usage.cached_prompt_tokens
             n = len(msg.token_ids)
             if n == 0:
                 continue
@@ -181,6 +194,7 @@ def summarize(records: list[Record], wall: float) -> dict:
         "output_token_throughput": out_tokens / wall if wall > 0 else 0.0,
         "total_token_throughput": (out_tokens + in_tokens) / wall if wall > 0 else 0.0,
         "prompt_tokens": in_tokens,
+        "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in ok),
         "output_tokens": out_tokens,
         "ttft_seconds": percentiles(ttft),
         "tpot_seconds": percentiles(tpot),
@@ -191,13 +205,15 @@ def summarize(records: list[Record], wall: float) -> dict:
 
 def format_table(summary: dict, config: dict) -> str:
     lines = [
-        f"mode={config['mode']} "
+        f"workload={config['workload']} mode={config['mode']} "
         + (f"concurrency={config['concurrency']}" if config["mode"] == "concurrency"
            else f"rate={config['rate']}/s")
         + f" prompt_len={config['prompt_len']} output_len={config['output_len']}",
         f"requests: {summary['completed']}/{summary['requests']} ok"
         + (f", errors {summary['errors']}" if summary["errors"] else "")
         + f", wall {summary['wall_seconds']:.2f} s",
+        f"prompt tokens: {summary['prompt_tokens']}, of which cached "
+        f"{summary['cached_prompt_tokens']}",
         f"throughput: {summary['request_throughput']:.3f} req/s, "
         f"{summary['output_token_throughput']:.1f} output tok/s, "
         f"{summary['total_token_throughput']:.1f} total tok/s",
@@ -224,6 +240,120 @@ def corpus_tokens(client: WinnowClient, need: int) -> list[int]:
     return (ids * (need // len(ids) + 1))[:need]
 
 
+class Prompts:
+    """The token ids of each request's prompt (or user message, for multi-turn).
+
+    The corpus repeats with a short period, so two cuts of it can be equal: every prompt
+    except the shared prefix starts with a marker naming its request, so that no two requests
+    share more than the prefix meant to be shared."""
+
+    def __init__(self, client: WinnowClient, workload: str, shared_prefix_len: int,
+                 longest: int, seed: int):
+        self.client = client
+        self.seed = seed
+        self.corpus = corpus_tokens(client, longest + shared_prefix_len + 1024)
+        # The shared prefix is cut from the corpus's far end, so it differs from the cuts.
+        self.shared = self.corpus[-shared_prefix_len:] if workload == "shared-prefix" else []
+
+    def marker(self, i: int) -> list[int]:
+        # The seed too: runs with different seeds against one daemon share nothing.
+        return self.client.tokenize(f"\nRun {self.seed}, request {i}:\n",
+                                    add_special_tokens=False)
+
+    def prompt(self, i: int, n: int) -> list[int]:
+        off = (i * 97) % 1024
+        return self.shared + self.marker(i) + self.corpus[off:off + n]
+
+
+def run_conversation(client: WinnowClient, records: list[Record], prompts: Prompts,
+                     ignore_eos: bool, timeout: float, t0: float) -> None:
+    """One chat: each turn resends the history (earlier turns' prompts and the model's outputs,
+    as token ids) plus a new user message. A failed turn ends the conversation."""
+    history: list[int] = []
+    for rec in records:
+        history += prompts.prompt(rec.index, rec.prompt_tokens)
+        rec.prompt_tokens = len(history)
+        output: list[int] = []
+        req = WinnowClient.build_request(token_ids=history, max_tokens=rec.max_tokens,
+                                         ignore_eos=ignore_eos, temperature=0.0,
+                                         request_id=f"loadgen-{rec.index}")
+        stream_request(client, rec, req, timeout, t0,
+                       on_message=lambda msg: output.extend(msg.token_ids))
+        if rec.status != "OK":
+            return
+        history += output
+
+
+def run_closed_loop(target: str, concurrency: int, jobs: list, stop_at: float) -> None:
+    """`concurrency` clients, each taking the next job (a callable of a client) as soon as its
+    last one finished."""
+    next_job = iter(jobs)
+    lock = threading.Lock()
+
+    def worker():
+        c = WinnowClient(target)
+        try:
+            while time.perf_counter() < stop_at:
+                with lock:
+                    job = next(next_job, None)
+                if job is None:
+                    return
+                job(c)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run_open_loop(target: str, records: list[Record], prompts: Prompts, args, rng, t0: float,
+                  stop_at: float, ignore_eos: bool) -> None:
+    """Poisson arrivals at args.rate over one shared channel (streams multiplex over HTTP/2)."""
+    slots = threading.Semaphore(args.max_in_flight)
+    threads = []
+    shared = WinnowClient(target)
+    arrival = 0.0
+    for r in records:
+        arrival += rng.expovariate(args.rate)
+        delay = t0 + arrival - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if time.perf_counter() >= stop_at:
+            continue
+        slots.acquire()
+
+        def go(r=r):
+            try:
+                ids = prompts.prompt(r.index, r.prompt_tokens)
+                r.prompt_tokens = len(ids)
+                run_request(shared, r, ids, ignore_eos, args.timeout, t0)
+            finally:
+                slots.release()
+
+        t = threading.Thread(target=go)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    shared.close()
+
+
+def plan_lengths(args, rng, context_length: int) -> list[tuple[int, int]]:
+    """(prompt or user-message tokens, max_tokens) per request, clipped so that every prompt —
+    a multi-turn conversation's last, whole history included — fits the context."""
+    turns = args.turns if args.workload == "multi-turn" else 1
+    room = context_length // turns - args.shared_prefix_len - 24  # 24: the request marker
+    plans = []
+    for _ in range(args.num_requests):
+        p = max(1, min(args.prompt_len.sample(rng), room - 2))
+        o = max(1, min(args.output_len.sample(rng), room - p))
+        plans.append((p, o))
+    return plans
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -238,6 +368,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     ap.add_argument("--prompt-len", type=Dist, default=Dist("uniform:32:256"))
     ap.add_argument("--output-len", type=Dist, default=Dist("fixed:32"))
+    ap.add_argument("--workload", choices=["random", "shared-prefix", "multi-turn"],
+                    default="random")
+    ap.add_argument("--shared-prefix-len", type=int, default=512,
+                    help="shared-prefix workload: tokens every prompt starts with")
+    ap.add_argument("--turns", type=int, default=4,
+                    help="multi-turn workload: turns per conversation (--num-requests is "
+                         "rounded up to whole conversations)")
     ap.add_argument("--no-ignore-eos", action="store_true")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request deadline (s)")
     ap.add_argument("--max-duration", type=float, default=1800.0,
@@ -246,90 +383,58 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", help="write config, summary and per-request records here")
     ap.add_argument("--label", default="", help="free text stored in the JSON")
     args = ap.parse_args(argv)
-    if args.num_requests < 1 or args.concurrency < 1 or args.rate <= 0:
-        ap.error("--num-requests and --concurrency must be >= 1, --rate > 0")
+    if args.num_requests < 1 or args.concurrency < 1 or args.rate <= 0 or args.turns < 1:
+        ap.error("--num-requests, --concurrency and --turns must be >= 1, --rate > 0")
+    if args.workload == "multi-turn":
+        if args.mode != "concurrency":
+            ap.error("--workload multi-turn runs conversations in closed loop: use "
+                     "--mode concurrency")
+        args.num_requests = -(-args.num_requests // args.turns) * args.turns
+    if args.workload != "shared-prefix":
+        args.shared_prefix_len = 0
 
     rng = random.Random(args.seed)
     client = WinnowClient(args.target)
     info = client.model_info()
-    limit = info.context_length
-    plans = []
-    for i in range(args.num_requests):
-        p = min(args.prompt_len.sample(rng), limit - 2)
-        o = min(args.output_len.sample(rng), limit - p)
-        plans.append((p, o))
-    corpus = corpus_tokens(client, max(p for p, _ in plans) + 1024)
+    plans = plan_lengths(args, rng, info.context_length)
+    prompts = Prompts(client, args.workload, args.shared_prefix_len, max(p for p, _ in plans),
+                      args.seed)
     ignore_eos = not args.no_ignore_eos
 
-    def prompt_for(i: int, n: int) -> list[int]:
-        # Different offsets per request so that no two prompts are identical.
-        off = (i * 97) % 1024
-        return corpus[off:off + n]
-
+    # Warm-up prompts share nothing with the measured ones (their markers name indices < 0).
     for w in range(args.warmup):
-        run_request(client, Record(-1 - w, 16, 4), prompt_for(w, 16), True, args.timeout,
-                    time.perf_counter())
+        run_request(client, Record(-1 - w, 16, 4), prompts.prompt(-1 - w, 16)[-16:], True,
+                    args.timeout, time.perf_counter())
 
     records = [Record(i, p, o) for i, (p, o) in enumerate(plans)]
     t0 = time.perf_counter()
     stop_at = t0 + args.max_duration
 
-    if args.mode == "concurrency":
-        next_index = iter(range(len(records)))
-        lock = threading.Lock()
+    def single(r: Record):
+        def job(c: WinnowClient):
+            ids = prompts.prompt(r.index, r.prompt_tokens)
+            r.prompt_tokens = len(ids)
+            run_request(c, r, ids, ignore_eos, args.timeout, t0)
+        return job
 
-        def worker():
-            c = WinnowClient(args.target)
-            try:
-                while time.perf_counter() < stop_at:
-                    with lock:
-                        i = next(next_index, None)
-                    if i is None:
-                        return
-                    r = records[i]
-                    run_request(c, r, prompt_for(i, r.prompt_tokens), ignore_eos,
-                                args.timeout, t0)
-            finally:
-                c.close()
+    def conversation(recs: list[Record]):
+        return lambda c: run_conversation(c, recs, prompts, ignore_eos, args.timeout, t0)
 
-        threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    if args.workload == "multi-turn":
+        jobs = [conversation(records[i:i + args.turns])
+                for i in range(0, len(records), args.turns)]
+        run_closed_loop(args.target, args.concurrency, jobs, stop_at)
+    elif args.mode == "concurrency":
+        run_closed_loop(args.target, args.concurrency, [single(r) for r in records], stop_at)
     else:
-        slots = threading.Semaphore(args.max_in_flight)
-        threads = []
-        shared = WinnowClient(args.target)  # one channel: streams multiplex over HTTP/2
-        arrival = 0.0
-        for r in records:
-            arrival += rng.expovariate(args.rate)
-            delay = t0 + arrival - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            if time.perf_counter() >= stop_at:
-                r.status = "NOT_SENT"
-                continue
-            slots.acquire()
-
-            def go(r=r):
-                try:
-                    run_request(shared, r, prompt_for(r.index, r.prompt_tokens), ignore_eos,
-                                args.timeout, t0)
-                finally:
-                    slots.release()
-
-            t = threading.Thread(target=go)
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-        shared.close()
+        run_open_loop(args.target, records, prompts, args, rng, t0, stop_at, ignore_eos)
     wall = time.perf_counter() - t0
 
     summary = summarize([r for r in records if r.status != "NOT_SENT"], wall)
     config = {
-        "target": args.target, "mode": args.mode, "concurrency": args.concurrency,
+        "target": args.target, "workload": args.workload, "mode": args.mode,
+        "concurrency": args.concurrency, "shared_prefix_len": args.shared_prefix_len,
+        "turns": args.turns if args.workload == "multi-turn" else 1,
         "rate": args.rate, "num_requests": args.num_requests,
         "prompt_len": args.prompt_len.spec, "output_len": args.output_len.spec,
         "ignore_eos": ignore_eos, "seed": args.seed, "label": args.label,
