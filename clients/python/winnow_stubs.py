@@ -70,6 +70,9 @@ def use_source_tree() -> None:
         except OSError:
             if not out.exists():
                 raise
+    # To the front even when already on the path: a caller may since have put this script's
+    # directory (which holds the winnow_client.py launcher) ahead of the package.
     for path in (str(out), str(HERE / "src")):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
