@@ -47,6 +47,7 @@ RUN apt-get update \
       libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
  && rm -rf /var/lib/apt/lists/*
 
+WORKDIR /src
 # The CUDA flavour takes FlashInfer's headers from PyPI (scripts/fetch-cuda-deps.sh), with pip;
 # its cuBLAS is the devel image's own.
 # hadolint ignore=DL3008
@@ -55,8 +56,6 @@ RUN if [ "${FLAVOR}" = "cuda" ]; then \
       && apt-get install -y --no-install-recommends python3-pip \
       && rm -rf /var/lib/apt/lists/*; \
     fi
-
-WORKDIR /src
 COPY . .
 # Portable kernels (AVX2/FMA, not -march=native): the image runs on machines other than the
 # one that built it. pkg-config's flags are meant to split into words (SC2046).

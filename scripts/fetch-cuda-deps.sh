@@ -24,7 +24,8 @@ fi
 toolkit="$(nvcc --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)"
 
 # fetch NAME VERSION SUBDIR PREFIX...: downloads the wheel of NAME==VERSION and extracts the
-# members under each PREFIX into $dest/SUBDIR (PREFIX stripped of its first part).
+# files under each PREFIX into $dest/SUBDIR/<PREFIX's last part>/ (nvidia/cu13/include/x.h ->
+# cublas/include/x.h).
 fetch() {
   local name="$1" version="$2" subdir="$3"
   shift 3
@@ -48,7 +49,6 @@ with zipfile.ZipFile(wheel) as z:
     if not members:
         sys.exit(f"fetch-cuda-deps: nothing under {prefixes} in {wheel}")
     for m in members:
-        # Keep the path below the prefix's parent: nvidia/cu13/include/x.h -> include/x.h.
         prefix = next(p for p in prefixes if m.filename.startswith(p + "/"))
         rel = os.path.join(os.path.basename(prefix), m.filename[len(prefix) + 1:])
         target = os.path.join(out, rel)
