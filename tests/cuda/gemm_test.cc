@@ -16,19 +16,20 @@ namespace winnow::kernels::cuda {
 namespace {
 
 // The inputs are rounded to the 16-bit type on the host first, so the CPU reference multiplies
-// exactly the values the GPU reads; what is left is FP32 summation order (tiny at these k) and,
-// for a 16-bit output, one rounding of the result: half an ulp, 2^-9 relative for bf16 and
-// 2^-12 for f16. The tolerance is twice that, plus 1e-4 absolute for the summation order.
+// exactly the values the GPU reads (their products are exact in FP32); what is left is the FP32
+// summation order and, for a 16-bit output, one rounding of the result: half an ulp, 2^-9
+// relative for bf16 and 2^-12 for f16. The tolerance is twice that rounding, plus 1e-4 absolute
+// and 1e-4 relative for the summation order (k <= 576 here).
 double RelativeTolerance(GemmType output) {
   switch (output) {
     case GemmType::kBF16:
-      return 2.0 / 512;
+      return 2.0 / 512 + 1e-4;
     case GemmType::kF16:
-      return 2.0 / 4096;
+      return 2.0 / 4096 + 1e-4;
     case GemmType::kF32:
       break;
   }
-  return 1e-5;
+  return 1e-4;
 }
 constexpr double kAbsoluteTolerance = 1e-4;
 
