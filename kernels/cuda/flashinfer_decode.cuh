@@ -5,29 +5,13 @@
 #include <flashinfer/attention/decode.cuh>
 #include <flashinfer/attention/default_decode_params.cuh>
 #include <flashinfer/attention/scheduler.cuh>
-#include <flashinfer/attention/variants.cuh>
-#include <flashinfer/page.cuh>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flashinfer_attention.h"
+#include "kernels/cuda/flashinfer_common.cuh"
 
 namespace winnow::kernels::cuda {
-
-// Plain softmax attention: no custom mask, sliding window, logits soft cap or ALiBi.
-using FlashInferVariant = flashinfer::DefaultAttention<false, false, false, false>;
-
-// cache::KvLayout's block as FlashInfer's HND page: strides of [page, kv_head, slot] in
-// elements, with V at its own base pointer v_offset elements after K.
-template <typename T>
-flashinfer::paged_kv_t<T, int32_t> PagedKv(const FlashInferCall& c, int head_dim) {
-  const int64_t strides[3] = {c.page_stride, int64_t{c.block_size} * head_dim, head_dim};
-  T* k = static_cast<T*>(const_cast<void*>(c.arena));
-  return flashinfer::paged_kv_t<T, int32_t>(
-      c.num_kv_heads, c.block_size, head_dim, c.batch, flashinfer::QKVLayout::kHND, k,
-      k + c.v_offset, strides, const_cast<int32_t*>(c.kv_indices),
-      const_cast<int32_t*>(c.kv_indptr), const_cast<int32_t*>(c.last_page_len));
-}
 
 template <typename T, int HEAD_DIM>
 cudaError_t FlashInferDecodeUnchecked(const FlashInferCall& c) {

@@ -6,17 +6,13 @@
 #include <flashinfer/attention/mask.cuh>
 #include <flashinfer/attention/prefill.cuh>
 #include <flashinfer/attention/scheduler.cuh>
-#include <flashinfer/attention/variants.cuh>
-#include <flashinfer/page.cuh>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flashinfer_attention.h"
+#include "kernels/cuda/flashinfer_common.cuh"
 
 namespace winnow::kernels::cuda {
-
-// Plain softmax attention: no custom mask, sliding window, logits soft cap or ALiBi.
-using FlashInferPrefillVariant = flashinfer::DefaultAttention<false, false, false, false>;
 
 template <typename T, int HEAD_DIM, uint32_t CTA_TILE_Q, typename Params>
 cudaError_t LaunchPrefill(const Params& params, T* tmp_v, float* tmp_s, cudaStream_t stream) {
@@ -25,7 +21,7 @@ cudaError_t LaunchPrefill(const Params& params, T* tmp_v, float* tmp_s, cudaStre
   // sequence with q new tokens and n slots sees slots [0, n - q + i], as on the CPU.
   return BatchPrefillWithPagedKVCacheDispatched<
       /*SAME_KV_STRIDES=*/true, CTA_TILE_Q, HEAD_DIM, HEAD_DIM, PosEncodingMode::kNone,
-      /*USE_FP16_QK_REDUCTION=*/false, MaskMode::kCausal, FlashInferPrefillVariant, Params>(
+      /*USE_FP16_QK_REDUCTION=*/false, MaskMode::kCausal, FlashInferVariant, Params>(
       params, tmp_v, tmp_s, /*enable_pdl=*/false, stream);
 }
 
@@ -44,14 +40,8 @@ cudaError_t FlashInferPrefillUnchecked(const FlashInferCall& c) {
       /*kv_dtype_bytes=*/sizeof(T));
   if (status != cudaSuccess) return status;
 
-  const int64_t strides[3] = {c.page_stride, int64_t{c.block_size} * HEAD_DIM, HEAD_DIM};
-  T* k = static_cast<T*>(const_cast<void*>(c.arena));
-  paged_kv_t<T, int32_t> paged_kv(c.num_kv_heads, c.block_size, HEAD_DIM, c.batch,
-                                  QKVLayout::kHND, k, k + c.v_offset, strides,
-                                  const_cast<int32_t*>(c.kv_indices),
-                                  const_cast<int32_t*>(c.kv_indptr),
-                                  const_cast<int32_t*>(c.last_page_len));
-  Params params(static_cast<T*>(const_cast<void*>(c.q)), paged_kv, /*maybe_custom_mask=*/nullptr,
+  Params params(static_cast<T*>(const_cast<void*>(c.q)), PagedKv<T>(c, HEAD_DIM),
+                /*maybe_custom_mask=*/nullptr,
                 const_cast<int32_t*>(c.qo_indptr), /*maybe_mask_indptr=*/nullptr,
                 /*maybe_q_rope_offset=*/nullptr, static_cast<T*>(c.out), /*lse=*/nullptr,
                 /*maybe_alibi_slopes=*/nullptr, c.num_heads,
