@@ -16,7 +16,9 @@
 # HEALTHCHECK asks grpc.health.v1 through winnow-health-probe (deploy/docker/health_probe.cc).
 
 ARG FLAVOR=cuda
-ARG CUDA_VERSION=12.8.1
+# CUDA 13.0: the nvcc the kernels are compiled and checked with on the development machines (hosts
+# need an NVIDIA driver of the 580 series or newer).
+ARG CUDA_VERSION=13.0.1
 ARG UBUNTU_VERSION=24.04
 ARG DEBIAN_VERSION=bookworm
 
@@ -29,8 +31,9 @@ FROM debian:${DEBIAN_VERSION} AS build-cpu
 # hadolint ignore=DL3006
 FROM build-${FLAVOR} AS build
 ARG FLAVOR
-# GPU architectures the CUDA kernels are compiled for: A100, A10/A40/RTX 30, L4/L40/RTX 40, H100.
-ARG CUDA_ARCHITECTURES="80;86;89;90"
+# GPU architectures the CUDA kernels are compiled for: A100, A10/A40/RTX 30, L4/L40/RTX 40,
+# H100/H200, B200/GB200, RTX PRO 6000/RTX 50 (the local default is 90 alone, for build time).
+ARG CUDA_ARCHITECTURES="80;86;89;90;100;120"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # The build toolchain and -dev packages: scripts/install-deps.sh's list without the test-only
@@ -44,12 +47,21 @@ RUN apt-get update \
       libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
  && rm -rf /var/lib/apt/lists/*
 
+# The CUDA flavour takes FlashInfer's headers from PyPI (scripts/fetch-cuda-deps.sh), with pip;
+# its cuBLAS is the devel image's own.
+# hadolint ignore=DL3008
+RUN if [ "${FLAVOR}" = "cuda" ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3-pip \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+
 WORKDIR /src
 COPY . .
 # Portable kernels (AVX2/FMA, not -march=native): the image runs on machines other than the
 # one that built it. pkg-config's flags are meant to split into words (SC2046).
 # hadolint ignore=SC2046
-RUN cuda=OFF; if [ "${FLAVOR}" = "cuda" ]; then cuda=ON; fi \
+RUN cuda=OFF; if [ "${FLAVOR}" = "cuda" ]; then cuda=ON; bash scripts/fetch-cuda-deps.sh; fi \
  && cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DWINNOW_NATIVE=OFF \
       -DWINNOW_CUDA="${cuda}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
  && cmake --build /build --target winnow -j"$(nproc)" \

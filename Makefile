@@ -13,8 +13,10 @@ JOBS ?= $(shell nproc)
 
 all: build
 
+# The CUDA kernels' cuBLAS and FlashInfer headers (PyPI wheels) when nvcc is present.
 deps:
 	bash scripts/install-deps.sh
+	bash scripts/fetch-cuda-deps.sh
 
 $(BUILD_DIR)/build.ninja: | deps
 	cmake -S . -B $(BUILD_DIR) -G Ninja

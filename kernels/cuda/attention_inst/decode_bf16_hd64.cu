@@ -1,0 +1,6 @@
+// One FlashInfer instantiation per translation unit keeps each nvcc run short (docs/gpu.md).
+#include "kernels/cuda/flashinfer_decode.cuh"
+
+namespace winnow::kernels::cuda {
+template absl::Status FlashInferDecode<__nv_bfloat16, 64>(const FlashInferCall& call);
+}  // namespace winnow::kernels::cuda

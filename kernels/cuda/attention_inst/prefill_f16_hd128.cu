@@ -1,0 +1,6 @@
+// One FlashInfer instantiation per translation unit keeps each nvcc run short (docs/gpu.md).
+#include "kernels/cuda/flashinfer_prefill.cuh"
+
+namespace winnow::kernels::cuda {
+template absl::Status FlashInferPrefill<half, 128>(const FlashInferCall& call);
+}  // namespace winnow::kernels::cuda

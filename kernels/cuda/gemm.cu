@@ -1,0 +1,120 @@
+#include "kernels/cuda/gemm.h"
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace winnow::kernels::cuda {
+namespace {
+
+// What cuBLAS recommends for Hopper (and ample for older GPUs).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+absl::Status CublasStatus(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(status), " (",
+                                          cublasGetStatusString(status), ")"));
+}
+
+cudaDataType_t CudaType(GemmType type) {
+  switch (type) {
+    case GemmType::kF16:
+      return CUDA_R_16F;
+    case GemmType::kBF16:
+      return CUDA_R_16BF;
+    case GemmType::kF32:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
+absl::Status CheckDimension(int64_t value, const char* name, int64_t min) {
+  if (value < min || value > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMM ", name, " = ", value, ": must be in [", min, ", ", INT_MAX, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* GemmTypeName(GemmType type) {
+  switch (type) {
+    case GemmType::kF16:
+      return "f16";
+    case GemmType::kBF16:
+      return "bf16";
+    case GemmType::kF32:
+      break;
+  }
+  return "f32";
+}
+
+absl::Status ValidateGemmArgs(const GemmArgs& args) {
+  if (args.input != GemmType::kF16 && args.input != GemmType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMM input type ", GemmTypeName(args.input), ": must be f16 or bf16"));
+  }
+  if (args.output != args.input && args.output != GemmType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GEMM output type ", GemmTypeName(args.output), ": must be the input type (",
+        GemmTypeName(args.input), ") or f32"));
+  }
+  if (absl::Status s = CheckDimension(args.m, "m", 0); !s.ok()) return s;
+  if (absl::Status s = CheckDimension(args.n, "n", 1); !s.ok()) return s;
+  if (absl::Status s = CheckDimension(args.k, "k", 1); !s.ok()) return s;
+  if (args.m > 0 && (args.x == nullptr || args.w == nullptr || args.y == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GEMM ", args.x == nullptr ? "x" : (args.w == nullptr ? "w" : "y"), " is null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create() {
+  cublasHandle_t handle = nullptr;
+  if (absl::Status s = CublasStatus(cublasCreate(&handle), "cublasCreate"); !s.ok()) return s;
+  void* workspace = nullptr;
+  if (absl::Status s = CudaStatus(cudaMalloc(&workspace, kWorkspaceBytes), "cudaMalloc workspace");
+      !s.ok()) {
+    cublasDestroy(handle);
+    return s;
+  }
+  return std::unique_ptr<Gemm>(new Gemm(handle, workspace));
+}
+
+Gemm::~Gemm() {
+  cublasDestroy(handle_);
+  cudaFree(workspace_);
+}
+
+absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidateGemmArgs(args); !s.ok()) return s;
+  if (args.m == 0) return absl::OkStatus();
+  // cublasSetStream resets the workspace to cuBLAS's own pool, so set ours after it.
+  if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CublasStatus(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes),
+                                    "cublasSetWorkspace");
+      !s.ok()) {
+    return s;
+  }
+  // cuBLAS is column-major: a row-major [r x c] matrix is its column-major transpose. So
+  // Y^T[n x m] = W[n x k] * X^T[k x m], where the row-major W is read as the column-major
+  // [k x n] W^T transposed back (OP_T), and the row-major X is already the column-major X^T.
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  const int m = static_cast<int>(args.n);
+  const int n = static_cast<int>(args.m);
+  const int k = static_cast<int>(args.k);
+  return CublasStatus(
+      cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, args.w,
+                   CudaType(args.input), /*lda=*/k, args.x, CudaType(args.input), /*ldb=*/k,
+                   &beta, args.y, CudaType(args.output), /*ldc=*/m, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+}  // namespace winnow::kernels::cuda
