@@ -10,13 +10,15 @@
 namespace winnow::cache {
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout,
-                                                             int32_t num_blocks) {
+                                                             int32_t num_blocks,
+                                                             bool host_arena) {
   if (absl::Status s = kernels::CheckKvDtype(layout.dtype, layout.head_dim); !s.ok()) return s;
   if (num_blocks <= 0 || layout.bytes_per_block() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV pool needs at least one block (got ", num_blocks, " blocks of ",
         layout.bytes_per_block(), " bytes)"));
   }
+  if (!host_arena) return std::unique_ptr<BlockPool>(new BlockPool(layout, num_blocks, nullptr));
   const size_t bytes = static_cast<size_t>(layout.bytes_per_block()) * num_blocks;
   // 64-byte alignment keeps every head block on its own cache lines for the SIMD kernels.
   const size_t rounded = (bytes + 63) / 64 * 64;
@@ -116,6 +118,10 @@ void BlockPool::ClearKey(int32_t block) {
 }
 
 void BlockPool::CopyBlock(int32_t from, int32_t to) {
+  if (arena_ == nullptr) {
+    std::fprintf(stderr, "CopyBlock on a KV pool whose data is not on the host\n");
+    std::abort();
+  }
   const int64_t bytes = layout_.bytes_per_block();
   std::memcpy(arena_ + to * bytes, arena_ + from * bytes, bytes);
 }

@@ -49,9 +49,13 @@ struct KvLayout {
 // never-cached free block left, and then the least recently freed first (LRU).
 class BlockPool {
  public:
-  // Allocates the arena; ResourceExhausted when the memory cannot be had.
+  // Allocates the arena; ResourceExhausted when the memory cannot be had. Without
+  // `host_arena` the pool only keeps the books (free list, references, prefix index) for data
+  // that lives elsewhere, the CUDA worker's device arena (model/cuda_model.h); Row, WriteRow,
+  // ReadRow, Keys, Values, CopyBlock and View's data must then not be used.
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const KvLayout& layout,
-                                                           int32_t num_blocks);
+                                                           int32_t num_blocks,
+                                                           bool host_arena = true);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;

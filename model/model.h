@@ -95,12 +95,19 @@ class Model {
   // compression policies). Not to be used while a Forward runs.
   kernels::ThreadPool& threads() { return *pool_; }
 
+  // What every forward (this one and the CUDA one, model/cuda_model.h) requires of a batch:
+  // a pool of this model's geometry, token ids in the vocabulary, embedding rows that match,
+  // positions within the context, and reserved KV capacity. Errors name the entry.
+  absl::Status ValidateBatch(std::span<const BatchEntry> batch,
+                             const cache::BlockPool& pool) const;
+  // RoPE's per-pair inverse frequencies (rope_dim / 2, scaling folded in) and attention factor.
+  std::span<const float> rope_inv_freq() const { return rope_inv_freq_; }
+  float rope_attn_factor() const { return rope_attn_factor_; }
+
  private:
   struct Weights;
   struct Scratch;
   Model() = default;
-  absl::Status ValidateBatch(std::span<const BatchEntry> batch,
-                             const cache::BlockPool& pool) const;
   void CaptureQueries(std::span<const BatchEntry> batch, std::span<const int32_t> first_row,
                       int32_t layer, const float* q, int64_t q_dim,
                       const cache::BlockPool& pool) const;

@@ -1,43 +1,13 @@
 #include "scheduler/cpu_worker.h"
 
-#include <algorithm>
+#include "scheduler/forward_batch.h"
 
 namespace winnow::scheduler {
 
-std::vector<model::BatchEntry> CpuWorker::BuildBatch(
-    std::span<const ScheduledChunk> chunks) const {
-  const int64_t hidden = model_.config().hidden_size;
-  std::vector<model::BatchEntry> batch;
-  batch.reserve(chunks.size());
-  for (const ScheduledChunk& c : chunks) {
-    Sequence* s = c.seq;
-    model::BatchEntry e;
-    e.kv = &s->kv;
-    e.tokens = std::span<const int32_t>(s->tokens).subspan(c.start, c.count);
-    e.start_position = c.start;
-    if (c.start < s->prompt_len) {
-      const int32_t first_row = s->emb_prefix[c.start];
-      const int32_t rows = s->emb_prefix[std::min(c.start + c.count, s->prompt_len)] - first_row;
-      e.embeddings = std::span<const float>(s->req.embeddings)
-                         .subspan(first_row * hidden, rows * hidden);
-    }
-    e.logits = c.samples ? model::LogitsMode::kLast : model::LogitsMode::kNone;
-    if (s->compression != nullptr) {
-      if (!s->compression->compressed()) {
-        e.capture = s->compression->PrefillCapture(c.start, c.count);
-      } else {
-        e.attention_probs = s->compression->DecodeAttentionBuffer();
-        e.selector = s->compression->selector();
-      }
-    }
-    batch.push_back(e);
-  }
-  return batch;
-}
-
 WorkerOutput CpuWorker::Execute(std::span<const ScheduledChunk> chunks) {
   WorkerOutput result;
-  const std::vector<model::BatchEntry> batch = BuildBatch(chunks);
+  const std::vector<model::BatchEntry> batch =
+      BuildForwardBatch(chunks, model_.config().hidden_size);
   model::ForwardOutput out;
   const absl::Time t0 = absl::Now();
   result.status = model_.Forward(batch, pool_, &out);
@@ -59,12 +29,12 @@ WorkerOutput CpuWorker::Execute(std::span<const ScheduledChunk> chunks) {
       r.compression = *event;
     }
     if (!c.samples) continue;
-    const int32_t row = i < out.first_row.size() ? out.first_row[i] : -1;
-    if (row < 0) {
-      r.status = absl::InternalError("forward returned no logits");
-      continue;
+    absl::StatusOr<model::SampledToken> token = SampleChunk(c, i, out);
+    if (token.ok()) {
+      r.token = *token;
+    } else {
+      r.status = token.status();
     }
-    r.token = c.seq->sampler.Sample(out.Row(row));
   }
   return result;
 }

@@ -20,7 +20,6 @@ class CpuWorker : public Worker {
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
 
  private:
-  std::vector<model::BatchEntry> BuildBatch(std::span<const ScheduledChunk> chunks) const;
   // After the forward of `chunk`: prefill capture bookkeeping, compression once the prompt is
   // complete, or decode-time eviction.
   absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk);

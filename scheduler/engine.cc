@@ -15,7 +15,7 @@
 #include "base/status_macros.h"
 #include "cache/block_pool.h"
 #include "cache/prefix_cache.h"
-#include "scheduler/cpu_worker.h"
+#include "scheduler/device.h"
 #include "scheduler/output_processor.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/sequence.h"
@@ -106,14 +106,14 @@ cache::policies::ModelDims DimsOf(const model::ModelConfig& c, int32_t block_siz
 // engine thread.
 struct Engine::Impl {
   Impl(model::Model& m, const EngineLimits& l, EngineObserver* obs,
-       std::unique_ptr<cache::BlockPool> p)
+       std::unique_ptr<cache::BlockPool> p, std::unique_ptr<Worker> w)
       : model(m),
         limits(l),
         observer(obs),
         dims(DimsOf(m.config(), l.block_size)),
         pool(std::move(p)),
         scheduler({l.max_batched_tokens, l.max_seqs}, *pool),
-        worker(std::make_unique<CpuWorker>(m, *pool)),
+        worker(std::move(w)),
         output(m.tokenizer(), l.context_length, obs) {}
 
   model::Model& model;
@@ -205,6 +205,7 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
   limits.prefix_caching = options.enable_prefix_caching;
   limits.kv_cache_dtype = layout.dtype;
   limits.kv_bytes_per_token = layout.kv_bytes_per_token();
+  limits.device = DescribeDevice(options.device);
   return limits;
 }
 
@@ -227,12 +228,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
         "per layer (%d layers)",
         num_blocks, layout.bytes_per_block(), config.num_layers));
   }
-  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
-                          cache::BlockPool::Create(layout, num_blocks));
+  WINNOW_ASSIGN_OR_RETURN(
+      std::unique_ptr<cache::BlockPool> pool,
+      cache::BlockPool::Create(layout, num_blocks, NeedsHostArena(options.device)));
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
+                          MakeWorker(options.device, *model, *pool));
 
   const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);
   std::unique_ptr<Engine> engine(new Engine(model, limits));
-  engine->impl_ = std::make_unique<Impl>(*model, limits, observer, std::move(pool));
+  engine->impl_ = std::make_unique<Impl>(*model, limits, observer, std::move(pool),
+                                         std::move(worker));
   Impl& impl = *engine->impl_;
   {
     base::MutexLock lock(&impl.mu);
@@ -240,9 +245,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
     impl.published.kv_blocks_free = num_blocks;
   }
   spdlog::info(
-      "engine: KV pool {} blocks x {} tokens ({:.1f} MiB, {} KV, {} bytes per token, {} tokens "
+      "engine: device {}, KV pool {} blocks x {} tokens ({:.1f} MiB, {} KV, {} bytes per token, {} tokens "
       "per sequence at most), max_batched_tokens={} max_seqs={} max_queue={}",
-      num_blocks, options.block_size,
+      limits.device, num_blocks, options.block_size,
       static_cast<double>(layout.bytes_per_block()) * num_blocks / (1 << 20),
       kernels::KvDtypeName(layout.dtype), layout.kv_bytes_per_token(), limits.max_tokens_in_pool,
       limits.max_batched_tokens, limits.max_seqs, limits.max_queue);
@@ -255,6 +260,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   if (sink == nullptr) return absl::InvalidArgumentError("sink is null");
   const model::ModelConfig& config = model_->config();
   WINNOW_RETURN_IF_ERROR(CheckContract(request, config, limits_));
+  WINNOW_RETURN_IF_ERROR(impl_->worker->Admits(request));
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =
       MakeCompressionSession(impl_->dims, request,
                              static_cast<int32_t>(request.prompt_tokens.size()));

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/model.h"
+#include "scheduler/device.h"
 #include "scheduler/engine_observer.h"
 #include "scheduler/request.h"
 
@@ -42,6 +43,9 @@ struct EngineOptions {
   // the same kv_cache_bytes holds twice the tokens; q8_0 about 3.8x. Attention converts rows
   // to float32 as it reads them.
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
+  // Where the forward runs. On cuda the KV data lives in the GPU's arena (the pool here keeps
+  // only its books) and must be bf16; requests with a compression policy are refused.
+  Device device;
 };
 
 struct EngineLimits {
@@ -58,6 +62,7 @@ struct EngineLimits {
   int64_t kv_bytes_per_token = 0;  // K and V of one token over all layers, in the pool's dtype
   // Tokens one sequence could hold if it had the whole pool (kv_blocks_total / layers * size).
   int64_t max_tokens_in_pool = 0;
+  std::string device;  // DescribeDevice: "cpu" or "cuda:0 (<GPU name>)"
 };
 
 struct EngineSnapshot {

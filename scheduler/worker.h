@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "model/sampler.h"
 #include "scheduler/engine_observer.h"
+#include "scheduler/request.h"
 #include "scheduler/scheduler.h"
 
 namespace winnow::scheduler {
@@ -37,6 +38,12 @@ class Worker {
   // Runs the chunks (their blocks are reserved). Updates nothing the scheduler reads except
   // the KV the forward and compaction write; the caller advances num_computed.
   virtual WorkerOutput Execute(std::span<const ScheduledChunk> chunks) = 0;
+  // Whether this worker can run `request` as asked; the engine refuses it at Submit otherwise
+  // (e.g. compression where the worker has none). Called from the submitting threads: it must
+  // read only what does not change after construction.
+  virtual absl::Status Admits(const GenerationRequest& request) const {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace winnow::scheduler

@@ -197,6 +197,7 @@ int RunDaemon(const ServeOptions& options) {
   engine_options.block_size = options.block_size;
   engine_options.enable_prefix_caching = options.enable_prefix_caching;
   engine_options.kv_cache_dtype = options.kv_cache_dtype;
+  engine_options.device = options.device;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
   engine_options.max_prompt_tokens = options.max_prompt_tokens;
@@ -227,6 +228,7 @@ int RunDaemon(const ServeOptions& options) {
             {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
             {"block_size", absl::StrCat(limits.block_size)},
             {"kv_cache_dtype", kernels::KvDtypeName(limits.kv_cache_dtype)},
+            {"device", limits.device},
             {"max_tokens_in_pool", absl::StrCat(limits.max_tokens_in_pool)}});
 
   signals.WaitFor(1, absl::InfiniteDuration());

@@ -334,6 +334,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   response->set_block_size(limits.block_size);
   response->set_kv_bytes_per_token(limits.kv_bytes_per_token);
   response->set_kv_cache_dtype(kernels::KvDtypeName(limits.kv_cache_dtype));
+  response->set_device(limits.device);
   response->set_bos_token_id(model.tokenizer().bos_id());
   response->set_eos_token_id(model.tokenizer().eos_id());
   for (int32_t id : model.tokenizer().end_of_generation_ids()) {
@@ -362,6 +363,7 @@ grpc::ServerUnaryReactor* InferenceService::GetServerStatus(
     limits->set_max_tokens_limit(o.max_tokens_limit);
     response->set_block_size(o.block_size);
     response->set_kv_cache_dtype(kernels::KvDtypeName(o.kv_cache_dtype));
+    response->set_device(o.device.ToString());
     return Done(context, absl::OkStatus());
   }
   scheduler::EngineSnapshot snap = engine->Snapshot();
@@ -372,6 +374,7 @@ grpc::ServerUnaryReactor* InferenceService::GetServerStatus(
   response->set_block_size(snap.limits.block_size);
   response->set_preemptions_total(snap.preemptions_total);
   response->set_kv_cache_dtype(kernels::KvDtypeName(snap.limits.kv_cache_dtype));
+  response->set_device(snap.limits.device);
   limits->set_max_batched_tokens(snap.limits.max_batched_tokens);
   limits->set_max_seqs(snap.limits.max_seqs);
   limits->set_max_queue(snap.limits.max_queue);

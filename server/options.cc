@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -152,6 +153,14 @@ const std::vector<Setting>& Settings() {
                 return absl::OkStatus();
               },
               "{f32,f16,bf16,q8_0}"},
+      Setting{"device",
+              "where the forward runs: cpu, cuda or cuda:N (cuda:0 when a GPU is visible, else "
+              "cpu)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                WINNOW_ASSIGN_OR_RETURN(o->device, scheduler::ParseDevice(v));
+                return absl::OkStatus();
+              },
+              "{cpu,cuda,cuda:N}"},
       IntSetting("threads", "CPU threads for the forward; 0: all cores", &ServeOptions::threads, 0,
                  4096),
       Setting{"drain-timeout",
@@ -293,6 +302,35 @@ absl::StatusOr<Layer> ConfigLayer(const std::string& path, const OptionSources& 
   return layer;
 }
 
+// The origin of `name`'s value in the highest layer that sets it ("" when none does).
+std::string OriginOf(const std::string& name, const Layer& config, const Layer& env,
+                     const Layer& flags) {
+  std::string origin;
+  for (const auto& [layer, label] : {std::pair<const Layer*, const char*>{&config, "config"},
+                                     {&env, "env"},
+                                     {&flags, "flag"}}) {
+    for (const auto& entry : *layer) {
+      if (entry.first == name) origin = Origin(label, name);
+    }
+  }
+  return origin;
+}
+
+// The device when none was given, and the KV dtype that goes with it (KvDtypeFor).
+absl::Status ResolveDevice(const Layer& config, const Layer& env, const Layer& flags,
+                           ServeOptions* options) {
+  if (OriginOf("device", config, env, flags).empty()) options->device = scheduler::DefaultDevice();
+  const std::string dtype_origin = OriginOf("kv-cache-dtype", config, env, flags);
+  absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(
+      options->device, dtype_origin.empty() ? std::nullopt
+                                            : std::optional(options->kv_cache_dtype));
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dtype_origin, " ", dtype.status().message()));
+  }
+  options->kv_cache_dtype = *dtype;
+  return absl::OkStatus();
+}
+
 absl::Status ApplyLayer(const Layer& layer, const std::string& origin, ServeOptions* options) {
   for (const auto& [name, value] : layer) {
     absl::Status st = FindSetting(name)->apply(value, options);
@@ -381,12 +419,14 @@ absl::StatusOr<ServeOptions> ParseServeOptions(const OptionSources& sources) {
   }
 
   ServeOptions options;
+  Layer config;
   if (!config_path.empty()) {
-    WINNOW_ASSIGN_OR_RETURN(const Layer config, ConfigLayer(config_path, sources));
+    WINNOW_ASSIGN_OR_RETURN(config, ConfigLayer(config_path, sources));
     WINNOW_RETURN_IF_ERROR(ApplyLayer(config, "config", &options));
   }
   WINNOW_RETURN_IF_ERROR(ApplyLayer(env, "env", &options));
   WINNOW_RETURN_IF_ERROR(ApplyLayer(flags, "flag", &options));
+  WINNOW_RETURN_IF_ERROR(ResolveDevice(config, env, flags, &options));
   options.config = config_path;
   options.unknown_env = UnknownWinnowVariables(sources.env);
   if (options.model.empty()) options.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -431,7 +471,7 @@ std::string ServeOptions::DebugString() const {
       " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,
-      " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype),
+      " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype), " device=", device.ToString(),
       " threads=", threads,
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,

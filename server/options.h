@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/cpu/kv_dtype.h"
+#include "scheduler/device.h"
 
 namespace winnow::server {
 
@@ -38,7 +39,10 @@ struct ServeOptions {
   int32_t kv_blocks = 0;       // wins over kv_cache_bytes when both are set
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
+  // f16 on cpu; on cuda the only choice, and the default, is bf16 (the GPU's activation type).
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
+  // Where the forward runs; unset: cuda:0 when a GPU is visible, else cpu (DefaultDevice).
+  scheduler::Device device;
   int32_t threads = 0;  // 0: one per hardware thread
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_prompt_tokens = 0;  // 0: the model's context length

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/cli.h"
 #include "base/status_macros.h"
@@ -44,6 +45,7 @@ struct GenerateFlags {
   bool quiet = false;
   bool json = false;
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
+  std::string device;  // empty: scheduler::DefaultDevice()
 };
 
 void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
@@ -67,6 +69,8 @@ void AddGenerateFlags(CLI::App& app, GenerateFlags* f) {
   app.add_option("--chunk-size", f->chunk_size, "prefill chunk in tokens")
       ->check(base::AtLeast(1));
   AddKvCacheDtypeFlag(app, &f->kv_cache_dtype);
+  app.add_option("--device", f->device,
+                 "cpu, cuda or cuda:N (default: cuda:0 when a GPU is visible, else cpu)");
   app.add_flag("--json", f->json,
                "print {prompt_token_ids, token_ids, text} at the end instead of streaming");
   app.add_flag("--quiet", f->quiet, "no statistics line on stderr");
@@ -108,9 +112,11 @@ v1::GenerateRequest ToProto(const GenerateFlags& f) {
 // chunk of --chunk-size tokens per iteration.
 scheduler::EngineOptions EngineOptionsFor(const model::Model& model,
                                           const scheduler::GenerationRequest& request,
-                                          int32_t chunk_size, kernels::KvDtype kv_cache_dtype) {
+                                          int32_t chunk_size, kernels::KvDtype kv_cache_dtype,
+                                          const scheduler::Device& device) {
   scheduler::EngineOptions options;
   options.kv_cache_dtype = kv_cache_dtype;
+  options.device = device;
   options.max_batched_tokens = chunk_size;
   options.max_seqs = 1;
   options.max_queue = 1;
@@ -212,7 +218,29 @@ void PrintStats(StreamSink& sink, Clock::time_point submitted, size_t prompt_tok
                prompt_tokens, prompt_tokens / prefill_s, out.token_ids.size(), decode_rate);
 }
 
-absl::Status Generate(const GenerateFlags& f) {
+// --device (or the default) and the KV dtype that goes with it; errors name the flag.
+absl::Status ResolveDevice(bool kv_cache_dtype_given, GenerateFlags* f,
+                           scheduler::Device* device) {
+  if (f->device.empty()) {
+    *device = scheduler::DefaultDevice();
+  } else {
+    absl::StatusOr<scheduler::Device> parsed = scheduler::ParseDevice(f->device);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--device ", parsed.status().message()));
+    }
+    *device = *parsed;
+  }
+  absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(
+      *device, kv_cache_dtype_given ? std::optional(f->kv_cache_dtype) : std::nullopt);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-dtype ", dtype.status().message()));
+  }
+  f->kv_cache_dtype = *dtype;
+  return absl::OkStatus();
+}
+
+absl::Status Generate(const GenerateFlags& f, const scheduler::Device& device) {
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
                           model::Model::Load(f.common.model, {.num_threads = f.common.threads}));
   server::RequestLimits limits;
@@ -224,7 +252,8 @@ absl::Status Generate(const GenerateFlags& f) {
   WINNOW_ASSIGN_OR_RETURN(
       std::unique_ptr<scheduler::Engine> engine,
       scheduler::Engine::Create(
-          model.get(), EngineOptionsFor(*model, request, f.chunk_size, f.kv_cache_dtype)));
+          model.get(),
+          EngineOptionsFor(*model, request, f.chunk_size, f.kv_cache_dtype, device)));
 
   auto sink = std::make_shared<StreamSink>();
   const Clock::time_point submitted = Clock::now();
@@ -253,7 +282,11 @@ int RunGenerate(const std::vector<std::string>& args) {
   GenerateFlags f;
   AddGenerateFlags(app, &f);
   if (std::optional<int> exit = base::ParseCommandLine(app, args)) return *exit;
-  if (absl::Status s = Generate(f); !s.ok()) return Fail(s);
+  scheduler::Device device;
+  if (absl::Status s = ResolveDevice(app.count("--kv-cache-dtype") > 0, &f, &device); !s.ok()) {
+    return Fail(s);
+  }
+  if (absl::Status s = Generate(f, device); !s.ok()) return Fail(s);
   return 0;
 }
 

@@ -135,6 +135,58 @@ TEST(ServeOptionsTest, UsageListsEverySetting) {
   EXPECT_NE(usage.find("flag > environment > config"), std::string::npos);
 }
 
+TEST(ServeOptionsTest, DeviceDefaultsToWhatThisMachineHas) {
+  auto o = Parse({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, scheduler::DefaultDevice());
+  // The KV dtype follows the device unless one was given: bf16 is the CUDA worker's only one.
+  EXPECT_EQ(o->kv_cache_dtype,
+            o->device.is_cuda() ? kernels::KvDtype::kBF16 : kernels::KvDtype::kF16);
+  EXPECT_NE(o->DebugString().find("device=" + o->device.ToString()), std::string::npos);
+}
+
+TEST(ServeOptionsTest, DeviceFromEveryLayer) {
+  auto flag = Parse({"--device", "cpu"}, {{"WINNOW_DEVICE", "cuda:1"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->device, scheduler::Device{});
+  EXPECT_EQ(flag->kv_cache_dtype, kernels::KvDtype::kF16);
+  EXPECT_TRUE(Parse({"--config", "/etc/winnow.yaml"}, {}, "device: cpu\nkv_cache_dtype: q8_0\n")
+                  .ok());
+  if (!scheduler::BuiltWithCuda()) GTEST_SKIP() << "built without CUDA: cuda values are errors";
+  auto env = Parse({}, {{"WINNOW_DEVICE", "cuda:1"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->device, (scheduler::Device{scheduler::Device::Kind::kCuda, 1}));
+  EXPECT_EQ(env->kv_cache_dtype, kernels::KvDtype::kBF16);
+  auto config = Parse({"--config", "/etc/winnow.yaml"}, {}, "device: cuda\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->device, (scheduler::Device{scheduler::Device::Kind::kCuda, 0}));
+  EXPECT_TRUE(Parse({"--device=cuda:0", "--kv-cache-dtype=bf16"}).ok());
+}
+
+TEST(ServeOptionsTest, DeviceErrorsNameTheSource) {
+  auto bad = Parse({"--device", "gpu"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--device"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("'gpu'"), std::string::npos) << bad.status();
+  auto env = Parse({}, {{"WINNOW_DEVICE", "cuda:-1"}});
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(env.status().message().find("WINNOW_DEVICE"), std::string::npos) << env.status();
+  if (!scheduler::BuiltWithCuda()) {
+    auto cuda = Parse({"--device", "cuda"});
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_NE(cuda.status().message().find("built without CUDA"), std::string::npos);
+    return;
+  }
+  // The CUDA worker stores K/V as bf16 only: another dtype is an error naming its source.
+  auto dtype = Parse({"--device", "cuda:0"}, {{"WINNOW_KV_CACHE_DTYPE", "f16"}});
+  ASSERT_FALSE(dtype.ok());
+  EXPECT_NE(dtype.status().message().find("WINNOW_KV_CACHE_DTYPE f16 does not run on device "
+                                          "cuda:0"),
+            std::string::npos)
+      << dtype.status();
+}
+
 TEST(ServeOptionsTest, BytesAndDurations) {
   EXPECT_EQ(*ParseBytes("1024"), 1024);
   EXPECT_EQ(*ParseBytes("512MiB"), int64_t{512} << 20);

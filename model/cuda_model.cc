@@ -1,0 +1,418 @@
+#include "model/cuda_model.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/kv_dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gather.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_append.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/paged_kv.h"
+
+namespace winnow::model {
+
+namespace kc = kernels::cuda;
+using Bf16 = __nv_bfloat16;
+template <typename T>
+using Buf = kc::DeviceBuffer<T>;
+
+namespace {
+
+// Dequantises `name`'s rows (Model::Load has checked its presence, type and shape) and appends
+// them to `out` rounded to bf16, to nearest even as the KV path rounds.
+absl::Status AppendBf16(const GgufFile& file, const std::string& name, std::vector<Bf16>* out) {
+  const GgufTensor* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InternalError(absl::StrCat("missing tensor ", name));
+  const kernels::WeightMatrix m = t->AsMatrix();
+  std::vector<float> row(m.cols);
+  const size_t base = out->size();
+  out->resize(base + m.rows * m.cols);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    WINNOW_RETURN_IF_ERROR(kernels::DequantizeRow(m.type, m.data + r * m.row_bytes, m.cols,
+                                                  row.data()));
+    kernels::EncodeKv(kernels::KvDtype::kBF16, row.data(), m.cols,
+                      reinterpret_cast<std::byte*>(out->data() + base + r * m.cols));
+  }
+  return absl::OkStatus();
+}
+
+// The named tensors, stacked row-wise (gate | up become one GEMM), as one device buffer.
+absl::StatusOr<Buf<Bf16>> UploadBf16(const GgufFile& file,
+                                     std::initializer_list<std::string> names) {
+  std::vector<Bf16> host;
+  for (const std::string& name : names) WINNOW_RETURN_IF_ERROR(AppendBf16(file, name, &host));
+  return Buf<Bf16>::FromHost(host);
+}
+
+absl::StatusOr<Buf<float>> UploadFloat(const GgufFile& file, const std::string& name) {
+  const GgufTensor* t = file.FindTensor(name);
+  if (t == nullptr) return absl::InternalError(absl::StrCat("missing tensor ", name));
+  std::vector<float> host(t->num_elements);
+  WINNOW_RETURN_IF_ERROR(kernels::DequantizeRow(t->type, t->data, t->num_elements, host.data()));
+  return Buf<float>::FromHost(host);
+}
+
+// Grows `buffer` to hold at least `count` elements (contents are not kept).
+template <typename T>
+absl::Status Reserve(Buf<T>& buffer, int64_t count) {
+  if (buffer.size() >= count) return absl::OkStatus();
+  WINNOW_ASSIGN_OR_RETURN(buffer, Buf<T>::Allocate(std::max(count, 2 * buffer.size())));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CopyIn(Buf<T>& buffer, const std::vector<T>& host, cudaStream_t stream) {
+  WINNOW_RETURN_IF_ERROR(Reserve(buffer, std::max<int64_t>(1, host.size())));
+  if (host.empty()) return absl::OkStatus();
+  // From pageable memory the call returns once `host` has been read, so it may change after.
+  return kc::CudaStatus(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync inputs");
+}
+
+absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].capture != nullptr || batch[e].attention_probs != nullptr ||
+        batch[e].selector != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "batch entry ", e, ": the CUDA forward has no compression hooks (query capture, "
+          "attention probabilities, attention selection) yet"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct DeviceLayer {
+  Buf<float> attn_norm, ffn_norm;
+  Buf<float> bq, bk, bv;  // empty unless the model has QKV biases (qwen2)
+  Buf<Bf16> wq, wk, wv, wo;
+  Buf<Bf16> w_gate_up;  // [gate | up] rows: one GEMM, then SiluMul reads both halves
+  Buf<Bf16> w_down;
+};
+
+struct CudaModel::Weights {
+  Buf<Bf16> token_embd;
+  Buf<Bf16> output;  // empty when tied: the head reads token_embd
+  Buf<float> output_norm;
+  Buf<float> rope_inv_freq;
+  std::vector<DeviceLayer> layers;
+  Buf<std::byte> arena;  // the KV pool's data
+  kc::DevicePagedKv kv;
+  std::unique_ptr<kc::Gemm> gemm;
+  std::unique_ptr<kc::PagedAttention> attention;
+
+  const Bf16* head() const { return output.size() > 0 ? output.data() : token_embd.data(); }
+};
+
+// Activations and per-iteration inputs, grown to the largest batch seen and reused.
+struct CudaModel::Scratch {
+  Buf<float> x;  // residual stream, rows x hidden
+  Buf<Bf16> xn, q, k, v, attn, proj, gate_up, act, final_rows;
+  Buf<int32_t> tokens, embedding_rows, positions, logits_rows;
+  Buf<int64_t> slots;  // num_layers x rows slot mappings
+  Buf<float> embeddings, logits;
+};
+
+// What the host works out from the batch before anything runs on the device.
+struct CudaModel::HostInputs {
+  int64_t rows = 0;
+  std::vector<int32_t> first_row;       // per entry
+  std::vector<int32_t> tokens;          // per row
+  std::vector<int32_t> embedding_rows;  // per row: its row in `embeddings`, or -1
+  std::vector<float> embeddings;
+  std::vector<int32_t> positions;
+  // Per layer and row: block * block_size + slot where the row's K/V goes, computed from the
+  // block tables before any slot is appended (as Model::Forward writes them).
+  std::vector<int64_t> slots;
+  std::vector<int32_t> logits_rows;  // the rows whose logits were asked for, in output order
+};
+
+CudaModel::CudaModel(const Model& model, int32_t device) : model_(model), device_(device) {}
+
+CudaModel::~CudaModel() {
+  if (stream_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
+                                                             const cache::BlockPool& pool,
+                                                             int32_t device) {
+  const cache::KvLayout& layout = pool.layout();
+  if (layout.dtype != kernels::KvDtype::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_dtype ", kernels::KvDtypeName(layout.dtype),
+        " is not supported on the CUDA worker: it keeps K/V as bf16, its activation type"));
+  }
+  int count = 0;
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device cuda:", device, " is not visible (", count, " CUDA devices)"));
+  }
+  std::unique_ptr<CudaModel> m(new CudaModel(model, device));
+  WINNOW_RETURN_IF_ERROR(m->Init(pool));
+  return m;
+}
+
+absl::Status CudaModel::Init(const cache::BlockPool& pool) {
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_));
+  const ModelConfig& c = model_.config();
+  const GgufFile& f = model_.gguf();
+  auto w = std::make_unique<Weights>();
+  WINNOW_ASSIGN_OR_RETURN(w->token_embd, UploadBf16(f, {"token_embd.weight"}));
+  if (!c.tied_embeddings) {
+    WINNOW_ASSIGN_OR_RETURN(w->output, UploadBf16(f, {"output.weight"}));
+  }
+  WINNOW_ASSIGN_OR_RETURN(w->output_norm, UploadFloat(f, "output_norm.weight"));
+  WINNOW_ASSIGN_OR_RETURN(w->rope_inv_freq, Buf<float>::FromHost(model_.rope_inv_freq()));
+  w->layers.resize(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    DeviceLayer& L = w->layers[l];
+    const std::string p = absl::StrCat("blk.", l, ".");
+    WINNOW_ASSIGN_OR_RETURN(L.attn_norm, UploadFloat(f, p + "attn_norm.weight"));
+    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, UploadFloat(f, p + "ffn_norm.weight"));
+    WINNOW_ASSIGN_OR_RETURN(L.wq, UploadBf16(f, {p + "attn_q.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(L.wk, UploadBf16(f, {p + "attn_k.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(L.wv, UploadBf16(f, {p + "attn_v.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(L.wo, UploadBf16(f, {p + "attn_output.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(L.w_gate_up,
+                            UploadBf16(f, {p + "ffn_gate.weight", p + "ffn_up.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(L.w_down, UploadBf16(f, {p + "ffn_down.weight"}));
+    if (c.qkv_bias) {
+      WINNOW_ASSIGN_OR_RETURN(L.bq, UploadFloat(f, p + "attn_q.bias"));
+      WINNOW_ASSIGN_OR_RETURN(L.bk, UploadFloat(f, p + "attn_k.bias"));
+      WINNOW_ASSIGN_OR_RETURN(L.bv, UploadFloat(f, p + "attn_v.bias"));
+    }
+    weight_bytes_ += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() +
+                     L.w_gate_up.bytes() + L.w_down.bytes();
+  }
+  weight_bytes_ += w->token_embd.bytes() + w->output.bytes();
+
+  const cache::KvLayout& layout = pool.layout();
+  arena_bytes_ = layout.bytes_per_block() * pool.num_blocks();
+  WINNOW_ASSIGN_OR_RETURN(w->arena, Buf<std::byte>::Allocate(arena_bytes_));
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemset(w->arena.data(), 0, arena_bytes_));
+  w->kv = kc::DevicePagedKvFor(layout.View(nullptr), w->arena.data());
+  WINNOW_RETURN_IF_ERROR(kc::CheckDevicePagedKv(w->kv));
+  WINNOW_ASSIGN_OR_RETURN(w->gemm, kc::Gemm::Create());
+  kc::PagedAttentionConfig attention;
+  attention.num_heads = c.num_heads;
+  attention.num_kv_heads = c.num_kv_heads;
+  attention.head_dim = c.head_dim;
+  attention.block_size = layout.block_size;
+  attention.dtype = layout.dtype;
+  attention.num_blocks = pool.num_blocks();
+  WINNOW_ASSIGN_OR_RETURN(w->attention, kc::PagedAttention::Create(attention));
+  weights_ = std::move(w);
+  scratch_ = std::make_unique<Scratch>();
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Token ids, embedding rows and positions of every row, in batch order.
+void GatherTokens(std::span<const BatchEntry> batch, int64_t hidden,
+                  std::vector<int32_t>* tokens, std::vector<int32_t>* embedding_rows,
+                  std::vector<float>* embeddings, std::vector<int32_t>* positions) {
+  for (const BatchEntry& entry : batch) {
+    int32_t next_embedding = 0;
+    for (size_t i = 0; i < entry.tokens.size(); ++i) {
+      tokens->push_back(entry.tokens[i]);
+      positions->push_back(entry.start_position + static_cast<int32_t>(i));
+      if (entry.tokens[i] != kEmbeddingInput) {
+        embedding_rows->push_back(-1);
+        continue;
+      }
+      embedding_rows->push_back(static_cast<int32_t>(embeddings->size() / hidden));
+      const float* row = entry.embeddings.data() + int64_t{next_embedding++} * hidden;
+      embeddings->insert(embeddings->end(), row, row + hidden);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
+                                ForwardOutput* out) {
+  WINNOW_RETURN_IF_ERROR(model_.ValidateBatch(batch, pool));
+  WINNOW_RETURN_IF_ERROR(CheckOnDeviceSupported(batch));
+  if (pool.num_blocks() * pool.layout().bytes_per_block() != arena_bytes_) {
+    return absl::InvalidArgumentError("KV pool does not match the CUDA model's device arena");
+  }
+  const ModelConfig& c = model_.config();
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+
+  HostInputs in;
+  in.first_row.resize(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    in.first_row[e] = static_cast<int32_t>(in.rows);
+    in.rows += static_cast<int64_t>(batch[e].tokens.size());
+  }
+  GatherTokens(batch, c.hidden_size, &in.tokens, &in.embedding_rows, &in.embeddings,
+               &in.positions);
+  const int32_t block_size = pool.layout().block_size;
+  in.slots.reserve(in.rows * c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    for (const BatchEntry& entry : batch) {
+      std::span<const int32_t> table = entry.kv->block_table(l);
+      const int32_t past = entry.kv->num_slots(l);
+      for (int32_t i = 0; i < static_cast<int32_t>(entry.tokens.size()); ++i) {
+        const int32_t slot = past + i;
+        in.slots.push_back(int64_t{table[slot / block_size]} * block_size + slot % block_size);
+      }
+    }
+  }
+  out->vocab_size = c.vocab_size;
+  out->first_row.assign(batch.size(), -1);
+  out->num_rows.assign(batch.size(), 0);
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
+    if (batch[e].logits == LogitsMode::kNone) continue;
+    out->first_row[e] = static_cast<int32_t>(in.logits_rows.size());
+    const int32_t from = batch[e].logits == LogitsMode::kAll ? 0 : n - 1;
+    for (int32_t i = from; i < n; ++i) in.logits_rows.push_back(in.first_row[e] + i);
+    out->num_rows[e] = n - from;
+  }
+  out->logits.clear();
+  if (in.rows == 0) return absl::OkStatus();
+
+  WINNOW_RETURN_IF_ERROR(Upload(in));
+  Scratch& s = *scratch_;
+  WINNOW_RETURN_IF_ERROR(kc::EmbeddingGather(
+      weights_->token_embd.data(), c.vocab_size, c.hidden_size, s.tokens.data(),
+      s.embedding_rows.data(), s.embeddings.data(), in.rows, s.x.data(), stream_));
+  for (int32_t l = 0; l < c.num_layers; ++l) WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in));
+  return Logits(in, out);
+}
+
+absl::Status CudaModel::Upload(const HostInputs& in) {
+  const ModelConfig& c = model_.config();
+  const int64_t rows = in.rows;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  Scratch& s = *scratch_;
+  WINNOW_RETURN_IF_ERROR(Reserve(s.x, rows * c.hidden_size));
+  for (Buf<Bf16>* b : {&s.xn, &s.proj}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * c.hidden_size));
+  for (Buf<Bf16>* b : {&s.q, &s.attn}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * q_dim));
+  for (Buf<Bf16>* b : {&s.k, &s.v}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * kv_dim));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.gate_up, rows * 2 * c.ffn_size));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.act, rows * c.ffn_size));
+  WINNOW_RETURN_IF_ERROR(CopyIn(s.tokens, in.tokens, stream_));
+  WINNOW_RETURN_IF_ERROR(CopyIn(s.embedding_rows, in.embedding_rows, stream_));
+  WINNOW_RETURN_IF_ERROR(CopyIn(s.embeddings, in.embeddings, stream_));
+  WINNOW_RETURN_IF_ERROR(CopyIn(s.positions, in.positions, stream_));
+  WINNOW_RETURN_IF_ERROR(CopyIn(s.slots, in.slots, stream_));
+  return CopyIn(s.logits_rows, in.logits_rows, stream_);
+}
+
+absl::Status CudaModel::Linear(const void* w, int64_t n, int64_t k, const void* x, int64_t m,
+                               void* y, bool float_output) {
+  kc::GemmArgs args;
+  args.input = kc::GemmType::kBF16;
+  args.output = float_output ? kc::GemmType::kF32 : kc::GemmType::kBF16;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.x = x;
+  args.w = w;
+  args.y = y;
+  return weights_->gemm->Run(args, stream_);
+}
+
+absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
+                                 const HostInputs& in) {
+  const ModelConfig& c = model_.config();
+  const DeviceLayer& L = weights_->layers[l];
+  Scratch& s = *scratch_;
+  const int64_t rows = in.rows;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+
+  // The previous layer's MLP output (in proj) joins the residual stream inside the norm.
+  WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), l == 0 ? nullptr : s.proj.data(),
+                                     L.attn_norm.data(), rows, hidden, c.rms_norm_eps,
+                                     s.xn.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Linear(L.wq.data(), q_dim, hidden, s.xn.data(), rows, s.q.data()));
+  WINNOW_RETURN_IF_ERROR(Linear(L.wk.data(), kv_dim, hidden, s.xn.data(), rows, s.k.data()));
+  WINNOW_RETURN_IF_ERROR(Linear(L.wv.data(), kv_dim, hidden, s.xn.data(), rows, s.v.data()));
+  if (c.qkv_bias) {
+    WINNOW_RETURN_IF_ERROR(kc::AddBias(s.q.data(), L.bq.data(), rows, q_dim, stream_));
+    WINNOW_RETURN_IF_ERROR(kc::AddBias(s.k.data(), L.bk.data(), rows, kv_dim, stream_));
+    WINNOW_RETURN_IF_ERROR(kc::AddBias(s.v.data(), L.bv.data(), rows, kv_dim, stream_));
+  }
+  const kernels::RopeLayout rope_layout = c.architecture == "qwen2"
+                                              ? kernels::RopeLayout::kHalves
+                                              : kernels::RopeLayout::kAdjacent;
+  WINNOW_RETURN_IF_ERROR(kc::ApplyRope(
+      s.q.data(), q_dim, c.num_heads, s.k.data(), kv_dim, c.num_kv_heads, rows, c.head_dim,
+      c.rope_dim, s.positions.data(), weights_->rope_inv_freq.data(), model_.rope_attn_factor(),
+      rope_layout, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::KvAppend(weights_->kv, s.k.data(), s.v.data(), kv_dim,
+                                      s.slots.data() + l * rows, rows, stream_));
+
+  std::vector<kernels::AttentionSequence> seqs(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
+    batch[e].kv->AppendSlots(l, n);
+    seqs[e] = {batch[e].kv->block_table(l).data(), batch[e].kv->num_slots(l), n,
+               in.first_row[e]};
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  WINNOW_RETURN_IF_ERROR(weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(),
+                                                  scale, s.attn.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Linear(L.wo.data(), hidden, q_dim, s.attn.data(), rows, s.proj.data()));
+
+  WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), s.proj.data(), L.ffn_norm.data(), rows, hidden,
+                                     c.rms_norm_eps, s.xn.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(
+      Linear(L.w_gate_up.data(), 2 * c.ffn_size, hidden, s.xn.data(), rows, s.gate_up.data()));
+  WINNOW_RETURN_IF_ERROR(kc::SiluMul(s.gate_up.data(), s.gate_up.data() + c.ffn_size, rows,
+                                     int64_t{c.ffn_size}, 2 * int64_t{c.ffn_size}, s.act.data(),
+                                     stream_));
+  return Linear(L.w_down.data(), hidden, c.ffn_size, s.act.data(), rows, s.proj.data());
+}
+
+absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t out_rows = static_cast<int64_t>(in.logits_rows.size());
+  // The last MLP output joins the residual stream in the final norm, over every row (a cheap
+  // pass); only the rows whose logits were asked for go through the output head.
+  WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), s.proj.data(), weights_->output_norm.data(),
+                                     in.rows, hidden, c.rms_norm_eps, s.xn.data(), stream_));
+  if (out_rows > 0) {
+    WINNOW_RETURN_IF_ERROR(Reserve(s.final_rows, out_rows * hidden));
+    WINNOW_RETURN_IF_ERROR(Reserve(s.logits, out_rows * c.vocab_size));
+    WINNOW_RETURN_IF_ERROR(kc::GatherRows(s.xn.data(), in.rows, hidden, s.logits_rows.data(),
+                                          out_rows, s.final_rows.data(), stream_));
+    WINNOW_RETURN_IF_ERROR(Linear(weights_->head(), c.vocab_size, hidden, s.final_rows.data(),
+                                  out_rows, s.logits.data(), /*float_output=*/true));
+    out->logits.resize(out_rows * c.vocab_size);
+    WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data(), s.logits.data(),
+                                                out->logits.size() * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream_));
+  }
+  // Also surfaces an asynchronous error of any kernel of this forward.
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace winnow::model

@@ -1,0 +1,77 @@
+// The transformer forward on one GPU: the same varlen batch, the same semantics and the same
+// ForwardOutput as Model::Forward (model/model.h), computed with cuBLAS GEMMs, FlashInfer's
+// paged attention and the kernels of kernels/cuda (docs/gpu.md, "CUDA worker").
+//
+// What lives where. The weights are on the device as bf16, dequantised from the GGUF on the
+// host at load (2 bytes per parameter, whatever the file's quantisation). The K/V data lives in
+// a device arena of pool.num_blocks() x layout.bytes_per_block() bytes, laid out exactly as the
+// host pool's (cache/block_pool.h); the host BlockPool keeps the bookkeeping (free list,
+// references, prefix index) and the sequences' block tables, so block ids mean the same on both
+// sides. Activations are bf16 with a float32 residual stream (kernels/cuda/ops.h); the logits
+// are float32 and are copied to the host for the sampler.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/block_pool.h"
+#include "model/model.h"
+
+namespace winnow::model {
+
+class CudaModel {
+ public:
+  // Uploads `model`'s weights to GPU `device` and allocates the device KV arena for `pool`,
+  // whose K/V must be bf16 (the activation type the attention kernels read queries in) and
+  // whose head_dim must be one the attention kernels are instantiated for (64, 128). Both must
+  // outlive the CudaModel. InvalidArgument names what does not fit; ResourceExhausted /
+  // Internal carry the CUDA error when memory cannot be had.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& model,
+                                                           const cache::BlockPool& pool,
+                                                           int32_t device);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  // Model::Forward on the GPU, over `pool`'s block tables and this model's device arena. The
+  // decode-time hooks (query capture, attention probabilities, attention selection) are not on
+  // the GPU yet: a batch entry that asks for one is FailedPrecondition. Not thread-safe: one
+  // engine thread owns it.
+  absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
+                       ForwardOutput* out);
+
+  int32_t device() const { return device_; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t arena_bytes() const { return arena_bytes_; }
+
+ private:
+  struct Weights;
+  struct Scratch;
+  struct HostInputs;
+  CudaModel(const Model& model, int32_t device);
+
+  absl::Status Init(const cache::BlockPool& pool);
+  absl::Status Upload(const HostInputs& in);
+  absl::Status RunLayer(int32_t layer, std::span<const BatchEntry> batch,
+                        const HostInputs& in);
+  absl::Status Logits(const HostInputs& in, ForwardOutput* out);
+  // y[m x n] = x[m x k] * w^T on the stream (bf16 in, bf16 or float32 out).
+  absl::Status Linear(const void* w, int64_t n, int64_t k, const void* x, int64_t m, void* y,
+                      bool float_output = false);
+
+  const Model& model_;
+  int32_t device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Scratch> scratch_;
+  int64_t weight_bytes_ = 0;
+  int64_t arena_bytes_ = 0;
+};
+
+}  // namespace winnow::model

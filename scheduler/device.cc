@@ -1,0 +1,96 @@
+#include "scheduler/device.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "scheduler/cpu_worker.h"
+
+#if WINNOW_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#include "model/cuda_model.h"
+#include "scheduler/cuda_worker.h"
+#endif
+
+namespace winnow::scheduler {
+
+std::string Device::ToString() const {
+  return is_cuda() ? absl::StrCat("cuda:", index) : "cpu";
+}
+
+bool BuiltWithCuda() {
+#if WINNOW_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<Device> ParseDevice(absl::string_view text) {
+  if (text == "cpu") return Device{};
+  absl::string_view rest = text;
+  if (!absl::ConsumePrefix(&rest, "cuda")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("must be cpu, cuda or cuda:N (N a device ordinal); got '", text, "'"));
+  }
+  int32_t index = 0;
+  if (!rest.empty()) {
+    const bool digits = absl::ConsumePrefix(&rest, ":") && !rest.empty() &&
+                        std::all_of(rest.begin(), rest.end(), absl::ascii_isdigit);
+    if (!digits || !absl::SimpleAtoi(rest, &index)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "must be cpu, cuda or cuda:N with N a device ordinal >= 0; got '", text, "'"));
+    }
+  }
+  if (!BuiltWithCuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "': this winnow was built without CUDA (no nvcc at configure time, or "
+        "-DWINNOW_CUDA=OFF); only cpu is available"));
+  }
+  return Device{Device::Kind::kCuda, index};
+}
+
+Device DefaultDevice() {
+#if WINNOW_HAVE_CUDA
+  if (!kernels::cuda::ListDevices().empty()) return Device{Device::Kind::kCuda, 0};
+#endif
+  return Device{};
+}
+
+std::string DescribeDevice(const Device& device) {
+#if WINNOW_HAVE_CUDA
+  for (const kernels::cuda::DeviceInfo& info : kernels::cuda::ListDevices()) {
+    if (device.is_cuda() && info.index == device.index) {
+      return absl::StrCat(device.ToString(), " (", info.name, ")");
+    }
+  }
+#endif
+  return device.ToString();
+}
+
+absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
+                                            std::optional<kernels::KvDtype> given) {
+  if (!device.is_cuda()) return given.value_or(kernels::KvDtype::kF16);
+  if (!given.has_value() || *given == kernels::KvDtype::kBF16) return kernels::KvDtype::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      kernels::KvDtypeName(*given), " does not run on device ", device.ToString(),
+      ": the CUDA worker stores K/V as bf16; use bf16, or --device cpu"));
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
+                                                   cache::BlockPool& pool) {
+  if (!device.is_cuda()) return std::make_unique<CpuWorker>(model, pool);
+#if WINNOW_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<model::CudaModel>> cuda =
+      model::CudaModel::Create(model, pool, device.index);
+  if (!cuda.ok()) return cuda.status();
+  return std::make_unique<CudaWorker>(model, pool, *std::move(cuda));
+#else
+  return absl::InvalidArgumentError(
+      absl::StrCat("device ", device.ToString(), ": this winnow was built without CUDA"));
+#endif
+}
+
+}  // namespace winnow::scheduler

@@ -1,0 +1,44 @@
+#include "scheduler/forward_batch.h"
+
+#include <algorithm>
+
+namespace winnow::scheduler {
+
+std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk> chunks,
+                                                 int64_t hidden_size) {
+  std::vector<model::BatchEntry> batch;
+  batch.reserve(chunks.size());
+  for (const ScheduledChunk& c : chunks) {
+    Sequence* s = c.seq;
+    model::BatchEntry e;
+    e.kv = &s->kv;
+    e.tokens = std::span<const int32_t>(s->tokens).subspan(c.start, c.count);
+    e.start_position = c.start;
+    if (c.start < s->prompt_len) {
+      const int32_t first_row = s->emb_prefix[c.start];
+      const int32_t rows = s->emb_prefix[std::min(c.start + c.count, s->prompt_len)] - first_row;
+      e.embeddings = std::span<const float>(s->req.embeddings)
+                         .subspan(first_row * hidden_size, rows * hidden_size);
+    }
+    e.logits = c.samples ? model::LogitsMode::kLast : model::LogitsMode::kNone;
+    if (s->compression != nullptr) {
+      if (!s->compression->compressed()) {
+        e.capture = s->compression->PrefillCapture(c.start, c.count);
+      } else {
+        e.attention_probs = s->compression->DecodeAttentionBuffer();
+        e.selector = s->compression->selector();
+      }
+    }
+    batch.push_back(e);
+  }
+  return batch;
+}
+
+absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,
+                                                const model::ForwardOutput& out) {
+  const int32_t row = index < out.first_row.size() ? out.first_row[index] : -1;
+  if (row < 0) return absl::InternalError("forward returned no logits");
+  return chunk.seq->sampler.Sample(out.Row(row));
+}
+
+}  // namespace winnow::scheduler

@@ -1,0 +1,240 @@
+// The CUDA forward (model/cuda_model.h) against the CPU forward on the default model
+// (WINNOW_TEST_MODEL), and against itself across batch shapes and prefill chunkings. Skipped,
+// saying why, without a GPU or without the model.
+//
+// Tolerance. The CPU forward computes in float32 from the GGUF's dequantised weights; the CUDA
+// forward rounds the weights and every activation to bf16 (unit roundoff 2^-8), keeping only the
+// residual stream in float32. The error that leaves over 30 layers is not a per-op bound, so the
+// logits are compared by relative RMS error, ||gpu - cpu|| / ||cpu|| <= kLogitsRelativeRms
+// (5%), and by what decides the output: the same greedy token at every step. Each test prints
+// the error it measured, so that the bound can be tightened from measurements.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/sequence_kv.h"
+#include "model/cuda_model.h"
+#include "model/model.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace winnow::model {
+namespace {
+
+constexpr double kLogitsRelativeRms = 0.05;
+constexpr int32_t kBlock = 16;
+constexpr int32_t kSteps = 32;
+
+using ForwardFn =
+    std::function<absl::Status(std::span<const BatchEntry>, cache::BlockPool&, ForwardOutput*)>;
+
+double RelativeRms(std::span<const float> got, std::span<const float> want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (got[i] - want[i]) * double{got[i] - want[i]};
+    norm += want[i] * double{want[i]};
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+int32_t Argmax(std::span<const float> v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// One sequence's run: prefill in chunks, then greedy decode steps.
+struct GreedyRun {
+  std::vector<int32_t> tokens;       // generated
+  std::vector<float> first_logits;   // after the prompt
+};
+
+class CudaModelTest : public testing::CudaTest {
+ protected:
+  static void SetUpTestSuite() {
+    const char* path = std::getenv("WINNOW_TEST_MODEL");
+    if (path == nullptr || !std::filesystem::exists(path)) return;
+    auto loaded = Model::Load(path, {.num_threads = 4});
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = loaded->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    testing::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set or missing";
+    const int32_t blocks = model_->config().num_layers * 64;
+    const cache::KvLayout layout = model_->KvLayoutFor(kBlock, kernels::KvDtype::kBF16);
+    cpu_pool_ = *cache::BlockPool::Create(layout, blocks);
+    gpu_pool_ = *cache::BlockPool::Create(layout, blocks, /*host_arena=*/false);
+    auto cuda = CudaModel::Create(*model_, *gpu_pool_, 0);
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    cuda_ = *std::move(cuda);
+  }
+
+  ForwardFn Cpu() {
+    return [](std::span<const BatchEntry> b, cache::BlockPool& p, ForwardOutput* o) {
+      return model_->Forward(b, p, o);
+    };
+  }
+  ForwardFn Gpu() {
+    return [this](std::span<const BatchEntry> b, cache::BlockPool& p, ForwardOutput* o) {
+      return cuda_->Forward(b, p, o);
+    };
+  }
+
+  static std::vector<int32_t> Prompt(const std::string& text) {
+    return model_->tokenizer().Encode(text, true, true);
+  }
+
+  // Prefills `prompt` alone in chunks of `chunk`, then decodes `steps` greedy tokens.
+  GreedyRun Generate(const ForwardFn& forward, cache::BlockPool& pool,
+               const std::vector<int32_t>& prompt, int32_t chunk, int32_t steps) {
+    GreedyRun run;
+    cache::SequenceKv kv(model_->config().num_layers, kBlock);
+    std::vector<int32_t> seq = prompt;
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    for (int32_t start = 0; start < n + steps - 1;) {
+      const int32_t count = start < n ? std::min(chunk, n - start) : 1;
+      EXPECT_TRUE(kv.Reserve(pool, count));
+      const bool last = start + count >= n;
+      BatchEntry e{&kv, std::span<const int32_t>(seq).subspan(start, count), {}, start,
+                   last ? LogitsMode::kLast : LogitsMode::kNone};
+      ForwardOutput out;
+      absl::Status st = forward({&e, 1}, pool, &out);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      start += count;
+      if (!last) continue;
+      if (run.first_logits.empty()) run.first_logits.assign(out.Row(0).begin(), out.Row(0).end());
+      run.tokens.push_back(Argmax(out.Row(0)));
+      seq.push_back(run.tokens.back());
+    }
+    kv.Release(pool);
+    EXPECT_EQ(pool.num_used(), 0);
+    return run;
+  }
+
+  static inline Model* model_ = nullptr;
+  std::unique_ptr<cache::BlockPool> cpu_pool_, gpu_pool_;
+  std::unique_ptr<CudaModel> cuda_;
+};
+
+const char* const kPrompts[] = {
+    "The capital of France is",
+    "Write a short poem about the sea.\nThe waves",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+};
+
+TEST_F(CudaModelTest, MatchesTheCpuForward) {
+  for (const char* text : kPrompts) {
+    const std::vector<int32_t> prompt = Prompt(text);
+    const GreedyRun cpu = Generate(Cpu(), *cpu_pool_, prompt, 512, kSteps);
+    const GreedyRun gpu = Generate(Gpu(), *gpu_pool_, prompt, 512, kSteps);
+    ASSERT_EQ(gpu.first_logits.size(), cpu.first_logits.size());
+    const double rms = RelativeRms(gpu.first_logits, cpu.first_logits);
+    std::printf("[ measured ] '%s': relative RMS logits error %.5f\n", text, rms);
+    EXPECT_LE(rms, kLogitsRelativeRms) << text;
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << text;
+  }
+}
+
+TEST_F(CudaModelTest, ChunkedPrefillEqualsOneShot) {
+  const std::vector<int32_t> prompt = Prompt(kPrompts[2]);
+  const GreedyRun whole = Generate(Gpu(), *gpu_pool_, prompt, 512, kSteps);
+  for (int32_t chunk : {1, 5, 16}) {
+    const GreedyRun chunked = Generate(Gpu(), *gpu_pool_, prompt, chunk, kSteps);
+    const double rms = RelativeRms(chunked.first_logits, whole.first_logits);
+    std::printf("[ measured ] chunk %d: relative RMS vs one shot %.6f\n", chunk, rms);
+    EXPECT_LE(rms, kLogitsRelativeRms) << "chunk " << chunk;
+    EXPECT_EQ(chunked.tokens, whole.tokens) << "chunk " << chunk;
+  }
+}
+
+// Every iteration runs one batch of all unfinished sequences: the next prefill chunk of those
+// still in their prompt, one decode token of the others, so most batches mix the two.
+std::vector<std::vector<int32_t>> GenerateTogether(
+    const ForwardFn& forward, cache::BlockPool& pool, int32_t num_layers,
+    const std::vector<std::vector<int32_t>>& prompts, int32_t chunk, int32_t steps) {
+  const size_t n = prompts.size();
+  std::vector<cache::SequenceKv> kvs;
+  for (size_t i = 0; i < n; ++i) kvs.emplace_back(num_layers, kBlock);
+  std::vector<std::vector<int32_t>> seqs = prompts, generated(n);
+  std::vector<int32_t> done(n, 0);  // tokens whose K/V are written
+  for (bool busy = true; busy;) {
+    std::vector<BatchEntry> batch;
+    std::vector<size_t> owner;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t len = static_cast<int32_t>(prompts[i].size());
+      if (static_cast<int32_t>(generated[i].size()) >= steps) continue;
+      const int32_t count = done[i] < len ? std::min(chunk, len - done[i]) : 1;
+      EXPECT_TRUE(kvs[i].Reserve(pool, count));
+      const bool last = done[i] + count >= len;
+      batch.push_back({&kvs[i], std::span<const int32_t>(seqs[i]).subspan(done[i], count), {},
+                       done[i], last ? LogitsMode::kLast : LogitsMode::kNone});
+      owner.push_back(i);
+      done[i] += count;
+    }
+    busy = !batch.empty();
+    if (!busy) break;
+    ForwardOutput out;
+    absl::Status st = forward(batch, pool, &out);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) break;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      if (out.first_row[b] < 0) continue;
+      generated[owner[b]].push_back(Argmax(out.Row(out.first_row[b])));
+      seqs[owner[b]].push_back(generated[owner[b]].back());
+    }
+  }
+  for (cache::SequenceKv& kv : kvs) kv.Release(pool);
+  return generated;
+}
+
+TEST_F(CudaModelTest, BatchOfPrefillChunksAndDecodesMatchesEachAlone) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* text : kPrompts) prompts.push_back(Prompt(text));
+  const std::vector<std::vector<int32_t>> together =
+      GenerateTogether(Gpu(), *gpu_pool_, model_->config().num_layers, prompts, 6, kSteps);
+  ASSERT_EQ(together.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GreedyRun alone = Generate(Gpu(), *gpu_pool_, prompts[i], 512, kSteps);
+    EXPECT_EQ(together[i], alone.tokens) << kPrompts[i];
+  }
+  EXPECT_EQ(gpu_pool_->num_used(), 0);
+}
+
+TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
+  // Compression hooks are CPU-only for now: asking for one is an error, not a silent skip.
+  cache::SequenceKv kv(model_->config().num_layers, kBlock);
+  ASSERT_TRUE(kv.Reserve(*gpu_pool_, 1));
+  const int32_t token = 1;
+  std::vector<std::vector<float>> probs;
+  BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, 0, LogitsMode::kLast};
+  e.attention_probs = &probs;
+  ForwardOutput out;
+  absl::Status st = cuda_->Forward({&e, 1}, *gpu_pool_, &out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  kv.Release(*gpu_pool_);
+  // The device arena is bf16 only.
+  auto f16 = cache::BlockPool::Create(model_->KvLayoutFor(kBlock, kernels::KvDtype::kF16), 64,
+                                      /*host_arena=*/false);
+  ASSERT_TRUE(f16.ok());
+  auto refused = CudaModel::Create(*model_, **f16, 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("kv_cache_dtype f16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace winnow::model

@@ -1,0 +1,61 @@
+#include "scheduler/device.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace winnow::scheduler {
+namespace {
+
+TEST(DeviceTest, ParsesCpuAndCudaOrdinals) {
+  ASSERT_TRUE(ParseDevice("cpu").ok());
+  EXPECT_EQ(*ParseDevice("cpu"), Device{});
+  EXPECT_EQ(ParseDevice("cpu")->ToString(), "cpu");
+  if (!BuiltWithCuda()) GTEST_SKIP() << "built without CUDA: cuda values are errors";
+  EXPECT_EQ(*ParseDevice("cuda"), (Device{Device::Kind::kCuda, 0}));
+  EXPECT_EQ(*ParseDevice("cuda:0"), (Device{Device::Kind::kCuda, 0}));
+  EXPECT_EQ(*ParseDevice("cuda:3"), (Device{Device::Kind::kCuda, 3}));
+  EXPECT_EQ(ParseDevice("cuda:12")->ToString(), "cuda:12");
+}
+
+TEST(DeviceTest, RejectsWhatIsNoDevice) {
+  for (const char* text : {"", "gpu", "CPU", "cuda:", "cuda:-1", "cuda:+1", "cuda:1x", "cuda0",
+                           "cuda:0:1", "cuda: 1", "cuda:99999999999"}) {
+    absl::StatusOr<Device> d = ParseDevice(text);
+    ASSERT_FALSE(d.ok()) << "'" << text << "' parsed as " << d->ToString();
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(std::string("'") + text + "'"), std::string::npos)
+        << d.status();
+  }
+}
+
+TEST(DeviceTest, BuildWithoutCudaAcceptsOnlyCpu) {
+  if (BuiltWithCuda()) GTEST_SKIP() << "this build has CUDA";
+  absl::StatusOr<Device> d = ParseDevice("cuda:0");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("built without CUDA"), std::string::npos) << d.status();
+  EXPECT_EQ(DefaultDevice(), Device{});
+}
+
+TEST(DeviceTest, KvDtypeFollowsTheDevice) {
+  const Device cpu;
+  const Device cuda{Device::Kind::kCuda, 0};
+  EXPECT_EQ(*KvDtypeFor(cpu, std::nullopt), kernels::KvDtype::kF16);
+  EXPECT_EQ(*KvDtypeFor(cpu, kernels::KvDtype::kQ8_0), kernels::KvDtype::kQ8_0);
+  EXPECT_EQ(*KvDtypeFor(cuda, std::nullopt), kernels::KvDtype::kBF16);
+  EXPECT_EQ(*KvDtypeFor(cuda, kernels::KvDtype::kBF16), kernels::KvDtype::kBF16);
+  absl::StatusOr<kernels::KvDtype> f32 = KvDtypeFor(cuda, kernels::KvDtype::kF32);
+  ASSERT_FALSE(f32.ok());
+  EXPECT_EQ(f32.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f32.status().message().find("f32 does not run on device cuda:0"), std::string::npos)
+      << f32.status();
+}
+
+TEST(DeviceTest, DefaultIsCpuWithoutAVisibleGpu) {
+  const Device d = DefaultDevice();
+  EXPECT_TRUE(d == Device{} || d == (Device{Device::Kind::kCuda, 0}));
+  EXPECT_EQ(DescribeDevice(Device{}), "cpu");
+}
+
+}  // namespace
+}  // namespace winnow::scheduler
