@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean
+.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan
 
 all: build
 
@@ -58,6 +58,22 @@ quality-check: build model venv
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# ThreadSanitizer (docs/reliability.md), in a build directory of its own: the scheduler, engine,
+# pool and server tests, then a live daemon under concurrent streams, cancels, deadlines and a
+# drain. A race report fails the run (halt_on_error; the daemon then dies mid-test).
+TSAN_DIR ?= build-tsan
+TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  WINNOW_TEST_MODEL=$(abspath $(MODEL))
+TSAN_UNIT_TESTS := SchedulerTest.*:Admission/*:PrefixCaching*:EngineTest.*:BlockPool*:ThreadPool*
+TSAN_DAEMON_TESTS := concurrent_streams or cancel or deadline or sigterm or prefix_cache
+test-tsan: deps model venv
+	cmake -S . -B $(TSAN_DIR) -G Ninja -DWINNOW_SANITIZE=thread -DWINNOW_CUDA=OFF
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target winnow winnow_unit_tests winnow_server_tests
+	$(TSAN_ENV) $(TSAN_DIR)/winnow_unit_tests --gtest_filter='$(TSAN_UNIT_TESTS)'
+	$(TSAN_ENV) $(TSAN_DIR)/winnow_server_tests
+	$(TSAN_ENV) WINNOW_BIN=$(abspath $(TSAN_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
+	  $(PY) -m pytest -q tests/python/test_daemon.py -k '$(TSAN_DAEMON_TESTS)'
 
 # Deployment artefacts only: hadolint, Helm render/lint, Kubernetes schemas, dashboard metrics
 # (also part of `make test`).
