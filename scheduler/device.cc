@@ -44,12 +44,14 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text) {
           "must be cpu, cuda or cuda:N with N a device ordinal >= 0; got '", text, "'"));
     }
   }
-  if (!BuiltWithCuda()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "': this winnow was built without CUDA (no nvcc at configure time, or "
-        "-DWINNOW_CUDA=OFF); only cpu is available"));
-  }
   return Device{Device::Kind::kCuda, index};
+}
+
+absl::Status CheckBuiltFor(const Device& device) {
+  if (!device.is_cuda() || BuiltWithCuda()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "'", device.ToString(), "': this winnow was built without CUDA (no nvcc at configure "
+      "time, or -DWINNOW_CUDA=OFF); only cpu is available"));
 }
 
 Device DefaultDevice() {

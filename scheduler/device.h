@@ -30,9 +30,13 @@ struct Device {
 // True when this binary was built with the CUDA worker (nvcc found at configure time).
 bool BuiltWithCuda();
 
-// "cpu", "cuda" (= cuda:0) or "cuda:N". InvalidArgument for anything else, and for cuda in a
-// build without CUDA. Whether device N exists is checked when the worker is created.
+// "cpu", "cuda" (= cuda:0) or "cuda:N"; InvalidArgument for anything else. Only the syntax:
+// a lower settings layer may name a device that a higher one overrides (CheckBuiltFor checks
+// the final choice). Whether device N exists is checked when the worker is created.
 absl::StatusOr<Device> ParseDevice(absl::string_view text);
+
+// InvalidArgument for a cuda device in a build without CUDA.
+absl::Status CheckBuiltFor(const Device& device);
 
 // cuda:0 when this build has CUDA and a GPU is visible, else cpu.
 Device DefaultDevice();

@@ -319,7 +319,11 @@ std::string OriginOf(const std::string& name, const Layer& config, const Layer& 
 // The device when none was given, and the KV dtype that goes with it (KvDtypeFor).
 absl::Status ResolveDevice(const Layer& config, const Layer& env, const Layer& flags,
                            ServeOptions* options) {
-  if (OriginOf("device", config, env, flags).empty()) options->device = scheduler::DefaultDevice();
+  const std::string device_origin = OriginOf("device", config, env, flags);
+  if (device_origin.empty()) options->device = scheduler::DefaultDevice();
+  if (absl::Status built = scheduler::CheckBuiltFor(options->device); !built.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(device_origin, " ", built.message()));
+  }
   const std::string dtype_origin = OriginOf("kv-cache-dtype", config, env, flags);
   absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(
       options->device, dtype_origin.empty() ? std::nullopt

@@ -229,6 +229,9 @@ absl::Status ResolveDevice(bool kv_cache_dtype_given, GenerateFlags* f,
       return absl::InvalidArgumentError(absl::StrCat("--device ", parsed.status().message()));
     }
     *device = *parsed;
+    if (absl::Status built = scheduler::CheckBuiltFor(*device); !built.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--device ", built.message()));
+    }
   }
   absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(
       *device, kv_cache_dtype_given ? std::optional(f->kv_cache_dtype) : std::nullopt);

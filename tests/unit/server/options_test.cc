@@ -175,7 +175,10 @@ TEST(ServeOptionsTest, DeviceErrorsNameTheSource) {
   if (!scheduler::BuiltWithCuda()) {
     auto cuda = Parse({"--device", "cuda"});
     ASSERT_FALSE(cuda.ok());
-    EXPECT_NE(cuda.status().message().find("built without CUDA"), std::string::npos);
+    EXPECT_NE(cuda.status().message().find("--device 'cuda:0': this winnow was built "
+                                           "without CUDA"),
+              std::string::npos)
+        << cuda.status();
     return;
   }
   // The CUDA worker stores K/V as bf16 only: another dtype is an error naming its source.
