@@ -224,7 +224,8 @@ def check_outcome(plan: Plan, out: Outcome) -> list[str]:
         elif out.terminal not in ("length", "stop"):
             v.append(f"{where}: status OK with finish reason {out.terminal}")
         if out.completion_tokens != out.tokens:
-            v.append(f"{where}: usage says {out.completion_tokens} tokens, {out.tokens} streamed")
+            v.append(f"{where}: usage says {out.completion_tokens} tokens, "
+                     f"{out.tokens} streamed")
         if out.terminal == "length" and out.tokens != plan.max_tokens:
             v.append(f"{where}: length after {out.tokens} of {plan.max_tokens} tokens")
     elif out.finish_reasons and out.terminal in ("length", "stop"):
@@ -245,7 +246,7 @@ def check_outcome(plan: Plan, out: Outcome) -> list[str]:
 
 
 def run_phase(target: str, plans: list[Plan], concurrency: int) -> list[Outcome]:
-    """Runs the plans on `concurrency` client threads (closed loop), each with its own channel."""
+    """Runs the plans on `concurrency` client threads (closed loop), one channel each."""
     outcomes: list[Outcome | None] = [None] * len(plans)
     pending = iter(range(len(plans)))
     lock = threading.Lock()
