@@ -231,8 +231,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   WINNOW_ASSIGN_OR_RETURN(
       std::unique_ptr<cache::BlockPool> pool,
       cache::BlockPool::Create(layout, num_blocks, NeedsHostArena(options.device)));
-  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
-                          MakeWorker(options.device, *model, *pool));
+  std::unique_ptr<Worker> worker;
+  if (options.worker_factory) {
+    worker = options.worker_factory(*model, *pool);
+    if (worker == nullptr) {
+      return absl::InvalidArgumentError("engine: the worker factory returned no worker");
+    }
+  } else {
+    WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool));
+  }
 
   const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);
   std::unique_ptr<Engine> engine(new Engine(model, limits));
@@ -486,7 +493,6 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     Sequence* s = plan.chunks[i].seq;
     const ChunkResult& r = out.chunks[i];
-    scheduler.OnChunkComputed(plan.chunks[i]);
     if (r.compression.has_value()) {
       if (r.compression->prefill) {
         s->compression_kept_per_layer = s->compression->stats().kept_per_layer;
@@ -494,10 +500,13 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
       if (observer) observer->OnCompression(*r.compression);
     }
     if (!r.status.ok()) {
+      // Before OnChunkComputed: the K/V of a failed chunk is not trusted, so its prompt blocks
+      // are never offered to the prefix cache.
       spdlog::error("engine: request {} failed: {}", s->id, r.status.ToString());
       Finish(s, FinishReason::kError, r.status);
       continue;
     }
+    scheduler.OnChunkComputed(plan.chunks[i]);
     if (!r.token.has_value()) continue;
     std::optional<FinishReason> reason = output.OnToken(*s, *r.token, now);
     if (reason.has_value()) Finish(s, *reason, absl::OkStatus());

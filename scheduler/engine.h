@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,8 +26,13 @@
 #include "scheduler/device.h"
 #include "scheduler/engine_observer.h"
 #include "scheduler/request.h"
+#include "scheduler/worker.h"
 
 namespace winnow::scheduler {
+
+// Makes the worker that executes every iteration's plan over the engine's model and pool (both
+// outlive it).
+using WorkerFactory = std::function<std::unique_ptr<Worker>(model::Model&, cache::BlockPool&)>;
 
 struct EngineOptions {
   int32_t max_batched_tokens = 2048;  // tokens fed to one forward (prefill chunks + decodes)
@@ -46,6 +52,10 @@ struct EngineOptions {
   // Where the forward runs. On cuda the KV data lives in the GPU's arena (the pool here keeps
   // only its books) and must be bf16; requests with a compression policy are refused.
   Device device;
+  // Empty: the device's worker (MakeWorker, scheduler/device.h). Otherwise this makes the
+  // worker, over the pool built for `device`: the fault-injection tests wrap the CPU worker in
+  // one that fails on purpose.
+  WorkerFactory worker_factory;
 };
 
 struct EngineLimits {

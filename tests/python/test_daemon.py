@@ -330,6 +330,14 @@ def test_tiny_pool_preempts_and_outputs_match():
             list(d.client.generate(make_prompt(20, 3), max_tokens=1000, timeout=30))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "KV blocks" in err.value.details()
+        # So does one beyond the model's context, and the daemon keeps serving.
+        context = d.client.model_info().context_length
+        with pytest.raises(grpc.RpcError) as err:
+            list(d.client.generate(token_ids=[200] * (context - 4), max_tokens=8, timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "context" in err.value.details()
+        assert len(greedy(d.client, "Still serving?", 3)[1]) == 3
+        d.wait_pool_free()
 
 
 # ------------------------------------------------------------------------------------------
@@ -389,37 +397,58 @@ def _stream_in_thread(target, prompt, max_tokens, results, idx, first_token):
         client.close()
 
 
-def test_sigterm_under_load_drains_and_exits_zero():
-    d = Daemon("--drain-timeout", "60")
+def _wait_for(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        time.sleep(0.02)
+
+
+def test_full_queue_is_refused_and_sigterm_finishes_every_accepted_request():
+    # Two run and three wait: the queue is full. SIGTERM then must finish all five, the three
+    # that never started included, within the drain timeout.
+    d = Daemon("--drain-timeout", "60", "--max-seqs", "2", "--max-queue", "3")
     try:
-        n, max_tokens = 4, 40
+        # Requests not yet admitted count against the queue, so the two long ones go first.
+        lengths = [128, 128, 24, 24, 24]
+        n = len(lengths)
         results = [None] * n
         first = [threading.Event() for _ in range(n)]
         threads = [threading.Thread(target=_stream_in_thread,
-                                    args=(d.target, make_prompt(10 + i, i), max_tokens, results,
+                                    args=(d.target, make_prompt(10 + i, i), lengths[i], results,
                                           i, first))
                    for i in range(n)]
-        for t in threads:
+
+        def status_is(running, waiting):
+            st = d.client.server_status()
+            return st.running == running and st.waiting == waiting
+
+        for t in threads[:2]:
             t.start()
-        for e in first:
-            assert e.wait(60)
+        _wait_for(lambda: status_is(2, 0), what="2 running")
+        for t in threads[2:]:
+            t.start()
+        _wait_for(lambda: status_is(2, 3), what="2 running, 3 waiting")
+
+        refused = d.metric("winnow_requests_rejected_total", {"code": "RESOURCE_EXHAUSTED"})
+        with pytest.raises(grpc.RpcError) as err:
+            list(d.client.generate("one too many", max_tokens=2, timeout=10))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue is full" in err.value.details()
+        assert d.metric("winnow_requests_rejected_total",
+                        {"code": "RESOURCE_EXHAUSTED"}) == refused + 1
+
         d.signal(signal.SIGTERM)
-        # Health flips first; new work is refused while the in-flight streams finish.
-        deadline = time.monotonic() + 5
-        health = None
-        while time.monotonic() < deadline:
-            health = d.client.health()
-            if health == "NOT_SERVING":
-                break
-            time.sleep(0.02)
-        assert health == "NOT_SERVING"
+        # Health flips first; new work is refused while the accepted requests finish.
+        _wait_for(lambda: d.client.health() == "NOT_SERVING", timeout=5, what="NOT_SERVING")
         with pytest.raises(grpc.RpcError) as err:
             list(d.client.generate("late request", max_tokens=2, timeout=10))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert d.client.server_status().draining
+        st = d.client.server_status()
+        assert st.draining and st.waiting > 0, "nothing was left waiting when the drain began"
         for t in threads:
             t.join(120)
-        for status, msgs in results:
+        for (status, msgs), max_tokens in zip(results, lengths):
             assert status == "ok"
             assert msgs[-1].finish_reason == pb2.FINISH_REASON_LENGTH
             assert sum(len(m.token_ids) for m in msgs) == max_tokens

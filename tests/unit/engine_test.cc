@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -12,6 +10,7 @@
 
 #include "model/model.h"
 #include "scheduler/engine.h"
+#include "tests/unit/engine_test_util.h"
 
 namespace winnow::scheduler {
 namespace {
@@ -19,57 +18,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Engine, against the real model.
 
-class CollectingSink : public RequestSink {
- public:
-  void OnTokens(const TokenEvent& event) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_.insert(tokens_.end(), event.token_ids.begin(), event.token_ids.end());
-    text_ += event.text;
-    cv_.notify_all();
-  }
-  void OnFinish(const FinishEvent& event) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    finish_ = event;
-    done_ = true;
-    ++finish_calls_;
-    cv_.notify_all();
-  }
-  // Waits for OnFinish (fails the test after a generous timeout instead of hanging).
-  bool WaitDone() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120), [this] { return done_; });
-  }
-  bool WaitTokens(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120),
-                        [&] { return done_ || tokens_.size() >= n; });
-  }
-  std::vector<int32_t> tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
-  }
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return text_;
-  }
-  FinishEvent finish() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finish_;
-  }
-  int finish_calls() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return finish_calls_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int32_t> tokens_;
-  std::string text_;
-  FinishEvent finish_;
-  bool done_ = false;
-  int finish_calls_ = 0;
-};
+using testing_util::CollectingSink;
 
 class EngineTest : public ::testing::Test {
  protected:
