@@ -3,8 +3,11 @@
 # binaries load (ldd), so the runtime image installs exactly the library packages the build
 # stage linked against, whatever the base distribution calls them (Ubuntu 24.04 renames many to
 # *t64, Debian 12 does not). The names carry the SONAME, so no version pin is needed.
-# Libraries the runtime base already has (glibc, libgcc, libstdc++) and the CUDA driver
-# (mounted by the NVIDIA container toolkit at run time) are left out.
+# Libraries the runtime base already has (glibc, libgcc, libstdc++), the CUDA driver (mounted by
+# the NVIDIA container toolkit at run time) and the CUDA libraries (cuBLAS, the CUDA runtime:
+# the nvidia/cuda runtime base image has them) are left out. The CUDA libraries are skipped by
+# name before any owner is looked up: outside the image they may come from a PyPI wheel
+# (scripts/fetch-cuda-deps.sh), which no package owns.
 #
 #   deploy/docker/runtime-packages.sh build/winnow [more binaries...]
 set -euo pipefail
@@ -13,6 +16,8 @@ set -euo pipefail
 
 # Packages the runtime base image always has, or that must come from the host.
 SKIP_RE='^(libc6|libgcc-s1|libstdc\+\+6|libcuda1|libnvidia-.*|cuda-.*|libcudart.*)$'
+# Library file names the CUDA runtime base image provides, whoever owns them here.
+CUDA_LIB_RE='^lib(cublas|cublasLt|cudart|cuda)\.so'
 
 candidates() {  # the paths dpkg may have recorded for a library (usrmerge, symlinks)
   local path="$1" real
@@ -45,6 +50,7 @@ done < <(dpkg-query -S "${paths[@]}" 2>/dev/null || true)
 declare -A seen=()
 missing=0
 for lib in "${libs[@]}"; do
+  [[ "$(basename "$lib")" =~ $CUDA_LIB_RE ]] && continue
   pkg=""
   while read -r c; do
     if [ -n "${owner[$c]:-}" ]; then pkg="${owner[$c]}"; break; fi
