@@ -1,11 +1,13 @@
 #include "server/metrics.h"
 
+
 #include <exception>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache/policies/policy.h"
+#include "httplib.h"
 #include "prometheus/text_serializer.h"
 
 namespace winnow::server {
@@ -242,23 +244,29 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
                                              0.5, 1.0, 2.5, 5.0, 10});
 }
 
-Metrics::~Metrics() = default;
-
-absl::Status Metrics::StartExposer(const std::string& host, int32_t port) {
-  // civetweb wants "host:port"; an IPv6 literal needs brackets.
-  std::string address = host.find(':') != std::string::npos
-                            ? absl::StrCat("[", host, "]:", port)
-                            : absl::StrCat(host, ":", port);
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
-    exposer_->RegisterCollectable(registry_, "/metrics");
-    std::vector<int> ports = exposer_->GetListeningPorts();
-    port_ = ports.empty() ? port : ports.front();
-  } catch (const std::exception& e) {
-    exposer_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+Metrics::~Metrics() {
+  if (exposer_ != nullptr) {
+    exposer_->stop();
+    exposer_thread_.join();
   }
+}
+
+// cpp-httplib, as on the HTTP port, rather than prometheus-cpp's civetweb Exposer: civetweb
+// starts its threads with a fixed 100 KiB stack, which the static TLS of the CUDA build's
+// libraries (cuBLASLt alone holds 94 KiB) leaves too small, so pthread_create fails.
+absl::Status Metrics::StartExposer(const std::string& host, int32_t port) {
+  exposer_ = std::make_unique<httplib::Server>();
+  exposer_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Exposition(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  port_ = port == 0 ? exposer_->bind_to_any_port(host)
+                    : (exposer_->bind_to_port(host, port) ? port : -1);
+  if (port_ <= 0) {
+    exposer_.reset();
+    port_ = -1;
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", host, ":", port));
+  }
+  exposer_thread_ = std::thread([this] { exposer_->listen_after_bind(); });
   return absl::OkStatus();
 }
 

@@ -7,23 +7,28 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "scheduler/engine_observer.h"
 
+namespace httplib {
+class Server;
+}
+
 namespace winnow::server {
 
 // The codes an edge refuses requests with; pre-created at 0 so rate() sees the first one.
 inline constexpr const char* kRejectedCodes[] = {
     "INVALID_ARGUMENT", "NOT_FOUND",         "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
-    "UNAVAILABLE",      "DEADLINE_EXCEEDED", "CANCELLED",           "INTERNAL"};
+    "UNAVAILABLE",      "DEADLINE_EXCEEDED", "CANCELLED",           "INTERNAL",
+    "UNAUTHENTICATED"};
 
 class Metrics : public scheduler::EngineObserver {
  public:
@@ -66,7 +71,8 @@ class Metrics : public scheduler::EngineObserver {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<httplib::Server> exposer_;  // the separate --metrics-port, if any
+  std::thread exposer_thread_;
   int32_t port_ = -1;
 
   prometheus::Gauge* running_;
