@@ -44,7 +44,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
-      libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
+      libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src

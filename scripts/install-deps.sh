@@ -8,9 +8,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
-  libcpp-httplib-dev
+  libcpp-httplib-dev libssl-dev
   python3-venv
-  prometheus curl
+  prometheus curl openssl
 )
 
 missing=()

@@ -3,7 +3,9 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cerrno>
 #include <ctime>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "server/http/http_server.h"
 #include "server/inference_service.h"
 #include "server/logging.h"
+#include "server/security.h"
 #include "server/metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -106,6 +109,22 @@ std::string ServedModelName(const ServeOptions& options) {
   return std::filesystem::path(options.model).stem().string();
 }
 
+int ClampedMillis(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
+
+// Per-connection limits of the gRPC port: message size, concurrent streams, connection age.
+void SetConnectionLimits(const ServeOptions& options, grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                                ClampedMillis(options.max_connection_age));
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                                ClampedMillis(options.max_connection_age_grace));
+  }
+}
+
 }  // namespace
 
 int RunDaemon(const ServeOptions& options) {
@@ -121,8 +140,24 @@ int RunDaemon(const ServeOptions& options) {
              {{"variable", v.name}, {"closest_variable", v.closest}, {"closest_flag", v.flag}});
   }
 
+  // Certificates and keys are read before anything listens: a bad file stops the start.
+  absl::StatusOr<TlsConfig> tls = LoadTlsConfig(options);
+  absl::StatusOr<ApiKeys> api_keys =
+      options.api_key_file.empty() ? ApiKeys() : ApiKeys::Load(options.api_key_file);
+  for (const absl::Status& st : {tls.status(), api_keys.status()}) {
+    if (!st.ok()) {
+      spdlog::error("{}", std::string(st.message()));
+      return 2;
+    }
+  }
+
   ServingState state;
   state.options = options;
+  state.authenticator = Authenticator(std::move(*api_keys), tls->verifies_clients());
+  LogEvent(spdlog::level::info, "security",
+           {{"tls", tls->enabled() ? "on" : "off"},
+            {"client_certificates", tls->verifies_clients() ? "required" : "off"},
+            {"api_keys", absl::StrCat(state.authenticator.enabled() ? api_keys->size() : 0)}});
 
   // Metrics first: a probe or scrape during a slow model load should already see the daemon.
   const std::string model_name = ServedModelName(options);
@@ -143,6 +178,7 @@ int RunDaemon(const ServeOptions& options) {
     http_options.host = options.host;
     http_options.port = options.http_port;
     http_options.max_body_bytes = static_cast<size_t>(options.max_message_bytes);
+    http_options.tls = *tls;
     // Every request the engine can hold (running or queued) gets a connection thread, plus
     // room for probes, scrapes and tokenizer calls.
     http_options.max_connections =
@@ -160,10 +196,10 @@ int RunDaemon(const ServeOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(HostPort(options.host, options.port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(HostPort(options.host, options.port), GrpcServerCredentials(*tls),
+                           &grpc_port);
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  SetConnectionLimits(options, &builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     spdlog::error("cannot listen for gRPC on {}", HostPort(options.host, options.port));

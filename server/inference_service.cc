@@ -37,8 +37,22 @@ absl::Status CheckServing(const ServingState& state, bool generate) {
   return absl::OkStatus();
 }
 
-namespace {
+absl::Status Authenticate(const ServingState& state, const grpc::ServerContextBase& context) {
+  if (!state.authenticator.enabled()) return absl::OkStatus();
+  std::string authorization;
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization.assign(it->second.data(), it->second.size());
+  }
+  // With a client CA the handshake verifies any certificate that is sent (REQUEST_AND_VERIFY),
+  // so one that is present here was verified.
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  const bool client_cert = auth != nullptr && (auth->IsPeerAuthenticated() ||
+                                               !auth->FindPropertyValues("x509_pem_cert").empty());
+  return state.authenticator.Check(authorization, client_cert);
+}
 
+namespace {
 
 std::string NewRequestId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -90,7 +104,8 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   void Start(std::shared_ptr<GenerateStream> self, grpc::CallbackServerContext* context,
              const v1::GenerateRequest& request) {
     self_ = std::move(self);
-    absl::Status st = CheckServing(*state_, /*generate=*/true);
+    absl::Status st = Authenticate(*state_, *context);
+    if (st.ok()) st = CheckServing(*state_, /*generate=*/true);
     absl::StatusOr<scheduler::GenerationRequest> req;
     if (st.ok()) {
       req = BuildGenerationRequest(request, *state_->model.load(), state_->limits);
@@ -259,6 +274,14 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
 
 }  // namespace
 
+grpc::ServerUnaryReactor* InferenceService::Refuse(grpc::CallbackServerContext* context,
+                                                   const absl::Status& status) {
+  if (state_->metrics != nullptr) {
+    state_->metrics->OnRejected(absl::StatusCodeToString(status.code()));
+  }
+  return Done(context, status);
+}
+
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto stream = std::make_shared<GenerateStream>(state_);
@@ -270,6 +293,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response) {
+  if (absl::Status st = Authenticate(*state_, *context); !st.ok()) return Refuse(context, st);
   if (absl::Status st = CheckServing(*state_, false); !st.ok()) return Done(context, st);
   const model::Model& model = *state_->model.load();
   const bool add_special =
@@ -295,6 +319,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* context,
                                                        const v1::DetokenizeRequest* request,
                                                        v1::DetokenizeResponse* response) {
+  if (absl::Status st = Authenticate(*state_, *context); !st.ok()) return Refuse(context, st);
   if (absl::Status st = CheckServing(*state_, false); !st.ok()) return Done(context, st);
   const model::Model& model = *state_->model.load();
   const int32_t vocab = model.config().vocab_size;
@@ -318,6 +343,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
                                                          const v1::GetModelInfoRequest* request,
                                                          v1::ModelInfo* response) {
+  if (absl::Status st = Authenticate(*state_, *context); !st.ok()) return Refuse(context, st);
   if (absl::Status st = CheckServing(*state_, false); !st.ok()) return Done(context, st);
   const model::Model& model = *state_->model.load();
   const model::ModelConfig& c = model.config();
@@ -347,6 +373,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* InferenceService::GetServerStatus(
     grpc::CallbackServerContext* context, const v1::GetServerStatusRequest* request,
     v1::ServerStatus* response) {
+  if (absl::Status st = Authenticate(*state_, *context); !st.ok()) return Refuse(context, st);
   const Phase phase = state_->phase.load();
   response->set_serving(phase == Phase::kServing);
   response->set_draining(phase == Phase::kDraining);

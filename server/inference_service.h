@@ -11,6 +11,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/request_builder.h"
+#include "server/security.h"
 #include "winnow/v1/inference.grpc.pb.h"
 
 namespace winnow::server {
@@ -26,12 +27,17 @@ struct ServingState {
   std::atomic<const model::Model*> model{nullptr};
   std::atomic<scheduler::Engine*> engine{nullptr};
   RequestLimits limits;  // written before `engine` is published
+  Authenticator authenticator;  // set before the servers start, read-only after
 };
 
 // UNAVAILABLE (retry elsewhere) while the daemon is not taking requests, OK otherwise; for
 // gRPC and HTTP alike. While draining, introspection (generate = false) stays available so
 // in-flight streams can finish.
 absl::Status CheckServing(const ServingState& state, bool generate);
+
+// UNAUTHENTICATED unless a gRPC call proves what --tls-client-ca and --api-key-file ask for
+// (its "authorization" metadata, the client certificate its connection's TLS verified).
+absl::Status Authenticate(const ServingState& state, const grpc::ServerContextBase& context);
 
 class InferenceService final : public v1::Inference::CallbackService {
  public:
@@ -53,6 +59,10 @@ class InferenceService final : public v1::Inference::CallbackService {
                                             v1::ServerStatus* response) override;
 
  private:
+  // Done with `status`, counted as a rejection.
+  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context,
+                                   const absl::Status& status);
+
   ServingState* state_;
 };
 

@@ -102,6 +102,15 @@ Setting BoolSetting(std::string name, std::string help, bool ServeOptions::*fiel
                  "BOOL"};
 }
 
+Setting DurationSetting(std::string name, std::string help, absl::Duration ServeOptions::*field) {
+  return Setting{std::move(name), std::move(help),
+                 [field](const std::string& v, ServeOptions* o) -> absl::Status {
+                   WINNOW_ASSIGN_OR_RETURN(o->*field, ParseDurationFlag(v));
+                   return absl::OkStatus();
+                 },
+                 "DURATION"};
+}
+
 const std::vector<Setting>& Settings() {
   constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
   static const auto* settings = new std::vector<Setting>{
@@ -163,13 +172,9 @@ const std::vector<Setting>& Settings() {
               "{cpu,cuda,cuda:N}"},
       IntSetting("threads", "CPU threads for the forward; 0: all cores", &ServeOptions::threads, 0,
                  4096),
-      Setting{"drain-timeout",
-              "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
-              [](const std::string& v, ServeOptions* o) -> absl::Status {
-                WINNOW_ASSIGN_OR_RETURN(o->drain_timeout, ParseDurationFlag(v));
-                return absl::OkStatus();
-              },
-              "DURATION"},
+      DurationSetting("drain-timeout",
+                      "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
+                      &ServeOptions::drain_timeout),
       IntSetting("max-prompt-tokens", "longest accepted prompt; 0: the context length",
                  &ServeOptions::max_prompt_tokens, 0, kI32),
       IntSetting("max-tokens-limit", "largest accepted max_tokens (4096)",
@@ -185,6 +190,28 @@ const std::vector<Setting>& Settings() {
                 return absl::OkStatus();
               },
               "BYTES"},
+      IntSetting("max-concurrent-streams",
+                 "gRPC calls one connection may have open at once; more wait (256)",
+                 &ServeOptions::max_concurrent_streams, 1, kI32),
+      DurationSetting("max-connection-age",
+                      "close gRPC connections older than this (GOAWAY) so clients rebalance "
+                      "across replicas, e.g. 30m; 0: never (0)",
+                      &ServeOptions::max_connection_age),
+      DurationSetting("max-connection-age-grace",
+                      "how long calls on a connection past --max-connection-age may still run "
+                      "(5m)",
+                      &ServeOptions::max_connection_age_grace),
+      StringSetting("tls-cert", "PEM certificate chain: serve TLS on the gRPC and HTTP ports",
+                    &ServeOptions::tls_cert),
+      StringSetting("tls-key", "PEM private key of --tls-cert", &ServeOptions::tls_key),
+      StringSetting("tls-client-ca",
+                    "PEM CA bundle: mutual TLS, requests need a client certificate it signed "
+                    "(health and metrics stay open)",
+                    &ServeOptions::tls_client_ca),
+      StringSetting("api-key-file",
+                    "file of API keys, one per line: requests need 'authorization: Bearer "
+                    "<key>' (health and metrics stay open)",
+                    &ServeOptions::api_key_file),
       StringSetting("log-format", "text or json (text)", &ServeOptions::log_format,
                     {"text", "json"}),
       StringSetting("log-level", "trace, debug, info, warn, error, critical or off (info)",
@@ -250,11 +277,11 @@ absl::StatusOr<Layer> ParseFlags(const std::vector<std::string>& args) {
 
 // WINNOW_* variables that are not settings but are read on purpose elsewhere: by the test
 // harnesses (WINNOW_BIN, WINNOW_TEST_MODEL, WINNOW_QUALITY_BENCH), the model fetch script
-// (WINNOW_MODEL_DIR) and the Python client (WINNOW_TARGET, WINNOW_PROTO_ROOT,
+// (WINNOW_MODEL_DIR) and the Python client (WINNOW_TARGET, WINNOW_API_KEY, WINNOW_PROTO_ROOT,
 // WINNOW_STUBS_DIR). They must not warn.
 constexpr const char* kOtherVariables[] = {
-    "WINNOW_BIN",       "WINNOW_TEST_MODEL", "WINNOW_QUALITY_BENCH", "WINNOW_MODEL_DIR",
-    "WINNOW_TARGET",    "WINNOW_PROTO_ROOT", "WINNOW_STUBS_DIR",
+    "WINNOW_BIN",    "WINNOW_TEST_MODEL", "WINNOW_QUALITY_BENCH", "WINNOW_MODEL_DIR",
+    "WINNOW_TARGET", "WINNOW_API_KEY",    "WINNOW_PROTO_ROOT",    "WINNOW_STUBS_DIR",
 };
 
 Layer EnvLayer(const std::map<std::string, std::string>& env) {
@@ -479,7 +506,12 @@ std::string ServeOptions::DebugString() const {
       " threads=", threads,
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
-      " max_message_bytes=", max_message_bytes, " log_format=", log_format,
+      " max_message_bytes=", max_message_bytes,
+      " max_concurrent_streams=", max_concurrent_streams,
+      " max_connection_age=", absl::FormatDuration(max_connection_age),
+      " max_connection_age_grace=", absl::FormatDuration(max_connection_age_grace),
+      " tls_cert=", tls_cert, " tls_key=", tls_key, " tls_client_ca=", tls_client_ca,
+      " api_key_file=", api_key_file, " log_format=", log_format,
       " log_level=", log_level, " config=", config);
 }
 

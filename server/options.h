@@ -48,6 +48,18 @@ struct ServeOptions {
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 4096;
   int64_t max_message_bytes = 64 << 20;  // gRPC receive limit (embeddings make requests big)
+  // HTTP/2 streams one gRPC connection may have open at once; more wait for one to end.
+  int32_t max_concurrent_streams = 256;
+  // A gRPC connection older than this is asked to go away (GOAWAY; in-flight calls may run
+  // on for max_connection_age_grace), so that long-lived clients spread over new replicas.
+  // Zero: no limit.
+  absl::Duration max_connection_age = absl::ZeroDuration();
+  absl::Duration max_connection_age_grace = absl::Minutes(5);
+  // TLS and client authentication (server/security.h): PEM paths and the API key file.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  std::string api_key_file;
   std::string log_format = "text";  // text | json
   std::string log_level = "info";   // trace | debug | info | warn | error | critical | off
   std::string config;               // YAML file the values above may come from

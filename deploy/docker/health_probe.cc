@@ -6,15 +6,21 @@
 // the two tiny health messages are encoded by hand.
 //
 //   winnow-health-probe [--addr HOST:PORT] [--service NAME] [--timeout SECONDS]
+//                       [--tls-ca FILE [--tls-server-name NAME]]
 //
 // --addr defaults to 127.0.0.1:$WINNOW_PORT (50051 when unset), --service to "" (the whole
-// server; the daemon also reports "winnow.v1.Inference"), --timeout to 3 seconds.
+// server; the daemon also reports "winnow.v1.Inference"), --timeout to 3 seconds. --tls-ca
+// speaks TLS to a daemon started with --tls-cert, verifying its certificate against that PEM CA
+// file; --tls-server-name is the name the certificate must carry when it is not the --addr
+// host. Health needs no client certificate or API key, even under mutual TLS.
 // Exit status: 0 SERVING, 1 anything else (NOT_SERVING, unreachable, timeout), 2 usage error.
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -85,9 +91,25 @@ int Usage(const char* why) {
   std::fprintf(stderr,
                "winnow-health-probe: %s\n"
                "usage: winnow-health-probe [--addr HOST:PORT] [--service NAME] "
-               "[--timeout SECONDS]\n",
+               "[--timeout SECONDS] [--tls-ca FILE [--tls-server-name NAME]]\n",
                why);
   return 2;
+}
+
+// Insecure credentials, or TLS verified against the CA file (empty string: unreadable).
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_file, bool* ok) {
+  *ok = true;
+  if (ca_file.empty()) return grpc::InsecureChannelCredentials();
+  std::ifstream in(ca_file, std::ios::binary);
+  std::ostringstream pem;
+  pem << in.rdbuf();
+  if (!in || pem.str().empty()) {
+    *ok = false;
+    return nullptr;
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  return grpc::SslCredentials(ssl);
 }
 
 }  // namespace
@@ -95,7 +117,7 @@ int Usage(const char* why) {
 int main(int argc, char** argv) {
   const char* port = std::getenv("WINNOW_PORT");
   std::string addr = std::string("127.0.0.1:") + (port != nullptr && *port ? port : "50051");
-  std::string service;
+  std::string service, tls_ca, tls_server_name;
   double timeout_s = 3.0;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -109,6 +131,10 @@ int main(int argc, char** argv) {
       addr = value;
     } else if (arg == "--service") {
       service = value;
+    } else if (arg == "--tls-ca") {
+      tls_ca = value;
+    } else if (arg == "--tls-server-name") {
+      tls_server_name = value;
     } else if (arg == "--timeout") {
       char* end = nullptr;
       timeout_s = std::strtod(value.c_str(), &end);
@@ -130,7 +156,15 @@ int main(int argc, char** argv) {
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer request(&slice, 1);
 
-  auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  if (!tls_server_name.empty() && tls_ca.empty()) {
+    return Usage("--tls-server-name needs --tls-ca");
+  }
+  bool readable = false;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = Credentials(tls_ca, &readable);
+  if (!readable) return Usage(("--tls-ca " + tls_ca + " cannot be read").c_str());
+  grpc::ChannelArguments args;
+  if (!tls_server_name.empty()) args.SetSslTargetNameOverride(tls_server_name);
+  auto channel = grpc::CreateCustomChannel(addr, credentials, args);
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +

@@ -28,6 +28,8 @@ HttpError ClassifyStatus(const absl::Status& status) {
         return {429, "rate_limit_error", "queue_full"};
       }
       return {413, "invalid_request_error", "context_length_exceeded"};
+    case absl::StatusCode::kUnauthenticated:
+      return {401, "invalid_request_error", "invalid_api_key"};
     case absl::StatusCode::kUnavailable:
       return {503, "service_unavailable", ""};
     case absl::StatusCode::kDeadlineExceeded:

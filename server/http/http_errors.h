@@ -2,7 +2,8 @@
 // absl status codes (which the gRPC edge maps to gRPC codes the same way) to HTTP:
 //   INVALID_ARGUMENT, FAILED_PRECONDITION -> 400; NOT_FOUND -> 404 (unknown model);
 //   RESOURCE_EXHAUSTED -> 429 when the queue is full, else 413 (prompt + max_tokens cannot fit
-//   the context or the KV pool); a prompt over --max-prompt-tokens -> 413; UNAVAILABLE (loading,
+//   the context or the KV pool); a prompt over --max-prompt-tokens -> 413; UNAUTHENTICATED
+//   (no or a wrong API key, no client certificate) -> 401; UNAVAILABLE (loading,
 //   draining) -> 503; DEADLINE_EXCEEDED -> 504; anything else -> 500.
 #pragma once
 

@@ -1,5 +1,8 @@
 #include "server/http/http_server.h"
 
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
 #include <ctime>
 #include <utility>
 
@@ -102,10 +105,59 @@ absl::StatusOr<Json> Detokenize(const model::Model& model, const std::string& bo
   return Json{{"prompt", text}};
 }
 
+// OpenSSL set up here rather than by cpp-httplib's file constructor, which with a client CA
+// makes a client certificate mandatory for the whole port and so shuts probes out of /health:
+// here one is requested, verified when sent (a bad one fails the handshake), and each route
+// checks for it (ClientCertificateVerified).
+bool SetUpTls(const TlsConfig& tls, SSL_CTX& ctx) {
+  SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+  SSL_CTX_set_options(&ctx, SSL_OP_NO_COMPRESSION);
+  if (SSL_CTX_use_certificate_chain_file(&ctx, tls.cert_path.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(&ctx, tls.key_path.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(&ctx) != 1) {
+    return false;
+  }
+  if (tls.verifies_clients()) {
+    if (SSL_CTX_load_verify_locations(&ctx, tls.client_ca_path.c_str(), nullptr) != 1) {
+      return false;
+    }
+    SSL_CTX_set_client_CA_list(&ctx, SSL_load_client_CA_file(tls.client_ca_path.c_str()));
+    SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER, nullptr);
+  }
+  return true;
+}
+
+bool ClientCertificateVerified(const httplib::Request& req) {
+  if (req.ssl == nullptr) return false;
+  X509* cert = SSL_get_peer_certificate(req.ssl);
+  if (cert == nullptr) return false;
+  X509_free(cert);
+  return SSL_get_verify_result(req.ssl) == X509_V_OK;
+}
+
+// Open to everyone: probes and scrapers carry no secret.
+bool IsOpenRoute(const httplib::Request& req) {
+  return req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+}
+
 }  // namespace
 
 HttpServer::HttpServer(ServingState* state, HttpOptions options)
-    : state_(state), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+    : state_(state), options_(std::move(options)) {}
+
+bool HttpServer::Refuse(const httplib::Request& req, httplib::Response& res) {
+  if (IsOpenRoute(req) || !state_->authenticator.enabled()) return false;
+  absl::Status st = state_->authenticator.Check(req.get_header_value("Authorization"),
+                                                ClientCertificateVerified(req));
+  if (st.ok()) return false;
+  if (state_->metrics != nullptr) state_->metrics->OnRejected("UNAUTHENTICATED");
+  res.set_header("WWW-Authenticate", "Bearer");
+  // Refused before its body is read (cpp-httplib's pre-routing stage): the connection cannot
+  // carry another request after it.
+  res.set_header("Connection", "close");
+  SendError(res, ClassifyStatus(st), std::string(st.message()), "authorization");
+  return true;
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -186,6 +238,23 @@ void HttpServer::Route() {
 }
 
 absl::Status HttpServer::Start() {
+  if (options_.tls.enabled()) {
+    const TlsConfig tls = options_.tls;
+    server_ = std::make_unique<httplib::SSLServer>(
+        [tls](SSL_CTX& ctx) { return SetUpTls(tls, ctx); });
+    if (!server_->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HTTPS cannot use --tls-cert '", tls.cert_path, "' / --tls-key '", tls.key_path, "'",
+          tls.verifies_clients() ? absl::StrCat(" / --tls-client-ca '", tls.client_ca_path, "'")
+                                 : ""));
+    }
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+  server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return Refuse(req, res) ? httplib::Server::HandlerResponse::Handled
+                            : httplib::Server::HandlerResponse::Unhandled;
+  });
   const size_t max_connections = options_.max_connections;
   server_->new_task_queue = [max_connections] { return new ConnectionPool(max_connections); };
   server_->set_payload_max_length(options_.max_body_bytes);
@@ -206,7 +275,7 @@ absl::Status HttpServer::Start() {
 }
 
 void HttpServer::Stop() {
-  if (!thread_.joinable()) return;
+  if (server_ == nullptr || !thread_.joinable()) return;
   server_->stop();
   thread_.join();
 }

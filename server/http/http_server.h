@@ -16,9 +16,12 @@
 #include "absl/synchronization/mutex.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
+#include "server/security.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace winnow::server::http {
@@ -30,6 +33,8 @@ struct HttpOptions {
   size_t max_body_bytes = 64 << 20;
   // Connections served at once (each holds a thread); more wait for one to end.
   size_t max_connections = 1024;
+  // HTTPS when enabled, with the same certificate (and client CA) as the gRPC port.
+  TlsConfig tls;
 };
 
 class HttpServer {
@@ -38,7 +43,8 @@ class HttpServer {
   ~HttpServer();  // Stop()
 
   // Binds and starts serving on a thread of its own. Requests before the model is published
-  // get 503, like gRPC's UNAVAILABLE.
+  // get 503, like gRPC's UNAVAILABLE. Every route but /health and /metrics answers 401 to a
+  // request that ServingState::authenticator refuses.
   absl::Status Start();
   int32_t port() const { return port_; }
 
@@ -50,6 +56,8 @@ class HttpServer {
 
  private:
   void Route();
+  // The pre-routing check: true (handled, 401 written) when `req` is refused.
+  bool Refuse(const httplib::Request& req, httplib::Response& res);
   std::string ModelName();
 
   ServingState* state_;

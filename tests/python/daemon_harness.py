@@ -37,6 +37,21 @@ def model_path() -> pathlib.Path:
         os.environ.get("WINNOW_MODEL", REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+def build_health_probe(directory: pathlib.Path) -> pathlib.Path:
+    """deploy/docker/health_probe.cc built as the Dockerfile builds it, into `directory`."""
+    import pytest
+
+    if not binary_path().exists() or not model_path().exists():
+        pytest.fail(f"need {binary_path()} and {model_path()} (make build model)")
+    out = directory / "winnow-health-probe"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    source = REPO / "deploy" / "docker" / "health_probe.cc"
+    subprocess.run(["g++", "-O1", "-std=c++17", str(source), "-o", str(out), *flags], check=True,
+                   timeout=300)
+    return out
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -32,7 +32,8 @@ import time
 import pytest
 import yaml
 
-from daemon_harness import REPO, Daemon, WinnowClient, binary_path, free_port, model_path, pb2
+from daemon_harness import (REPO, Daemon, WinnowClient, binary_path, build_health_probe,
+                            free_port, model_path, pb2)
 
 DEPLOY = REPO / "deploy"
 CHART = DEPLOY / "helm" / "winnow"
@@ -157,7 +158,7 @@ def test_dockerfile_build_packages_follow_install_deps():
     deps = install_deps_packages()
     assert packages <= deps, f"not in scripts/install-deps.sh: {sorted(packages - deps)}"
     # Everything install-deps.sh installs for building must be in the image's build stage.
-    test_only = {"python3-venv", "prometheus", "curl"}
+    test_only = {"python3-venv", "prometheus", "curl", "openssl"}
     assert deps - test_only <= packages, f"missing in the Dockerfile: {sorted(deps - test_only - packages)}"
 
 
@@ -177,7 +178,7 @@ def test_runtime_packages_resolves_every_library_of_the_binary():
     assert proc.returncode == 0, proc.stderr
     packages = proc.stdout.split()
     assert any(p.startswith("libgrpc++") for p in packages), packages
-    assert any(p.startswith("libprometheus-cpp-pull") for p in packages), packages
+    assert any(p.startswith("libprometheus-cpp-core") for p in packages), packages
     assert "libc6" not in packages and all("=" not in p for p in packages)
 
 
@@ -230,6 +231,7 @@ CRD_SCHEMAS = {
                 "port": _STR, "path": _STR, "scheme": {"enum": ["http", "https"]},
                 "interval": {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"},
                 "scrapeTimeout": {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"},
+                "tlsConfig": {"type": "object"},  # the Prometheus Operator's SafeTLSConfig
             }, ["port"])},
         }, ["selector", "endpoints"]),
     }, ["apiVersion", "kind", "metadata", "spec"]),
@@ -395,7 +397,8 @@ def test_objects_fit_together():
 
     # HTTP probes on /health (200 only while serving) on the HTTP port.
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http",
+                                             "scheme": "HTTP"}, probe
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # model load time
     # Readiness does not flap on one slow answer, and a drain still leaves within ~10 s.
@@ -455,7 +458,7 @@ def test_objects_fit_together():
 
 def test_config_keys_are_daemon_settings():
     options = (REPO / "server" / "options.cc").read_text()
-    settings = set(re.findall(r'(?:IntSetting|StringSetting)\(\s*"([a-z-]+)"', options))
+    settings = set(re.findall(r'(?:Int|String|Bool|Duration)Setting\(\s*"([a-z-]+)"', options))
     settings |= set(re.findall(r'Setting\{\s*"([a-z-]+)"', options))
     assert {"port", "model", "drain-timeout", "threads"} <= settings
     for values_file in (None, "rendered-values.yaml", "cpu-hpa-values.yaml"):
@@ -508,6 +511,47 @@ def test_separate_metrics_port_and_no_pool_by_default():
             render_k8s.render(values)
 
 
+def test_tls_and_api_key_secrets_are_mounted_and_configured():
+    k = by_kind(rendered({"tls": {"secretName": "winnow-tls", "clientCAKey": "ca.crt"},
+                          "auth": {"apiKeySecret": {"name": "winnow-keys"}},
+                          "metrics": {"serviceMonitor": {
+                              "enabled": True, "tlsConfig": {"insecureSkipVerify": True}}}}))
+    config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
+    assert config["tls-cert"] == "/etc/winnow/tls/tls.crt"
+    assert config["tls-key"] == "/etc/winnow/tls/tls.key"
+    assert config["tls-client-ca"] == "/etc/winnow/tls/ca.crt"
+    assert config["api-key-file"] == "/etc/winnow/auth/api-keys"
+    pod = k["Deployment"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "winnow-tls"
+    assert volumes["api-keys"]["secret"] == {"secretName": "winnow-keys",
+                                             "items": [{"key": "api-keys", "path": "api-keys"}]}
+    container = pod["containers"][0]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["tls"]["mountPath"] == "/etc/winnow/tls" and mounts["tls"]["readOnly"]
+    assert mounts["api-keys"]["mountPath"] == "/etc/winnow/auth"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    endpoint = k["ServiceMonitor"]["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["insecureSkipVerify"]
+    for doc in k.values():
+        validate_object(doc)
+
+    plain = by_kind(rendered())
+    container = plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    config = yaml.safe_load(plain["ConfigMap"]["data"]["winnow.yaml"])
+    assert not {"tls-cert", "tls-key", "tls-client-ca", "api-key-file"} & set(config)
+    assert config["max-connection-age"] == "30m"
+
+    import helm_python as helm
+
+    for values in ({"tls": {"clientCAKey": "ca.crt"}}, {"config": {"tls-cert": "/x"}},
+                   {"config": {"api-key-file": "/x"}}):
+        with pytest.raises(helm.HelmError):
+            render_k8s.render(values)
+
+
 def test_grace_period_follows_drain_timeout():
     k = by_kind(rendered({"drain": {"timeoutSeconds": 120}}))
     config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
@@ -521,15 +565,7 @@ def test_grace_period_follows_drain_timeout():
 
 @pytest.fixture(scope="module")
 def health_probe(tmp_path_factory) -> pathlib.Path:
-    """deploy/docker/health_probe.cc built as the Dockerfile builds it."""
-    if not binary_path().exists() or not model_path().exists():
-        pytest.fail(f"need {binary_path()} and {model_path()} (make build model)")
-    out = tmp_path_factory.mktemp("probe") / "winnow-health-probe"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True,
-                           text=True, check=True).stdout.split()
-    subprocess.run(["g++", "-O1", "-std=c++17", str(DEPLOY / "docker" / "health_probe.cc"),
-                    "-o", str(out), *flags], check=True, timeout=300)
-    return out
+    return build_health_probe(tmp_path_factory.mktemp("probe"))
 
 
 def probe(binary: pathlib.Path, *args: str, env: dict | None = None):
@@ -595,7 +631,9 @@ def test_prestop_hook_drains_the_daemon_as_pid_1(health_probe):
     try:
         deadline = time.monotonic() + 60
         while probe(health_probe, "--addr", f"127.0.0.1:{port}", "--timeout", "1").returncode:
-            assert proc.poll() is None and time.monotonic() < deadline, "daemon did not start"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"daemon did not start (exit {proc.poll()}):\n{log.read()}")
             time.sleep(0.2)
         (daemon_pid,) = _children(proc.pid)
         ns_pid = [line for line in pathlib.Path(f"/proc/{daemon_pid}/status").read_text()

@@ -52,6 +52,38 @@ TEST(ServeOptionsTest, FlagBeatsEnvBeatsConfig) {
   EXPECT_EQ(o->config, "/etc/winnow.yaml");
 }
 
+TEST(ServeOptionsTest, SecurityAndConnectionLimits) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->max_concurrent_streams, 256);
+  EXPECT_EQ(d->max_connection_age, absl::ZeroDuration());  // no limit
+  EXPECT_EQ(d->max_connection_age_grace, absl::Minutes(5));
+  EXPECT_TRUE(d->tls_cert.empty() && d->tls_key.empty() && d->tls_client_ca.empty());
+  EXPECT_TRUE(d->api_key_file.empty());
+
+  auto o = Parse({"--tls-cert", "/tls/tls.crt", "--tls-key=/tls/tls.key",
+                  "--max-connection-age", "30m"},
+                 {{"WINNOW_TLS_CLIENT_CA", "/tls/ca.crt"},
+                  {"WINNOW_CONFIG", "/etc/winnow.yaml"}},
+                 "api_key_file: /keys/api-keys\nmax-concurrent-streams: 16\n"
+                 "max_connection_age_grace: 10s\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tls_cert, "/tls/tls.crt");
+  EXPECT_EQ(o->tls_key, "/tls/tls.key");
+  EXPECT_EQ(o->tls_client_ca, "/tls/ca.crt");
+  EXPECT_EQ(o->api_key_file, "/keys/api-keys");
+  EXPECT_EQ(o->max_concurrent_streams, 16);
+  EXPECT_EQ(o->max_connection_age, absl::Minutes(30));
+  EXPECT_EQ(o->max_connection_age_grace, absl::Seconds(10));
+  EXPECT_EQ(Parse({}, {{"WINNOW_API_KEY", "client-side"}})->unknown_env.size(), 0u);
+
+  auto bad = Parse({"--max-concurrent-streams", "0"});
+  EXPECT_NE(bad.status().message().find("--max-concurrent-streams"), std::string::npos);
+  bad = Parse({"--max-connection-age", "soon"});
+  EXPECT_NE(bad.status().message().find("--max-connection-age must be a duration"),
+            std::string::npos);
+}
+
 TEST(ServeOptionsTest, PrefixCachingIsOnByDefaultAndTakesABoolean) {
   EXPECT_TRUE(Parse({})->enable_prefix_caching);
   EXPECT_FALSE(Parse({"--enable-prefix-caching=false"})->enable_prefix_caching);

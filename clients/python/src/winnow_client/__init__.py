@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from typing import Iterator, Mapping, Optional, Sequence, Union
 
@@ -56,16 +57,54 @@ def _decode_health_response(data: bytes) -> int:
     return 0
 
 
+class _MetadataInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds fixed metadata (the API key) to every call, on plaintext and TLS channels alike
+    (gRPC's call credentials refuse plaintext channels)."""
+
+    def __init__(self, metadata: Sequence[tuple[str, str]]):
+        self._metadata = list(metadata)
+
+    def _with_metadata(self, details):
+        return details._replace(metadata=list(details.metadata or []) + self._metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_metadata(details), request)
+
+
+def _read(path: Optional[str]) -> Optional[bytes]:
+    return pathlib.Path(path).read_bytes() if path else None
+
+
 class WinnowClient:
-    def __init__(self, target: str = "localhost:50051", channel: Optional[grpc.Channel] = None):
-        self.channel = channel or grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 256 << 20),
-            ],
-        )
-        self.stub = pb2_grpc.InferenceStub(self.channel)
+    def __init__(self, target: str = "localhost:50051", channel: Optional[grpc.Channel] = None,
+                 *, api_key: Optional[str] = None, tls: bool = False,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, options: Sequence[tuple] = ()):
+        """Connects to a winnow daemon.
+
+        api_key: sent as "authorization: Bearer <key>" on every call (--api-key-file).
+        tls / tls_ca: TLS, verifying the server with the PEM CA file tls_ca (default: the
+        system's roots); tls_cert + tls_key: a client certificate for mutual TLS.
+        """
+        if channel is None:
+            opts = [("grpc.max_send_message_length", 256 << 20),
+                    ("grpc.max_receive_message_length", 256 << 20), *options]
+            if tls or tls_ca or tls_cert:
+                creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca),
+                                                     private_key=_read(tls_key),
+                                                     certificate_chain=_read(tls_cert))
+                channel = grpc.secure_channel(target, creds, options=opts)
+            else:
+                channel = grpc.insecure_channel(target, options=opts)
+        self.channel = channel
+        if api_key:
+            channel = grpc.intercept_channel(
+                channel, _MetadataInterceptor([("authorization", f"Bearer {api_key}")]))
+        self.stub = pb2_grpc.InferenceStub(channel)
+        self._calls = channel
 
     def close(self) -> None:
         self.channel.close()
@@ -189,7 +228,7 @@ class WinnowClient:
 
     def health(self, service: str = "", timeout: float = 2.0) -> str:
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING", ..."""
-        check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+        check = self._calls.unary_unary("/grpc.health.v1.Health/Check")
         raw = check(_encode_health_request(service), timeout=timeout)
         return HEALTH_STATUS.get(_decode_health_response(raw), "UNKNOWN")
 
@@ -228,6 +267,12 @@ def _message_dict(msg) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=os.environ.get("WINNOW_TARGET", "localhost:50051"))
+    ap.add_argument("--api-key", default=os.environ.get("WINNOW_API_KEY"),
+                    help="API key (the server's --api-key-file); default $WINNOW_API_KEY")
+    ap.add_argument("--tls", action="store_true", help="TLS with the system's root CAs")
+    ap.add_argument("--tls-ca", help="PEM CA file that signed the server's certificate")
+    ap.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    ap.add_argument("--tls-key", help="its private key (PEM)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="raw prompt text")
     src.add_argument("--chat", help="a user message, rendered with the model's chat template")
@@ -259,7 +304,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json", action="store_true", help="print every response as JSON")
     args = ap.parse_args(argv)
 
-    client = WinnowClient(args.target)
+    client = WinnowClient(args.target, api_key=args.api_key, tls=args.tls, tls_ca=args.tls_ca,
+                          tls_cert=args.tls_cert, tls_key=args.tls_key)
     try:
         if args.info:
             print(json.dumps({"health": client.health(),

@@ -32,9 +32,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The daemon's --config YAML: the user's settings plus the ones the chart owns. */}}
 {{- define "winnow.config" -}}
-{{- range $key := list "model" "host" "port" "http-port" "metrics-port" "drain-timeout" "config" -}}
+{{- range $key := list "model" "host" "port" "http-port" "metrics-port" "drain-timeout" "config" "tls-cert" "tls-key" "tls-client-ca" "api-key-file" -}}
 {{- if hasKey $.Values.config $key -}}
-{{- fail (printf "config.%s is set by the chart; use the values model.*, ports.* or drain.* instead" $key) -}}
+{{- fail (printf "config.%s is set by the chart; use the values model.*, ports.*, drain.*, tls.* or auth.* instead" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- $owned := dict
@@ -46,9 +46,26 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.ports.metrics -}}
 {{- $_ := set $owned "metrics-port" (int .Values.ports.metrics) -}}
 {{- end -}}
+{{- if .Values.tls.secretName -}}
+{{- $_ := set $owned "tls-cert" "/etc/winnow/tls/tls.crt" -}}
+{{- $_ := set $owned "tls-key" "/etc/winnow/tls/tls.key" -}}
+{{- if .Values.tls.clientCAKey -}}
+{{- $_ := set $owned "tls-client-ca" (printf "/etc/winnow/tls/%s" .Values.tls.clientCAKey) -}}
+{{- end -}}
+{{- else if .Values.tls.clientCAKey -}}
+{{- fail "tls.clientCAKey needs tls.secretName: mutual TLS is TLS first" -}}
+{{- end -}}
+{{- if .Values.auth.apiKeySecret.name -}}
+{{- $_ := set $owned "api-key-file" (printf "/etc/winnow/auth/%s" .Values.auth.apiKeySecret.key) -}}
+{{- end -}}
 {{- toYaml (merge $owned .Values.config) -}}
 {{- end -}}
 
+
+{{/* The HTTP port's scheme: https when the chart mounts a TLS certificate. */}}
+{{- define "winnow.httpScheme" -}}
+{{- if .Values.tls.secretName -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- end -}}
 
 {{/* The container port Prometheus scrapes: the separate metrics port if any, else HTTP. */}}
 {{- define "winnow.metricsPortName" -}}
