@@ -340,8 +340,22 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   if (map == MAP_FAILED) return fail(absl::ErrnoToStatus(map_err, "cannot mmap"));
   file->map_ = static_cast<const uint8_t*>(map);
   file->map_size_ = size;
+  file->mapped_ = true;
 
   if (absl::Status s = file->Parse(); !s.ok()) return fail(s);
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes,
+                                                              std::string name) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->path_ = std::move(name);
+  file->owned_ = std::move(bytes);
+  file->map_ = reinterpret_cast<const uint8_t*>(file->owned_.data());
+  file->map_size_ = file->owned_.size();
+  if (absl::Status s = file->Parse(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GGUF ", file->path_, ": ", s.message()));
+  }
   return file;
 }
 
@@ -529,7 +543,7 @@ absl::Status GgufFile::Parse() {
 }
 
 GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {
