@@ -505,7 +505,15 @@ absl::Status GgufFile::Parse() {
           what, ": first dimension ", tensor.dims[0], " is not a multiple of the ",
           std::string(traits.name), " block size ", traits.block_elements));
     }
-    const int64_t row_bytes = tensor.dims[0] / traits.block_elements * traits.block_bytes;
+    // A first dimension near 2^63 overflows the row's byte count itself, not only the product
+    // with the rows below (found by fuzz/gguf_fuzz.cc).
+    const int64_t row_blocks = tensor.dims[0] / traits.block_elements;
+    if (row_blocks > std::numeric_limits<int64_t>::max() / traits.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": byte size overflows (a row of ",
+                                                     tensor.dims[0], " ",
+                                                     std::string(traits.name), " elements)"));
+    }
+    const int64_t row_bytes = row_blocks * traits.block_bytes;
     const int64_t rows = elements / tensor.dims[0];
     if (rows > std::numeric_limits<int64_t>::max() / row_bytes) {
       return absl::InvalidArgumentError(

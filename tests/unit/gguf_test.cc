@@ -407,6 +407,14 @@ TEST_F(GgufTest, HugeCounts) {
   ExpectError(b.Build(), {"tensor count"});
 }
 
+// Found by fuzz/gguf_fuzz.cc: a first dimension this large overflowed the row's byte count
+// (signed overflow, undefined) before the overflow check on the whole tensor.
+TEST_F(GgufTest, HugeFirstDimension) {
+  GgufBuilder b;
+  b.Tensor({"wide", {1ull << 62}, 0, std::string(4, '\0'), std::nullopt});
+  ExpectError(b.Build(), {"tensor 'wide'", "byte size overflows"});
+}
+
 TEST_F(GgufTest, StringLengthPastEof) {
   GgufBuilder b;
   b.Kv("general.name", kStr, Bytes().Put<uint64_t>(1000).Raw("short"));
