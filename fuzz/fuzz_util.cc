@@ -125,7 +125,7 @@ SpmVocab MakeSpmVocab() {
   add(sp + "hello", score--, 1);
   add(sp + "the", score--, 1);
   add("<|user|>", 0, 4);
-  add("<|end|>", 0, 4);
+  add("<|end|>", 0, 3);
   const std::string image = GgufImage()
                                 .Str("general.architecture", "llama")
                                 .Str("tokenizer.ggml.model", "llama")

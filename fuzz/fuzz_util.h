@@ -42,8 +42,8 @@ class GgufImage {
 };
 
 // A SentencePiece tokenizer ("llama") over unknown, BOS, EOS, the 256 byte tokens, U+2581,
-// letters and merged pieces, and two user-defined specials; the GGUF it was read from is kept
-// alive beside it.
+// letters and merged pieces, a user-defined and a control special; the GGUF it was read from is
+// kept alive beside it.
 struct SpmVocab {
   std::unique_ptr<model::GgufFile> file;
   std::unique_ptr<model::Tokenizer> tokenizer;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
+#include "google/protobuf/stubs/logging.h"
 #include "model/model.h"
 #include "server/request_builder.h"
 #include "winnow/v1/inference.pb.h"
@@ -19,6 +20,9 @@ winnow::model::Model* model = nullptr;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // Protobuf logs every string field with invalid UTF-8 it refuses; on fuzzed bytes that is
+  // most inputs (the refusal itself is what the daemon sees: a parse failure).
+  google::protobuf::SetLogHandler(nullptr);
   const std::string path = winnow::fuzz::ModelPath();
   if (path.empty()) {
     std::fprintf(stderr, "request_fuzz: no WINNOW_FUZZ_MODEL; every input is skipped\n");

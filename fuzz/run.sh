@@ -28,7 +28,7 @@ fi
 nice -n 10 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}"
 
 mkdir -p "$BUILD_DIR/artifacts" "$BUILD_DIR/fuzz-logs"
-summary="$BUILD_DIR/fuzz-summary.md"
+summary=${FUZZ_SUMMARY:-$BUILD_DIR/fuzz-summary.md}
 echo "| target | seconds | executions | exec/s | cov | ft | corpus | result |" > "$summary"
 echo "|---|---|---|---|---|---|---|---|" >> "$summary"
 failed=0
@@ -43,7 +43,7 @@ for t in "${TARGETS[@]}"; do
     -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/$t-" "$scratch" \
     > "$log" 2>&1 || status=$?
   rm -rf "$scratch"
-  done_line=$(grep -E '^#[0-9]+ +DONE' "$log" | tail -1 || true)
+  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<< "$done_line")
