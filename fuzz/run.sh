@@ -4,6 +4,7 @@
 # target crashes, leaks, times out or trips a sanitizer; the input is kept in
 # BUILD_DIR/artifacts/ (copy it to fuzz/regressions/<target>/ once fixed).
 #   fuzz/run.sh [BUILD_DIR] [SECONDS] [TARGET...]
+# FUZZ_ARGS adds libFuzzer flags (e.g. -max_len=65536); FUZZ_SUMMARY moves the summary table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-fuzz}
@@ -40,7 +41,7 @@ for t in "${TARGETS[@]}"; do
   status=0
   # -timeout: an input that takes 25 s is a hang, reported like a crash.
   nice -n 10 "$BUILD_DIR/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=25 \
-    -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/$t-" "$scratch" \
+    -print_final_stats=1 -artifact_prefix="$BUILD_DIR/artifacts/$t-" ${FUZZ_ARGS:-} "$scratch" \
     > "$log" 2>&1 || status=$?
   rm -rf "$scratch"
   done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)
