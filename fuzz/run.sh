@@ -17,7 +17,8 @@ JOBS=${FUZZ_JOBS:-2}
 export WINNOW_FUZZ_MODEL=${WINNOW_FUZZ_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
 # Debian 12's clang 14 ships libFuzzer in libclang-rt-14-dev.
-if ! command -v clang++ >/dev/null || ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
+libfuzzer="/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a"
+if ! command -v clang++ >/dev/null || ! compgen -G "$libfuzzer" >/dev/null; then
   SUDO=$([[ $(id -u) -eq 0 ]] || echo sudo)
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-14-dev
 fi
@@ -56,8 +57,8 @@ for t in "${TARGETS[@]}"; do
     failed=1
     grep -E 'ERROR: |SUMMARY: |Test unit written' "$log" | head -5 || true
   fi
-  echo "| $t | $SECONDS_EACH | ${execs:-?} | ${rate:-?} | ${cov:-?} | ${ft:-?} | ${corp:-?} | $result |" \
-    >> "$summary"
+  row="| $t | $SECONDS_EACH | ${execs:-?} | ${rate:-?} | ${cov:-?} | ${ft:-?} | ${corp:-?}"
+  echo "$row | $result |" >> "$summary"
 done
 cat "$summary"
 exit $failed
