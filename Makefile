@@ -9,7 +9,8 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan
+.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan \
+  fuzz
 
 all: build
 
@@ -74,6 +75,15 @@ test-tsan: deps model venv
 	$(TSAN_ENV) $(TSAN_DIR)/winnow_server_tests
 	$(TSAN_ENV) WINNOW_BIN=$(abspath $(TSAN_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
 	  $(PY) -m pytest -q tests/python/test_daemon.py -k '$(TSAN_DAEMON_TESTS)'
+
+# Fuzz targets (fuzz/, docs/reliability.md "Fuzzing"): libFuzzer with ASan and UBSan through
+# Debian's clang, in a build directory of their own; each target runs FUZZ_SECONDS on a scratch
+# copy of its seed corpus, and any crash fails. Their seeds and regressions also replay in
+# `make test` (ctest fuzz_replay.*).
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz: deps model
+	bash fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 # Deployment artefacts only: hadolint, Helm render/lint, Kubernetes schemas, dashboard metrics
 # (also part of `make test`).

@@ -1,7 +1,9 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
 #include <ctime>
-#include <regex>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,82 @@ std::string PythonStrip(const std::string& s) {
   return out;
 }
 
+// The template scans below were std::regex searches; libstdc++'s matcher recurses once per
+// character matched, so a template with a 100 KB system turn overflowed the stack and crashed
+// the daemon while loading the model (found with fuzz/chat_template_fuzz.cc). These scans do the
+// same matching in loops.
+
+bool IsJinjaSpace(char c) {  // ECMAScript \s over ASCII
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+// Skips whitespace at `*pos`; false when fewer than `min` characters were skipped.
+bool SkipSpaces(std::string_view s, size_t* pos, size_t min) {
+  const size_t start = *pos;
+  while (*pos < s.size() && IsJinjaSpace(s[*pos])) ++*pos;
+  return *pos - start >= min;
+}
+
+bool Consume(std::string_view s, size_t* pos, std::string_view word) {
+  if (s.substr(*pos, word.size()) != word) return false;
+  *pos += word.size();
+  return true;
+}
+
+bool IsQuote(char c) { return c == '\'' || c == '"'; }
+
+struct DefaultSystem {
+  size_t position;        // of its <|im_start|>
+  std::string_view text;  // still Jinja-escaped
+};
+
+// The first '<|im_start|>system' + ('\\n' or a newline) + text without quotes + '<|im_end|>'.
+std::optional<DefaultSystem> FindDefaultSystem(std::string_view t) {
+  const std::string_view head = "<|im_start|>system";
+  for (size_t at = t.find(head); at != std::string_view::npos; at = t.find(head, at + 1)) {
+    size_t pos = at + head.size();
+    if (!Consume(t, &pos, "\\n") && !Consume(t, &pos, "\n")) continue;
+    const size_t end = t.find(kImEnd, pos);
+    if (end == std::string_view::npos) return std::nullopt;  // no later start can end either
+    const std::string_view text = t.substr(pos, end - pos);
+    if (std::find_if(text.begin(), text.end(), IsQuote) == text.end()) {
+      return DefaultSystem{at, text};
+    }
+  }
+  return std::nullopt;
+}
+
+// Position of the first '{%' '-'? spaces 'for' spaces 'message' spaces 'in' spaces 'messages'.
+size_t FindMessageLoop(std::string_view t) {
+  for (size_t at = t.find("{%"); at != std::string_view::npos; at = t.find("{%", at + 1)) {
+    size_t pos = at + 2;
+    Consume(t, &pos, "-");
+    if (SkipSpaces(t, &pos, 0) && Consume(t, &pos, "for") && SkipSpaces(t, &pos, 1) &&
+        Consume(t, &pos, "message") && SkipSpaces(t, &pos, 1) && Consume(t, &pos, "in") &&
+        SkipSpaces(t, &pos, 1) && Consume(t, &pos, "messages")) {
+      return at;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// The quoted value of the first 'set' spaces 'date_string' spaces? '=' spaces? quoted string.
+std::optional<std::string_view> FindDateString(std::string_view t) {
+  for (size_t at = t.find("set"); at != std::string_view::npos; at = t.find("set", at + 1)) {
+    size_t pos = at + 3;
+    if (!(SkipSpaces(t, &pos, 1) && Consume(t, &pos, "date_string"))) continue;
+    SkipSpaces(t, &pos, 0);
+    if (!Consume(t, &pos, "=")) continue;
+    SkipSpaces(t, &pos, 0);
+    if (pos >= t.size() || !IsQuote(t[pos])) continue;
+    const size_t begin = pos + 1;
+    size_t end = begin;
+    while (end < t.size() && !IsQuote(t[end])) ++end;
+    if (end < t.size()) return t.substr(begin, end - begin);  // either quote closes, as before
+  }
+  return std::nullopt;
+}
+
 std::string TodayForLlama() {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
@@ -86,15 +164,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& j
     // A system turn written out as a literal is the template's default system message:
     // '<|im_start|>system\n...<|im_end|>' with no quote inside (a quote would mean the content
     // is concatenated from the messages instead).
-    static const std::regex kDefaultSystem(
-        R"(<\|im_start\|>system(?:\\n|\n)([^'"]*?)<\|im_end\|>)");
-    std::smatch m;
-    if (std::regex_search(jinja_text, m, kDefaultSystem)) {
-      t.default_system_ = UnescapeJinja(m[1].str());
-      static const std::regex kLoop(R"(\{%-?\s*for\s+message\s+in\s+messages)");
-      std::smatch loop;
-      t.system_outside_loop_ = std::regex_search(jinja_text, loop, kLoop) &&
-                               m.position(0) < loop.position(0);
+    if (std::optional<DefaultSystem> system = FindDefaultSystem(jinja_text)) {
+      t.default_system_ = UnescapeJinja(system->text);
+      const size_t loop = FindMessageLoop(jinja_text);
+      t.system_outside_loop_ = loop != std::string_view::npos && system->position < loop;
     }
     return t;
   }
@@ -102,12 +175,10 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& j
     t.kind_ = ChatTemplateKind::kLlama3;
     if (absl::StrContains(jinja_text, "Cutting Knowledge Date")) {
       t.llama31_system_ = true;
-      static const std::regex kDate(R"(set\s+date_string\s*=\s*["']([^"']*)["'])");
-      std::smatch m;
       if (absl::StrContains(jinja_text, "strftime_now")) {
         t.date_string_ = TodayForLlama();
-      } else if (std::regex_search(jinja_text, m, kDate)) {
-        t.date_string_ = m[1].str();
+      } else if (std::optional<std::string_view> date = FindDateString(jinja_text)) {
+        t.date_string_ = std::string(*date);
       } else {
         t.date_string_ = "26 Jul 2024";
       }

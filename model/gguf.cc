@@ -340,8 +340,22 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   if (map == MAP_FAILED) return fail(absl::ErrnoToStatus(map_err, "cannot mmap"));
   file->map_ = static_cast<const uint8_t*>(map);
   file->map_size_ = size;
+  file->mapped_ = true;
 
   if (absl::Status s = file->Parse(); !s.ok()) return fail(s);
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes,
+                                                              std::string name) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->path_ = std::move(name);
+  file->owned_ = std::move(bytes);
+  file->map_ = reinterpret_cast<const uint8_t*>(file->owned_.data());
+  file->map_size_ = file->owned_.size();
+  if (absl::Status s = file->Parse(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GGUF ", file->path_, ": ", s.message()));
+  }
   return file;
 }
 
@@ -491,7 +505,15 @@ absl::Status GgufFile::Parse() {
           what, ": first dimension ", tensor.dims[0], " is not a multiple of the ",
           std::string(traits.name), " block size ", traits.block_elements));
     }
-    const int64_t row_bytes = tensor.dims[0] / traits.block_elements * traits.block_bytes;
+    // A first dimension near 2^63 overflows the row's byte count itself, not only the product
+    // with the rows below (found by fuzz/gguf_fuzz.cc).
+    const int64_t row_blocks = tensor.dims[0] / traits.block_elements;
+    if (row_blocks > std::numeric_limits<int64_t>::max() / traits.block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": byte size overflows (a row of ",
+                                                     tensor.dims[0], " ",
+                                                     std::string(traits.name), " elements)"));
+    }
+    const int64_t row_bytes = row_blocks * traits.block_bytes;
     const int64_t rows = elements / tensor.dims[0];
     if (rows > std::numeric_limits<int64_t>::max() / row_bytes) {
       return absl::InvalidArgumentError(
@@ -529,7 +551,7 @@ absl::Status GgufFile::Parse() {
 }
 
 GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {

@@ -64,6 +64,11 @@ class GgufFile {
   // size; a truncated or malformed file gives an InvalidArgument/DataLoss error naming what is
   // wrong (which key, which tensor), never a crash.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // The same checks on an image held in memory (the fuzz targets, vocabularies built in code).
+  // The file keeps `bytes`, so tensor data points into them; `name` stands for the path in
+  // errors.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes,
+                                                             std::string name = "<memory>");
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -97,8 +102,10 @@ class GgufFile {
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
-  const uint8_t* map_ = nullptr;
+  const uint8_t* map_ = nullptr;  // the mapping, or owned_'s bytes
   uint64_t map_size_ = 0;
+  bool mapped_ = false;  // map_ is an mmap to undo
+  std::string owned_;
   uint64_t data_offset_ = 0;  // start of the tensor data section in the file
   std::vector<std::pair<std::string, GgufValue>> metadata_;
   absl::flat_hash_map<std::string, size_t> metadata_index_;

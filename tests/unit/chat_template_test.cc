@@ -132,6 +132,26 @@ TEST(ChatTemplateTest, Llama31AlwaysHasSystemTurnWithDates) {
             "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>");
 }
 
+// Found with fuzz/chat_template_fuzz.cc: the template scans were std::regex searches, whose
+// recursion per matched character overflowed the stack on a 100 KB system turn or date string.
+TEST(ChatTemplateTest, HugeTemplatesDoNotOverflowTheStack) {
+  const std::string big(1 << 20, 'a');
+  auto chatml = ChatTemplate::FromTemplateText("{{ '<|im_start|>system\\n" + big +
+                                               "<|im_end|>\\n' }}{%- for  message in\n"
+                                               "messages %}{% endfor %}");
+  ASSERT_TRUE(chatml.ok()) << chatml.status();
+  auto out = chatml->Apply({}, /*add_generation_prompt=*/false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<|im_start|>system\n" + big + "<|im_end|>\n");  // before the loop: emitted
+
+  auto llama31 = ChatTemplate::FromTemplateText(
+      "<|start_header_id|>Cutting Knowledge Date {% set date_string = '" + big + "' %}");
+  ASSERT_TRUE(llama31.ok()) << llama31.status();
+  auto dated = llama31->Apply({{"user", "hi"}}, false);
+  ASSERT_TRUE(dated.ok()) << dated.status();
+  EXPECT_NE(dated->find("Today Date: " + big + "\n"), std::string::npos);
+}
+
 TEST(ChatTemplateTest, RejectsUnknownTemplatesAndRoles) {
   auto t =
       ChatTemplate::FromTemplateText("{% for m in messages %}[INST] {{ m.content }}{% endfor %}");

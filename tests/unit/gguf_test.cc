@@ -353,6 +353,31 @@ TEST_F(GgufTest, EveryTruncationFails) {
   }
 }
 
+// The in-memory seam (fuzz/gguf_fuzz.cc) runs the same parser: the same file parses to the
+// same metadata and tensors, and every truncation fails.
+TEST_F(GgufTest, FromBytesMatchesOpen) {
+  const std::string full = RichBuilder(3, 64).Build();
+  auto from_disk = OpenBytes(full);
+  auto from_memory = GgufFile::FromBytes(full, "rich");
+  ASSERT_TRUE(from_disk.ok()) << from_disk.status();
+  ASSERT_TRUE(from_memory.ok()) << from_memory.status();
+  EXPECT_EQ((*from_memory)->metadata().size(), (*from_disk)->metadata().size());
+  ASSERT_EQ((*from_memory)->tensors().size(), (*from_disk)->tensors().size());
+  for (size_t i = 0; i < (*from_disk)->tensors().size(); ++i) {
+    const GgufTensor& a = (*from_disk)->tensors()[i];
+    const GgufTensor& b = (*from_memory)->tensors()[i];
+    EXPECT_EQ(b.name, a.name);
+    EXPECT_EQ(b.nbytes, a.nbytes);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.data), b.nbytes),
+              std::string(reinterpret_cast<const char*>(a.data), a.nbytes));
+  }
+  for (size_t len = 0; len < full.size(); ++len) {
+    auto f = GgufFile::FromBytes(full.substr(0, len), "rich");
+    ASSERT_FALSE(f.ok()) << "truncated to " << len << " bytes parsed";
+    EXPECT_EQ(f.status().message().substr(0, 10), "GGUF rich:") << f.status();
+  }
+}
+
 TEST_F(GgufTest, BadMagic) {
   std::string bytes = RichBuilder(3, 32).Build();
   bytes[0] = 'X';
@@ -380,6 +405,14 @@ TEST_F(GgufTest, HugeCounts) {
   b.kv_count_override.reset();
   b.tensor_count_override = ~0ull;
   ExpectError(b.Build(), {"tensor count"});
+}
+
+// Found by fuzz/gguf_fuzz.cc: a first dimension this large overflowed the row's byte count
+// (signed overflow, undefined) before the overflow check on the whole tensor.
+TEST_F(GgufTest, HugeFirstDimension) {
+  GgufBuilder b;
+  b.Tensor({"wide", {1ull << 62}, 0, std::string(4, '\0'), std::nullopt});
+  ExpectError(b.Build(), {"tensor 'wide'", "byte size overflows"});
 }
 
 TEST_F(GgufTest, StringLengthPastEof) {

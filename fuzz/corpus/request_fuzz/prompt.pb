@@ -1,0 +1,1 @@
+The capital of France isB
