@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -290,3 +291,19 @@ def test_every_dashboard_query_evaluates(stack):
             metric = re.search(r"label_values\((.*),\s*(\w+)\)$", q)
             assert metric, q
             assert prom.query(metric.group(1)), q
+
+
+def test_separate_metrics_port_serves_the_registry():
+    """--metrics-port: a plaintext port with /metrics alone, the same registry as the HTTP port's.
+    (It once could not start in the CUDA build: civetweb's thread stacks were too small.)"""
+    port = free_port()
+    with Daemon("--metrics-port", str(port)) as d:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+        assert "winnow_serving" in text and "winnow_kv_blocks_capacity" in text
+        assert f'listening grpc=127.0.0.1:{d.port}' in d.logs() and f"metrics=127.0.0.1:{port}" \
+            in d.logs()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        assert err.value.code == 404
