@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdint>
 #include <cerrno>
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -24,8 +24,8 @@
 #include "server/http/http_server.h"
 #include "server/inference_service.h"
 #include "server/logging.h"
-#include "server/security.h"
 #include "server/metrics.h"
+#include "server/security.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::server {
@@ -153,11 +153,11 @@ int RunDaemon(const ServeOptions& options) {
 
   ServingState state;
   state.options = options;
-  state.authenticator = Authenticator(std::move(*api_keys), tls->verifies_clients());
   LogEvent(spdlog::level::info, "security",
            {{"tls", tls->enabled() ? "on" : "off"},
             {"client_certificates", tls->verifies_clients() ? "required" : "off"},
-            {"api_keys", absl::StrCat(state.authenticator.enabled() ? api_keys->size() : 0)}});
+            {"api_keys", absl::StrCat(api_keys->size())}});
+  state.authenticator = Authenticator(std::move(*api_keys), tls->verifies_clients());
 
   // Metrics first: a probe or scrape during a slow model load should already see the daemon.
   const std::string model_name = ServedModelName(options);

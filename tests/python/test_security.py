@@ -119,6 +119,7 @@ def code_of(call) -> grpc.StatusCode:
 
 
 def test_grpc_needs_tls_and_a_key_but_health_is_open(keyed, pki):
+    assert "security tls=on client_certificates=off api_keys=2" in keyed.logs()
     with WinnowClient(keyed.target) as plain:  # plaintext against the TLS port
         assert code_of(lambda: plain.health(timeout=3)).code() == grpc.StatusCode.UNAVAILABLE
 
@@ -206,6 +207,7 @@ def test_health_probe_speaks_tls(keyed, pki, tmp_path):
 
 
 def test_mutual_tls_grpc(mutual, pki):
+    assert "security tls=on client_certificates=required api_keys=0" in mutual.logs()
     ca = str(pki / "ca.crt")
     with WinnowClient(mutual.target, tls_ca=ca) as anonymous:
         assert anonymous.health() == "SERVING"  # probes need no certificate
