@@ -1,7 +1,5 @@
 #include "server/metrics.h"
 
-
-#include <exception>
 #include <map>
 #include <vector>
 
@@ -257,7 +255,7 @@ Metrics::~Metrics() {
 absl::Status Metrics::StartExposer(const std::string& host, int32_t port) {
   exposer_ = std::make_unique<httplib::Server>();
   exposer_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Exposition(), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(Exposition(), kExpositionContentType);
   });
   port_ = port == 0 ? exposer_->bind_to_any_port(host)
                     : (exposer_->bind_to_port(host, port) ? port : -1);

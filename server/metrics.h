@@ -24,6 +24,9 @@ class Server;
 
 namespace winnow::server {
 
+// What GET /metrics answers with: Prometheus' text format 0.0.4.
+inline constexpr char kExpositionContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
 // The codes an edge refuses requests with; pre-created at 0 so rate() sees the first one.
 inline constexpr const char* kRejectedCodes[] = {
     "INVALID_ARGUMENT", "NOT_FOUND",         "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",

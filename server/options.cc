@@ -4,11 +4,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -17,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "base/cli.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -231,14 +230,9 @@ const Setting* FindSetting(const std::string& name) {
 }
 
 std::string ReadFileFromDisk(const std::string& path, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot be read";
-    return "";
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::optional<std::string> bytes = base::ReadWholeFile(path);
+  if (!bytes) *error = "cannot be read";
+  return bytes.value_or("");
 }
 
 // name -> value, in the order they were given.

@@ -8,14 +8,14 @@
 #include <openssl/x509.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 
@@ -23,14 +23,12 @@ namespace winnow::server {
 namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' cannot be read"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) {
+  std::optional<std::string> bytes = base::ReadWholeFile(path);
+  if (!bytes) return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' cannot be read"));
+  if (bytes->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' is empty"));
   }
-  return ss.str();
+  return *std::move(bytes);
 }
 
 struct BioDeleter {

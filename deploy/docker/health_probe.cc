@@ -96,7 +96,8 @@ int Usage(const char* why) {
   return 2;
 }
 
-// Insecure credentials, or TLS verified against the CA file (empty string: unreadable).
+// Insecure credentials without a CA file, else TLS verified against it; *ok false when the
+// file cannot be read.
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_file, bool* ok) {
   *ok = true;
   if (ca_file.empty()) return grpc::InsecureChannelCredentials();

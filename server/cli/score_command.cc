@@ -2,13 +2,12 @@
 // argmax at every position, the log-probability of each next token, and the last logits.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/cli.h"
+#include "base/file.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
@@ -23,11 +22,9 @@ int Fail(const absl::Status& status) {
 }
 
 absl::StatusOr<std::vector<int32_t>> ReadTokens(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot open --tokens-file " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::optional<std::string> text = base::ReadWholeFile(path);
+  if (!text) return absl::NotFoundError("cannot open --tokens-file " + path);
+  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_array()) {
     return absl::InvalidArgumentError("--tokens-file must hold a JSON array of token ids");
   }

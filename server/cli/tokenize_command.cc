@@ -8,9 +8,9 @@
 //   --chat F                         F holds messages (a JSON array, or {"messages": [...],
 //                                    "add_generation_prompt": bool}); prints {"prompt", "ids"}
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/cli.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
@@ -38,11 +39,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::optional<std::string> bytes = base::ReadWholeFile(path);
+  if (!bytes) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  return *std::move(bytes);
 }
 
 std::string IdsJson(const std::vector<int32_t>& ids) {

@@ -150,7 +150,9 @@ bool HttpServer::Refuse(const httplib::Request& req, httplib::Response& res) {
   absl::Status st = state_->authenticator.Check(req.get_header_value("Authorization"),
                                                 ClientCertificateVerified(req));
   if (st.ok()) return false;
-  if (state_->metrics != nullptr) state_->metrics->OnRejected("UNAUTHENTICATED");
+  if (state_->metrics != nullptr) {
+    state_->metrics->OnRejected(absl::StatusCodeToString(st.code()));
+  }
   res.set_header("WWW-Authenticate", "Bearer");
   // Refused before its body is read (cpp-httplib's pre-routing stage): the connection cannot
   // carry another request after it.
@@ -183,7 +185,7 @@ void HttpServer::Route() {
     SendStatus(res, CheckServing(*state_, /*generate=*/true));
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(state_->metrics->Exposition(), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(state_->metrics->Exposition(), kExpositionContentType);
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     if (absl::Status st = CheckServing(*state_, false); !st.ok()) return SendStatus(res, st);
