@@ -122,7 +122,7 @@ struct CudaModel::Scratch {
   Buf<Bf16> xn, q, k, v, attn, proj, gate_up, act, final_rows;
   Buf<int32_t> tokens, embedding_rows, positions, logits_rows;
   Buf<int64_t> slots;  // num_layers x rows slot mappings
-  Buf<float> embeddings, logits;
+  Buf<float> embeddings, logits, log_norm;
 };
 
 // What the host works out from the batch before anything runs on the device.
@@ -290,6 +290,7 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
     out->num_rows[e] = n - from;
   }
   out->logits.clear();
+  out->log_norm.clear();
   if (in.rows == 0) return absl::OkStatus();
 
   WINNOW_RETURN_IF_ERROR(Upload(in));
@@ -405,10 +406,19 @@ absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {
                                           out_rows, s.final_rows.data(), stream_));
     WINNOW_RETURN_IF_ERROR(Linear(weights_->head(), c.vocab_size, hidden, s.final_rows.data(),
                                   out_rows, s.logits.data(), /*float_output=*/true));
+    WINNOW_RETURN_IF_ERROR(Reserve(s.log_norm, out_rows));
+    WINNOW_RETURN_IF_ERROR(
+        kc::LogSumExpRows(s.logits.data(), out_rows, c.vocab_size, s.log_norm.data(), stream_));
     out->logits.resize(out_rows * c.vocab_size);
+    out->log_norm.resize(out_rows);
     WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data(), s.logits.data(),
                                                 out->logits.size() * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream_));
+    WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->log_norm.data(), s.log_norm.data(),
+                                                out_rows * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream_));
+  } else {
+    out->log_norm.clear();
   }
   // Also surfaces an asynchronous error of any kernel of this forward.
   WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

@@ -404,6 +404,7 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
   out->vocab_size = c.vocab_size;
   out->first_row.assign(batch.size(), -1);
   out->num_rows.assign(batch.size(), 0);
+  out->log_norm.clear();
   std::vector<int64_t> source_rows;
   for (size_t e = 0; e < batch.size(); ++e) {
     const int64_t n = static_cast<int64_t>(batch[e].tokens.size());

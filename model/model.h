@@ -58,6 +58,9 @@ struct ForwardOutput {
   std::vector<float> logits;           // rows x vocab_size, entries in batch order
   std::vector<int32_t> first_row;      // per entry: its first logits row, -1 when none
   std::vector<int32_t> num_rows;       // per entry: how many rows
+  // Per logits row, log(sum(exp(row))) when the forward computed it (the CUDA forward, where the
+  // GPU's pass over the vocabulary is nearly free); empty otherwise.
+  std::vector<float> log_norm;
 
   std::span<const float> Row(int32_t row) const {
     return std::span<const float>(logits).subspan(int64_t{row} * vocab_size, vocab_size);

@@ -54,8 +54,15 @@ void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) ++prompt_counts_[t];
 }
 
-SampledToken Sampler::Sample(std::span<const float> logits) {
+SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float> log_norm) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  const bool penalized = params_.repetition_penalty != 1.0f ||
+                         params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+  if (params_.temperature == 0.0f && !penalized) {
+    // Plain greedy reads the logits as they are: no working copy.
+    const auto best = std::max_element(logits.begin(), logits.end());
+    return Finish(logits, static_cast<int32_t>(best - logits.begin()), log_norm);
+  }
   work_.assign(logits.begin(), logits.end());
 
   // Penalties: repetition (CTRL-style) over prompt and output, as transformers and vLLM do;
@@ -131,15 +138,24 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
     }
   }
 
+  return Finish(logits, chosen, log_norm);
+}
+
+SampledToken Sampler::Finish(std::span<const float> logits, int32_t chosen,
+                             std::optional<float> log_norm) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
   // Log-probabilities are reported under the model's own distribution (before penalties and
-  // temperature), as vLLM reports raw logprobs.
-  const float max_raw = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - max_raw);
-  const float log_norm = max_raw + static_cast<float>(std::log(sum));
+  // temperature), as vLLM reports raw logprobs. Each term is exp of a float <= 0 (float exp is
+  // a fraction of double exp's cost over a 128k vocabulary); the sum is kept in double.
+  if (!log_norm.has_value()) {
+    const float max_raw = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float v : logits) sum += std::exp(v - max_raw);
+    log_norm = max_raw + static_cast<float>(std::log(sum));
+  }
   SampledToken result;
   result.id = chosen;
-  result.logprob = logits[chosen] - log_norm;
+  result.logprob = logits[chosen] - *log_norm;
   if (params_.top_logprobs > 0) {
     const int32_t n = std::min(params_.top_logprobs, vocab);
     order_.resize(vocab);
@@ -148,7 +164,7 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
     for (int32_t i = 0; i < n; ++i) {
-      result.top_logprobs.emplace_back(order_[i], logits[order_[i]] - log_norm);
+      result.top_logprobs.emplace_back(order_[i], logits[order_[i]] - *log_norm);
     }
   }
   ++output_counts_[chosen];

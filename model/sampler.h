@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
@@ -41,9 +42,17 @@ class Sampler {
   // Registers prompt tokens (seen by the repetition penalty).
   void AddPromptTokens(std::span<const int32_t> tokens);
   // Picks the next token from `logits` (vocab_size floats) and records it as generated.
-  SampledToken Sample(std::span<const float> logits);
+  // `log_norm`, when given, is log(sum(exp(logits))) computed elsewhere (on the GPU), which
+  // spares the pass over the vocabulary that log-probabilities otherwise need.
+  SampledToken Sample(std::span<const float> logits,
+                      std::optional<float> log_norm = std::nullopt);
 
  private:
+  // The result for `chosen`: its log-probability and the top log-probabilities asked for, under
+  // the raw logits; records it as generated.
+  SampledToken Finish(std::span<const float> logits, int32_t chosen,
+                      std::optional<float> log_norm);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   absl::flat_hash_map<int32_t, int32_t> prompt_counts_;

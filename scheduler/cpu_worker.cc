@@ -8,9 +8,8 @@ WorkerOutput CpuWorker::Execute(std::span<const ScheduledChunk> chunks) {
   WorkerOutput result;
   const std::vector<model::BatchEntry> batch =
       BuildForwardBatch(chunks, model_.config().hidden_size);
-  model::ForwardOutput out;
   const absl::Time t0 = absl::Now();
-  result.status = model_.Forward(batch, pool_, &out);
+  result.status = model_.Forward(batch, pool_, &out_);
   result.forward_time = absl::Now() - t0;
   if (!result.status.ok()) return result;
 
@@ -28,14 +27,8 @@ WorkerOutput CpuWorker::Execute(std::span<const ScheduledChunk> chunks) {
       }
       r.compression = *event;
     }
-    if (!c.samples) continue;
-    absl::StatusOr<model::SampledToken> token = SampleChunk(c, i, out);
-    if (token.ok()) {
-      r.token = *token;
-    } else {
-      r.status = token.status();
-    }
   }
+  SampleChunks(chunks, out_, model_.threads(), result.chunks);
   return result;
 }
 

@@ -26,6 +26,9 @@ class CpuWorker : public Worker {
 
   model::Model& model_;
   cache::BlockPool& pool_;
+  // Reused across iterations: a batch's logits (rows x vocabulary floats, 65 MB for 128 rows
+  // of a 128k vocabulary) would otherwise be allocated and zeroed every step.
+  model::ForwardOutput out_;
 };
 
 }  // namespace winnow::scheduler

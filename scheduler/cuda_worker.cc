@@ -16,22 +16,13 @@ WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
   WorkerOutput result;
   const std::vector<model::BatchEntry> batch =
       BuildForwardBatch(chunks, model_.config().hidden_size);
-  model::ForwardOutput out;
   const absl::Time t0 = absl::Now();
-  result.status = cuda_->Forward(batch, pool_, &out);
+  result.status = cuda_->Forward(batch, pool_, &out_);
   result.forward_time = absl::Now() - t0;
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!chunks[i].samples) continue;
-    absl::StatusOr<model::SampledToken> token = SampleChunk(chunks[i], i, out);
-    if (token.ok()) {
-      result.chunks[i].token = *token;
-    } else {
-      result.chunks[i].status = token.status();
-    }
-  }
+  SampleChunks(chunks, out_, model_.threads(), result.chunks);
   return result;
 }
 

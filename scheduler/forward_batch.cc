@@ -38,7 +38,25 @@ absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, siz
                                                 const model::ForwardOutput& out) {
   const int32_t row = index < out.first_row.size() ? out.first_row[index] : -1;
   if (row < 0) return absl::InternalError("forward returned no logits");
-  return chunk.seq->sampler.Sample(out.Row(row));
+  const std::optional<float> log_norm =
+      row < static_cast<int32_t>(out.log_norm.size()) ? std::optional(out.log_norm[row])
+                                                      : std::nullopt;
+  return chunk.seq->sampler.Sample(out.Row(row), log_norm);
+}
+
+void SampleChunks(std::span<const ScheduledChunk> chunks, const model::ForwardOutput& out,
+                  kernels::ThreadPool& threads, std::span<ChunkResult> results) {
+  threads.ParallelFor(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!chunks[i].samples || !results[i].status.ok()) continue;
+      absl::StatusOr<model::SampledToken> token = SampleChunk(chunks[i], i, out);
+      if (token.ok()) {
+        results[i].token = *std::move(token);
+      } else {
+        results[i].status = token.status();
+      }
+    }
+  });
 }
 
 }  // namespace winnow::scheduler

@@ -10,7 +10,9 @@
 #include "absl/status/statusor.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "kernels/cpu/thread_pool.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/worker.h"
 
 namespace winnow::scheduler {
 
@@ -23,5 +25,11 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
 // Samples chunk `index`'s next token from its logits row in `out`.
 absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,
                                                 const model::ForwardOutput& out);
+
+// Samples every chunk that samples and has not failed (results[i].status OK) into results[i],
+// spread over `threads`: each sequence has its own sampler, and on a large vocabulary the
+// log-normaliser of every row is the engine thread's largest cost after the forward.
+void SampleChunks(std::span<const ScheduledChunk> chunks, const model::ForwardOutput& out,
+                  kernels::ThreadPool& threads, std::span<ChunkResult> results);
 
 }  // namespace winnow::scheduler

@@ -130,6 +130,32 @@ __global__ void SiluMulKernel(const T* gate, const T* up, int64_t rows, int64_t 
   }
 }
 
+// One block per row: the row's max, then the sum of exp(x - max) (each thread's terms in
+// double, as the CPU sampler sums them), then max + log(sum).
+__global__ void LogSumExpRowsKernel(const float* x, int64_t rows, int64_t cols, float* out) {
+  __shared__ float shared[detail::kWarp];
+  __shared__ double shared_sum[detail::kWarp];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = x + r * cols;
+    float max_value = -INFINITY;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) max_value = fmaxf(max_value, row[c]);
+    max_value = detail::BlockReduce<true>(max_value, shared);
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(row[c] - max_value);
+    for (int offset = detail::kWarp / 2; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (threadIdx.x % detail::kWarp == 0) shared_sum[threadIdx.x / detail::kWarp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0.0;
+      for (int w = 0; w < static_cast<int>(blockDim.x) / detail::kWarp; ++w) total += shared_sum[w];
+      out[r] = max_value + static_cast<float>(log(total));
+    }
+    __syncthreads();  // shared_sum is reused by the next row
+  }
+}
+
 template <typename T>
 __global__ void AddBiasKernel(T* x, const float* bias, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
@@ -221,6 +247,14 @@ absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaSt
   if (absl::Status s = CheckPositive("AddBias", {{"cols", cols}}); !s.ok()) return s;
   AddBiasKernel<<<ElementGrid(rows * cols), kRowThreads, 0, stream>>>(x, bias, rows, cols);
   return LastLaunchStatus("AddBiasKernel");
+}
+
+absl::Status LogSumExpRows(const float* x, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream) {
+  if (rows <= 0) return NoRows("LogSumExpRows", rows);
+  if (absl::Status s = CheckPositive("LogSumExpRows", {{"cols", cols}}); !s.ok()) return s;
+  LogSumExpRowsKernel<<<RowGrid(rows), 1024, 0, stream>>>(x, rows, cols, out);
+  return LastLaunchStatus("LogSumExpRowsKernel");
 }
 
 #define WINNOW_INSTANTIATE_OPS(T)                                                             \

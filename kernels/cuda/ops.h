@@ -76,4 +76,11 @@ absl::Status SiluMul(const T* gate, const T* up, int64_t rows, int64_t cols, int
 template <typename T>
 absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
+// out[r] = log(sum_c exp(x[r * cols + c])), computed as max + log(sum exp(x - max)): the
+// log-normaliser of each logits row, so that the host sampler need not pass over the whole
+// vocabulary for a log-probability. x, out: float32. CPU: the log-normaliser in
+// model::Sampler (Sampler::Finish).
+absl::Status LogSumExpRows(const float* x, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream);
+
 }  // namespace winnow::kernels::cuda

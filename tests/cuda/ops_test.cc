@@ -5,6 +5,7 @@
 // near zero). Exact where no float arithmetic differs (gather, bias add, the residual add).
 #include "kernels/cuda/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -191,6 +192,31 @@ TYPED_TEST(OpsTest, AddBiasRoundsLikeTheCpu) {
 }
 
 // Argument checks run before any launch, so they are tested without a GPU too.
+class LogSumExpRowsTest : public ::winnow::testing::CudaTest {};
+
+TEST_F(LogSumExpRowsTest, MatchesTheDoubleSumOnTheHost) {
+  // A vocabulary-sized row with logits of a model's range, a row of one large value, and rows
+  // that are not a multiple of the block size long.
+  for (const int64_t cols : {int64_t{128256}, int64_t{49152}, int64_t{1000}, int64_t{3}}) {
+    const int64_t rows = 5;
+    std::vector<float> x = RandomNormal(rows * cols, 11, 4.0f);
+    x[2 * cols + cols / 2] = 80.0f;
+    auto d_x = Upload(x);
+    auto d_out = Allocate<float>(rows);
+    ASSERT_TRUE(LogSumExpRows(d_x.data(), rows, cols, d_out.data(), nullptr).ok());
+    ASSERT_TRUE(Synchronize().ok());
+    const std::vector<float> got = Download(d_out);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x.data() + r * cols;
+      const float max_value = *std::max_element(row, row + cols);
+      double sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(row[c]) - max_value);
+      const double want = max_value + std::log(sum);
+      EXPECT_NEAR(got[r], want, 1e-5 * (1 + std::abs(want))) << "cols " << cols << " row " << r;
+    }
+  }
+}
+
 TEST(OpsArgumentsTest, BadSizesAreInvalidArgumentsNamingTheField) {
   __nv_bfloat16* fake = reinterpret_cast<__nv_bfloat16*>(16);
   absl::Status s = ApplyRope<__nv_bfloat16>(fake, 64, 1, nullptr, 0, 0, 1, 64, 63, nullptr,

@@ -32,6 +32,19 @@ TEST(SamplerTest, LogprobIsUnderTheRawDistribution) {
   EXPECT_EQ(t.top_logprobs[1].first, 5);
 }
 
+TEST(SamplerTest, AGivenLogNormaliserIsUsedAsIs) {
+  // The CUDA forward hands the sampler each row's log-normaliser; the sampler must use it (here
+  // a deliberately different one shows that it does) for the token and its top logprobs.
+  SamplingParams p;
+  p.top_logprobs = 1;
+  Sampler s(p);
+  const SampledToken t = s.Sample(Logits(), 10.0f);
+  EXPECT_EQ(t.id, 1);
+  EXPECT_FLOAT_EQ(t.logprob, 3.0f - 10.0f);
+  ASSERT_EQ(t.top_logprobs.size(), 1u);
+  EXPECT_FLOAT_EQ(t.top_logprobs[0].second, 3.0f - 10.0f);
+}
+
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDiffers) {
   SamplingParams p;
   p.temperature = 1.5f;
