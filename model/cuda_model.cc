@@ -149,9 +149,48 @@ CudaModel::~CudaModel() {
   }
 }
 
+namespace {
+
+// Bytes per row of each activation buffer in Scratch, and per logits row.
+struct ActivationBytes {
+  int64_t per_row = 0;
+  int64_t per_logits_row = 0;
+};
+
+ActivationBytes ActivationBytesOf(const ModelConfig& c) {
+  const int64_t q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
+  ActivationBytes b;
+  b.per_row = 4 * c.hidden_size                                         // x (float32)
+              + 2 * (2 * c.hidden_size + 2 * q + 2 * kv + 3 * int64_t{c.ffn_size})  // bf16
+              + 8 * c.num_layers                                        // slot mappings
+              + 4 * 4 + 4 * c.hidden_size;                              // ids, embeddings
+  b.per_logits_row = 2 * c.hidden_size + 4 * int64_t{c.vocab_size} + 4 + 4;
+  return b;
+}
+
+}  // namespace
+
+int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits& limits) {
+  const ModelConfig& c = model.config();
+  const int64_t q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t layer_params =
+      c.hidden_size * (2 * q + 2 * kv) + 3 * int64_t{c.hidden_size} * c.ffn_size;
+  const int64_t embedding = int64_t{c.vocab_size} * c.hidden_size;
+  const int64_t weights = 2 * (c.num_layers * layer_params + embedding * (c.tied_embeddings ? 1 : 2)) +
+                          4 * (int64_t{2 * c.num_layers + 1} * c.hidden_size +
+                               (c.qkv_bias ? c.num_layers * (q + 2 * kv) : 0));
+  const ActivationBytes a = ActivationBytesOf(c);
+  const kc::PagedAttentionConfig attention;
+  const int64_t workspaces = kc::Gemm::kWorkspaceBytes + attention.float_workspace_bytes +
+                             attention.int_workspace_bytes;
+  return weights + limits.max_rows * a.per_row + limits.max_logits_rows * a.per_logits_row +
+         workspaces;
+}
+
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
                                                              const cache::BlockPool& pool,
-                                                             int32_t device) {
+                                                             int32_t device,
+                                                             const ForwardLimits& limits) {
   const cache::KvLayout& layout = pool.layout();
   if (layout.dtype != kernels::KvDtype::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -166,6 +205,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
   }
   std::unique_ptr<CudaModel> m(new CudaModel(model, device));
   WINNOW_RETURN_IF_ERROR(m->Init(pool));
+  WINNOW_RETURN_IF_ERROR(m->ReserveActivations(limits.max_rows, limits.max_logits_rows));
   return m;
 }
 
@@ -302,9 +342,8 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   return Logits(in, out);
 }
 
-absl::Status CudaModel::Upload(const HostInputs& in) {
+absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   const ModelConfig& c = model_.config();
-  const int64_t rows = in.rows;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   Scratch& s = *scratch_;
@@ -314,6 +353,20 @@ absl::Status CudaModel::Upload(const HostInputs& in) {
   for (Buf<Bf16>* b : {&s.k, &s.v}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * kv_dim));
   WINNOW_RETURN_IF_ERROR(Reserve(s.gate_up, rows * 2 * c.ffn_size));
   WINNOW_RETURN_IF_ERROR(Reserve(s.act, rows * c.ffn_size));
+  for (Buf<int32_t>* b : {&s.tokens, &s.embedding_rows, &s.positions}) {
+    WINNOW_RETURN_IF_ERROR(Reserve(*b, rows));
+  }
+  WINNOW_RETURN_IF_ERROR(Reserve(s.slots, rows * c.num_layers));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.embeddings, rows * c.hidden_size));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.logits_rows, logits_rows));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.final_rows, logits_rows * c.hidden_size));
+  WINNOW_RETURN_IF_ERROR(Reserve(s.logits, logits_rows * c.vocab_size));
+  return Reserve(s.log_norm, logits_rows);
+}
+
+absl::Status CudaModel::Upload(const HostInputs& in) {
+  WINNOW_RETURN_IF_ERROR(ReserveActivations(in.rows, static_cast<int64_t>(in.logits_rows.size())));
+  Scratch& s = *scratch_;
   WINNOW_RETURN_IF_ERROR(CopyIn(s.tokens, in.tokens, stream_));
   WINNOW_RETURN_IF_ERROR(CopyIn(s.embedding_rows, in.embedding_rows, stream_));
   WINNOW_RETURN_IF_ERROR(CopyIn(s.embeddings, in.embeddings, stream_));
@@ -400,13 +453,10 @@ absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {
   WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), s.proj.data(), weights_->output_norm.data(),
                                      in.rows, hidden, c.rms_norm_eps, s.xn.data(), stream_));
   if (out_rows > 0) {
-    WINNOW_RETURN_IF_ERROR(Reserve(s.final_rows, out_rows * hidden));
-    WINNOW_RETURN_IF_ERROR(Reserve(s.logits, out_rows * c.vocab_size));
     WINNOW_RETURN_IF_ERROR(kc::GatherRows(s.xn.data(), in.rows, hidden, s.logits_rows.data(),
                                           out_rows, s.final_rows.data(), stream_));
     WINNOW_RETURN_IF_ERROR(Linear(weights_->head(), c.vocab_size, hidden, s.final_rows.data(),
                                   out_rows, s.logits.data(), /*float_output=*/true));
-    WINNOW_RETURN_IF_ERROR(Reserve(s.log_norm, out_rows));
     WINNOW_RETURN_IF_ERROR(
         kc::LogSumExpRows(s.logits.data(), out_rows, c.vocab_size, s.log_norm.data(), stream_));
     out->logits.resize(out_rows * c.vocab_size);

@@ -32,9 +32,15 @@ class CudaModel {
   // whose head_dim must be one the attention kernels are instantiated for (64, 128). Both must
   // outlive the CudaModel. InvalidArgument names what does not fit; ResourceExhausted /
   // Internal carry the CUDA error when memory cannot be had.
+  // With `limits`, the activations for such batches are allocated here (a larger batch still
+  // runs: its buffers grow).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& model,
                                                            const cache::BlockPool& pool,
-                                                           int32_t device);
+                                                           int32_t device,
+                                                           const ForwardLimits& limits = {});
+  // Device bytes a CudaModel of `model` takes besides its KV arena, for batches within
+  // `limits`: the bf16 weights, the activations, and the cuBLAS and FlashInfer workspaces.
+  static int64_t DeviceBytesBesidesKv(const Model& model, const ForwardLimits& limits);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -57,6 +63,8 @@ class CudaModel {
   CudaModel(const Model& model, int32_t device);
 
   absl::Status Init(const cache::BlockPool& pool);
+  // Grows the activation buffers to hold a batch of `rows` rows with `logits_rows` logits rows.
+  absl::Status ReserveActivations(int64_t rows, int64_t logits_rows);
   absl::Status Upload(const HostInputs& in);
   absl::Status RunLayer(int32_t layer, std::span<const BatchEntry> batch,
                         const HostInputs& in);

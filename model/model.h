@@ -67,6 +67,15 @@ struct ForwardOutput {
   }
 };
 
+// The largest batch a forward will be given: `max_rows` new tokens over all entries, of which
+// at most `max_logits_rows` ask for logits (the engine: max_batched_tokens and max_seqs). The
+// CUDA forward allocates its activations for this up front, so that serving allocates nothing
+// and the memory it needs is known before the KV pool is sized.
+struct ForwardLimits {
+  int64_t max_rows = 0;
+  int64_t max_logits_rows = 0;
+};
+
 struct ModelOptions {
   int32_t num_threads = 0;  // 0: one per hardware thread
 };

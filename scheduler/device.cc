@@ -5,8 +5,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "scheduler/cpu_worker.h"
+#include "spdlog/spdlog.h"
 
 #if WINNOW_HAVE_CUDA
 #include "kernels/cuda/device.h"
@@ -82,13 +84,50 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
-                                                   cache::BlockPool& pool) {
+                                                   cache::BlockPool& pool,
+                                                   const model::ForwardLimits& limits) {
   if (!device.is_cuda()) return std::make_unique<CpuWorker>(model, pool);
 #if WINNOW_HAVE_CUDA
   absl::StatusOr<std::unique_ptr<model::CudaModel>> cuda =
-      model::CudaModel::Create(model, pool, device.index);
+      model::CudaModel::Create(model, pool, device.index, limits);
   if (!cuda.ok()) return cuda.status();
   return std::make_unique<CudaWorker>(model, pool, *std::move(cuda));
+#else
+  return absl::InvalidArgumentError(
+      absl::StrCat("device ", device.ToString(), ": this winnow was built without CUDA"));
+#endif
+}
+
+absl::StatusOr<int64_t> KvBytesForGpuMemory(const Device& device, const model::Model& model,
+                                            double fraction, const model::ForwardLimits& limits) {
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError("gpu_memory_utilization applies to a cuda device only");
+  }
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_memory_utilization must be in (0, 1], got ", fraction));
+  }
+#if WINNOW_HAVE_CUDA
+  absl::StatusOr<kernels::cuda::DeviceMemory> memory = kernels::cuda::MemoryInfo(device.index);
+  if (!memory.ok()) return memory.status();
+  const int64_t in_use = memory->total_bytes - memory->free_bytes;
+  const int64_t besides_kv = model::CudaModel::DeviceBytesBesidesKv(model, limits);
+  const int64_t budget = static_cast<int64_t>(fraction * static_cast<double>(memory->total_bytes));
+  const int64_t kv = budget - in_use - besides_kv;
+  constexpr double kGiB = 1 << 30;
+  if (kv <= 0) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "gpu_memory_utilization %.2f of %s's %.1f GiB leaves no room for the KV cache: %.1f GiB "
+        "already in use, %.1f GiB for weights, activations and workspaces",
+        fraction, device.ToString(), memory->total_bytes / kGiB, in_use / kGiB,
+        besides_kv / kGiB));
+  }
+  spdlog::info(
+      "gpu memory: {:.2f} of {:.1f} GiB on {}: {:.1f} GiB in use before loading, {:.1f} GiB for "
+      "weights, activations and workspaces, {:.1f} GiB for the KV cache",
+      fraction, memory->total_bytes / kGiB, device.ToString(), in_use / kGiB, besides_kv / kGiB,
+      kv / kGiB);
+  return kv;
 #else
   return absl::InvalidArgumentError(
       absl::StrCat("device ", device.ToString(), ": this winnow was built without CUDA"));

@@ -54,10 +54,19 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
 // CUDA worker keeps the data in its device arena).
 inline bool NeedsHostArena(const Device& device) { return !device.is_cuda(); }
 
-// The worker for `device`: the CPU worker, or the CUDA worker with the model's weights and a
-// device KV arena for `pool` (InvalidArgument when the device or the pool's dtype does not fit).
-// The model and pool must outlive it.
+// The worker for `device`: the CPU worker, or the CUDA worker with the model's weights, its
+// activations for batches within `limits`, and a device KV arena for `pool` (InvalidArgument
+// when the device or the pool's dtype does not fit). The model and pool must outlive it.
 absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
-                                                   cache::BlockPool& pool);
+                                                   cache::BlockPool& pool,
+                                                   const model::ForwardLimits& limits = {});
+
+// The KV pool bytes that keep this process within `fraction` of the GPU's memory (vLLM's
+// --gpu-memory-utilization): fraction x total, less what is in use now (other processes, this
+// process's CUDA context), less what the CUDA worker takes besides the pool (weights,
+// activations for `limits`, workspaces). InvalidArgument on cpu, for a fraction outside (0, 1],
+// or in a build without CUDA; ResourceExhausted, with the numbers, when nothing is left.
+absl::StatusOr<int64_t> KvBytesForGpuMemory(const Device& device, const model::Model& model,
+                                            double fraction, const model::ForwardLimits& limits);
 
 }  // namespace winnow::scheduler

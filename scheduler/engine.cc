@@ -219,9 +219,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   const model::ModelConfig& config = model->config();
   const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype);
   WINNOW_RETURN_IF_ERROR(kernels::CheckKvDtype(layout.dtype, layout.head_dim));
+  const model::ForwardLimits forward_limits{options.max_batched_tokens, options.max_seqs};
+  int64_t kv_cache_bytes = options.kv_cache_bytes;
+  if (options.kv_blocks == 0 && options.gpu_memory_utilization > 0.0) {
+    WINNOW_ASSIGN_OR_RETURN(kv_cache_bytes,
+                            KvBytesForGpuMemory(options.device, *model,
+                                                options.gpu_memory_utilization, forward_limits));
+  }
   const int32_t num_blocks = options.kv_blocks > 0
                                  ? options.kv_blocks
-                                 : cache::BlockPool::BlocksForBytes(layout, options.kv_cache_bytes);
+                                 : cache::BlockPool::BlocksForBytes(layout, kv_cache_bytes);
   if (num_blocks < config.num_layers) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV pool of %d blocks (%d bytes each) cannot hold a single token: that takes one block "
@@ -238,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
       return absl::InvalidArgumentError("engine: the worker factory returned no worker");
     }
   } else {
-    WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool));
+    WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool, forward_limits));
   }
 
   const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);

@@ -41,6 +41,10 @@ struct EngineOptions {
   int32_t block_size = 16;            // token slots per KV block
   int64_t kv_cache_bytes = int64_t{512} << 20;  // pool size, used when kv_blocks is 0
   int32_t kv_blocks = 0;                        // > 0: exact pool size in blocks
+  // > 0 (cuda only, up to 1) and kv_blocks == 0: the pool takes what this fraction of the GPU's
+  // memory leaves after the weights, activations and what is already in use (replaces
+  // kv_cache_bytes; KvBytesForGpuMemory in scheduler/device.h).
+  double gpu_memory_utilization = 0.0;
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 0;   // upper bound on GenerationRequest::max_tokens; 0: none
   // Share the KV of full prompt blocks between requests with the same prefix (and salt).

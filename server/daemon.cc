@@ -236,6 +236,9 @@ int RunDaemon(const ServeOptions& options) {
   engine_options.device = options.device;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
+  if (options.device.is_cuda() && options.kv_cache_bytes == 0 && options.kv_blocks == 0) {
+    engine_options.gpu_memory_utilization = options.gpu_memory_utilization;
+  }
   engine_options.max_prompt_tokens = options.max_prompt_tokens;
   engine_options.max_tokens_limit = options.max_tokens_limit;
   RequestLogger request_logger;

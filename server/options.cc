@@ -143,6 +143,19 @@ const std::vector<Setting>& Settings() {
               "BYTES"},
       IntSetting("kv-blocks", "KV pool size in blocks; wins over --kv-cache-bytes",
                  &ServeOptions::kv_blocks, 0, kI32),
+      Setting{"gpu-memory-utilization",
+              "cuda: size the KV pool to use this fraction of the GPU's memory in all (0.9); "
+              "--kv-cache-bytes or --kv-blocks win over it",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                double fraction = 0;
+                if (!absl::SimpleAtod(v, &fraction) || !(fraction > 0.0 && fraction <= 1.0)) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("must be a number in (0, 1], got '", v, "'"));
+                }
+                o->gpu_memory_utilization = fraction;
+                return absl::OkStatus();
+              },
+              "FLOAT"},
       BoolSetting("enable-prefix-caching",
                   "reuse the KV of equal prompt prefixes across requests (true)",
                   &ServeOptions::enable_prefix_caching),
@@ -495,6 +508,7 @@ std::string ServeOptions::DebugString() const {
       " metrics_port=", metrics_port, " served_model_name=", served_model_name,
       " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
+      " gpu_memory_utilization=", gpu_memory_utilization,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,
       " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype), " device=", device.ToString(),
       " threads=", threads,

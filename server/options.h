@@ -37,6 +37,9 @@ struct ServeOptions {
   int32_t max_queue = 1024;
   int64_t kv_cache_bytes = 0;  // 0: --kv-blocks, or the engine's default
   int32_t kv_blocks = 0;       // wins over kv_cache_bytes when both are set
+  // cuda, when neither kv_cache_bytes nor kv_blocks is set: the KV pool takes what this
+  // fraction of the GPU's memory leaves after the weights and activations (vLLM's default).
+  double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
   // f16 on cpu; on cuda the only choice, and the default, is bf16 (the GPU's activation type).

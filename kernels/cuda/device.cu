@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_check.h"
+
 namespace winnow::kernels::cuda {
 
 std::vector<DeviceInfo> ListDevices() {
@@ -15,6 +17,13 @@ std::vector<DeviceInfo> ListDevices() {
                        prop.minor});
   }
   return devices;
+}
+
+absl::StatusOr<DeviceMemory> MemoryInfo(int32_t index) {
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
+  size_t free_bytes = 0, total_bytes = 0;
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
 }  // namespace winnow::kernels::cuda

@@ -1,10 +1,11 @@
-// CUDA device discovery. The CUDA kernels arrive in a later issue; this is the seam through
-// which the engine will ask what GPUs it has.
+// CUDA device discovery: what GPUs there are and how much of their memory is free.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace winnow::kernels::cuda {
 
@@ -18,5 +19,14 @@ struct DeviceInfo {
 
 // The visible CUDA devices; empty when there is no driver or no GPU.
 std::vector<DeviceInfo> ListDevices();
+
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// GPU `index`'s free and total memory as the driver reports them now (cudaMemGetInfo: what
+// other processes and this one's CUDA context hold is not free).
+absl::StatusOr<DeviceMemory> MemoryInfo(int32_t index);
 
 }  // namespace winnow::kernels::cuda

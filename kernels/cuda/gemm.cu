@@ -8,9 +8,6 @@
 namespace winnow::kernels::cuda {
 namespace {
 
-// What cuBLAS recommends for Hopper (and ample for older GPUs).
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(status), " (",
@@ -75,7 +72,8 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create() {
   cublasHandle_t handle = nullptr;
   if (absl::Status s = CublasStatus(cublasCreate(&handle), "cublasCreate"); !s.ok()) return s;
   void* workspace = nullptr;
-  if (absl::Status s = CudaStatus(cudaMalloc(&workspace, kWorkspaceBytes), "cudaMalloc workspace");
+  if (absl::Status s =
+          CudaStatus(cudaMalloc(&workspace, Gemm::kWorkspaceBytes), "cudaMalloc workspace");
       !s.ok()) {
     cublasDestroy(handle);
     return s;

@@ -38,6 +38,9 @@ absl::Status ValidateGemmArgs(const GemmArgs& args);
 // shared between threads that run at once.
 class Gemm {
  public:
+  // What cuBLAS recommends for Hopper (and ample for older GPUs).
+  static constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
   static absl::StatusOr<std::unique_ptr<Gemm>> Create();
   ~Gemm();
   Gemm(const Gemm&) = delete;

@@ -6,8 +6,11 @@
 // forward rounds the weights and every activation to bf16 (unit roundoff 2^-8), keeping only the
 // residual stream in float32. The error that leaves over 30 layers is not a per-op bound, so the
 // logits are compared by relative RMS error, ||gpu - cpu|| / ||cpu|| <= kLogitsRelativeRms
-// (5%), and by what decides the output: the same greedy token at every step. Each test prints
-// the error it measured, so that the bound can be tightened from measurements.
+// (2%), and by what decides the output: the same greedy token at every step. Each test prints
+// the error it measured. On an H100 (2026-11-25), with the default model cut to its first 7
+// layers (scripts/truncate-gguf.py: the whole file could not travel to the GPU machine), the
+// errors were 0.0014-0.0028 against the CPU and 0.0020 between chunkings; the bound leaves
+// room for the error to grow with the other 23 layers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,13 +27,15 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "model/cuda_model.h"
+#include "kernels/cuda/device.h"
 #include "model/model.h"
+#include "scheduler/device.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace winnow::model {
 namespace {
 
-constexpr double kLogitsRelativeRms = 0.05;
+constexpr double kLogitsRelativeRms = 0.02;
 constexpr int32_t kBlock = 16;
 constexpr int32_t kSteps = 32;
 
@@ -212,6 +217,44 @@ TEST_F(CudaModelTest, BatchOfPrefillChunksAndDecodesMatchesEachAlone) {
     EXPECT_EQ(together[i], alone.tokens) << kPrompts[i];
   }
   EXPECT_EQ(gpu_pool_->num_used(), 0);
+}
+
+TEST_F(CudaModelTest, DeviceBytesBesidesKvMatchWhatCreateAllocates) {
+  // --gpu-memory-utilization sizes the KV pool from this estimate, so it must not fall short of
+  // what a CudaModel really takes (weights, activations for the limits, workspaces) by more
+  // than the allocator's rounding.
+  const ForwardLimits limits{2048, 64};
+  cuda_.reset();
+  auto tiny = cache::BlockPool::Create(model_->KvLayoutFor(kBlock, kernels::KvDtype::kBF16),
+                                       model_->config().num_layers, /*host_arena=*/false);
+  ASSERT_TRUE(tiny.ok());
+  const kernels::cuda::DeviceMemory before = *kernels::cuda::MemoryInfo(0);
+  auto cuda = CudaModel::Create(*model_, **tiny, 0, limits);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const kernels::cuda::DeviceMemory after = *kernels::cuda::MemoryInfo(0);
+  const int64_t used = before.free_bytes - after.free_bytes - (*cuda)->arena_bytes();
+  const int64_t estimate = CudaModel::DeviceBytesBesidesKv(*model_, limits);
+  std::printf("[ measured ] besides the KV arena: %.1f MiB allocated, %.1f MiB estimated\n",
+              used / 1048576.0, estimate / 1048576.0);
+  EXPECT_LE(used, estimate + (int64_t{64} << 20));
+  EXPECT_GE(used, estimate / 2);
+}
+
+TEST_F(CudaModelTest, GpuMemoryUtilizationLeavesTheRestOfTheFraction) {
+  const ForwardLimits limits{2048, 64};
+  cuda_.reset();
+  const scheduler::Device gpu{scheduler::Device::Kind::kCuda, 0};
+  const kernels::cuda::DeviceMemory memory = *kernels::cuda::MemoryInfo(0);
+  absl::StatusOr<int64_t> kv = scheduler::KvBytesForGpuMemory(gpu, *model_, 0.5, limits);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_GT(*kv, 0);
+  EXPECT_LE(*kv + CudaModel::DeviceBytesBesidesKv(*model_, limits), memory.total_bytes / 2);
+  // Less than what is already in use: nothing left, said with the numbers.
+  absl::StatusOr<int64_t> none = scheduler::KvBytesForGpuMemory(gpu, *model_, 1e-6, limits);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("leaves no room for the KV cache"), std::string::npos)
+      << none.status();
 }
 
 TEST_F(CudaModelTest, RefusesWhatItCannotRun) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 
 namespace winnow::scheduler {
@@ -49,6 +51,24 @@ TEST(DeviceTest, KvDtypeFollowsTheDevice) {
   EXPECT_EQ(f32.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(f32.status().message().find("f32 does not run on device cuda:0"), std::string::npos)
       << f32.status();
+}
+
+TEST(DeviceTest, GpuMemoryFractionAppliesToCudaOnlyAndMustBeAFraction) {
+  const char* path = std::getenv("WINNOW_TEST_MODEL");
+  if (path == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
+  absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const model::Model& m = **model;
+  absl::StatusOr<int64_t> cpu = KvBytesForGpuMemory(Device{}, m, 0.9, {});
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu.status().message().find("cuda device only"), std::string::npos) << cpu.status();
+  for (double bad : {0.0, -0.5, 1.01}) {
+    absl::StatusOr<int64_t> kv = KvBytesForGpuMemory(Device{Device::Kind::kCuda, 0}, m, bad, {});
+    ASSERT_FALSE(kv.ok()) << bad;
+    EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(kv.status().message().find("must be in (0, 1]"), std::string::npos) << kv.status();
+  }
 }
 
 TEST(DeviceTest, DefaultIsCpuWithoutAVisibleGpu) {

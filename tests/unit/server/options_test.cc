@@ -95,6 +95,19 @@ TEST(ServeOptionsTest, PrefixCachingIsOnByDefaultAndTakesABoolean) {
   EXPECT_NE(bad.status().message().find("--enable-prefix-caching"), std::string::npos);
 }
 
+TEST(ServeOptionsTest, GpuMemoryUtilizationIsAFractionDefaulting90Percent) {
+  EXPECT_DOUBLE_EQ(Parse({})->gpu_memory_utilization, 0.9);
+  EXPECT_DOUBLE_EQ(Parse({"--gpu-memory-utilization", "0.5"})->gpu_memory_utilization, 0.5);
+  EXPECT_DOUBLE_EQ(Parse({}, {{"WINNOW_GPU_MEMORY_UTILIZATION", "1"}})->gpu_memory_utilization,
+                   1.0);
+  for (const char* bad : {"0", "1.5", "-0.1", "most", "nan"}) {
+    auto o = Parse({"--gpu-memory-utilization", bad});
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("gpu-memory-utilization"), std::string::npos)
+        << o.status();
+  }
+}
+
 TEST(ServeOptionsTest, ErrorsNameTheSource) {
   auto bad_flag = Parse({"--max-seqs", "many"});
   EXPECT_NE(bad_flag.status().message().find("--max-seqs"), std::string::npos);
