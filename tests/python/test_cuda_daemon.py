@@ -1,6 +1,7 @@
 """The daemon on the CUDA worker (`winnow serve --device cuda`), against the same daemon on the
-CPU worker: same greedy tokens, batching that does not change them, the KV pool sized by
---gpu-memory-utilization, compression refused at admission, every block back at the end.
+CPU worker: the same greedy tokens up to near ties, batching that does not change them (up to
+near ties), the KV pool sized by --gpu-memory-utilization, compression refused at admission,
+every block back at the end.
 
 Skipped, saying why, when this build has no CUDA or no GPU is visible (CI machines have
 neither). docs/gpu.md says how these ran on a GPU machine.
@@ -38,15 +39,38 @@ pytestmark = pytest.mark.skipif(
     reason="no CUDA device visible (or no winnow build / model): CUDA daemon tests skipped")
 
 
-def _greedy(daemon: Daemon, prompt: str) -> list[int]:
-    _, ids, final = daemon.client.generate_text(prompt, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                                timeout=120)
-    assert final is not None
-    return ids
+# Where two runs' greedy tokens part, the reference's top two candidates must have been this
+# close (in log-probability): the GPU computes in bf16 (docs/gpu.md: logits within 0.3% RMS of
+# the CPU's), so it may pick the other one of a near tie, after which the texts diverge.
+NEAR_TIE = 0.1
+
+
+def _greedy(daemon: Daemon, prompt: str) -> tuple[list[int], list]:
+    """Greedy tokens and, per token, its top-2 log-probabilities."""
+    ids, logprobs = [], []
+    for msg in daemon.client.generate(prompt, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                      logprobs=True, top_logprobs=2, timeout=120):
+        ids.extend(msg.token_ids)
+        logprobs.extend(msg.logprobs)
+    assert len(ids) == MAX_TOKENS
+    return ids, logprobs
+
+
+def _assert_same_or_near_tie(got: tuple[list[int], list], want: tuple[list[int], list],
+                             prompt: str) -> None:
+    got_ids, want_ids = got[0], want[0]
+    parted = next((i for i, (a, b) in enumerate(zip(got_ids, want_ids)) if a != b), None)
+    if parted is None:
+        return
+    top = want[1][parted].top
+    margin = top[0].logprob - top[1].logprob
+    assert got_ids[parted] == top[1].token_id and margin < NEAR_TIE, (
+        f"{prompt!r}: token {parted} is {got_ids[parted]}, the reference's top two were "
+        f"{[(t.token_id, round(t.logprob, 4)) for t in top]}: not a near tie")
 
 
 @pytest.fixture(scope="module")
-def cpu_tokens() -> dict[str, list[int]]:
+def cpu_tokens() -> dict[str, tuple[list[int], list]]:
     with Daemon("--device", "cpu") as cpu:
         return {p: _greedy(cpu, p) for p in PROMPTS}
 
@@ -70,18 +94,20 @@ def test_reports_the_gpu_and_sizes_the_pool_from_the_memory_fraction(gpu):
     assert 0 < float(line.group(2)) < 0.5 * float(line.group(1))
 
 
-def test_greedy_tokens_equal_the_cpu_workers(gpu, cpu_tokens):
+def test_greedy_tokens_equal_the_cpu_workers_up_to_near_ties(gpu, cpu_tokens):
     for prompt in PROMPTS:
-        assert _greedy(gpu, prompt) == cpu_tokens[prompt], prompt
+        _assert_same_or_near_tie(_greedy(gpu, prompt), cpu_tokens[prompt], prompt)
     gpu.wait_pool_free()
 
 
-def test_concurrent_requests_get_the_tokens_they_get_alone(gpu, cpu_tokens):
-    # Continuous batching mixes these prompts' prefills and decodes in shared iterations.
+def test_concurrent_requests_get_the_tokens_they_get_alone(gpu):
+    # Continuous batching mixes these prompts' prefills and decodes in shared iterations; a
+    # batch changes the GEMMs' shapes (and cuBLAS's kernels), so only near ties may flip.
+    alone = {p: _greedy(gpu, p) for p in PROMPTS}
     with cf.ThreadPoolExecutor(len(PROMPTS) * 2) as pool:
         futures = {pool.submit(_greedy, gpu, p): p for p in PROMPTS * 2}
         for future, prompt in futures.items():
-            assert future.result() == cpu_tokens[prompt], prompt
+            _assert_same_or_near_tie(future.result(), alone[prompt], prompt)
     gpu.wait_pool_free()
 
 
