@@ -82,4 +82,48 @@ class DeviceBuffer {
   int64_t size_ = 0;
 };
 
+// An owned allocation of page-locked host memory (cudaMallocHost): copies from it to the device
+// are truly asynchronous, so the host must not overwrite what a pending copy has yet to read.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static absl::StatusOr<PinnedBuffer> Allocate(int64_t count) {
+    PinnedBuffer buffer;
+    if (count > 0) {
+      WINNOW_CUDA_RETURN_IF_ERROR(
+          cudaMallocHost(reinterpret_cast<void**>(&buffer.data_), sizeof(T) * count));
+    }
+    buffer.size_ = count;
+    return buffer;
+  }
+  PinnedBuffer(PinnedBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+      Release();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { Release(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  void Release() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
 }  // namespace winnow::kernels::cuda

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -44,6 +45,13 @@ struct FlashInferCall {
   void* host_int_workspace = nullptr;
   size_t int_workspace_bytes = 0;
   cudaStream_t stream = nullptr;
+
+  // The schedule (FlashInfer's plan info). With `replan` the planner computes it from the host
+  // indptr copies, uploads it into int_workspace and stores it here; without, the one stored
+  // by an earlier call with the same lengths is used as it stands (its upload is still in
+  // int_workspace), which spares the planning and the upload.
+  std::vector<int64_t>* plan = nullptr;
+  bool replan = true;
 };
 
 // GQA group sizes (num_heads / num_kv_heads) FlashInfer's decode kernel is compiled for; other

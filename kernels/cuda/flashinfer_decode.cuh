@@ -19,16 +19,21 @@ cudaError_t FlashInferDecodeUnchecked(const FlashInferCall& c) {
   using Params = BatchDecodeParams<T, T, T, int32_t>;
   constexpr PosEncodingMode kNoRope = PosEncodingMode::kNone;  // keys are cached after RoPE
   DecodePlanInfo plan;
-  cudaError_t status = cudaSuccess;
-  DISPATCH_GQA_GROUP_SIZE(c.num_heads / c.num_kv_heads, GROUP_SIZE, {
-    status = DecodePlan<HEAD_DIM, kNoRope, FlashInferVariant, Params>(
-        c.float_workspace, c.float_workspace_bytes, c.int_workspace, c.host_int_workspace,
-        c.int_workspace_bytes, plan, const_cast<int32_t*>(c.kv_indptr_host), c.batch,
-        c.num_heads, c.block_size, /*enable_cuda_graph=*/false, c.stream,
-        BatchDecodeWithPagedKVCacheWorkEstimationDispatched<GROUP_SIZE, HEAD_DIM, kNoRope,
-                                                            FlashInferVariant, Params>);
-  });
-  if (status != cudaSuccess) return status;
+  if (c.replan) {
+    cudaError_t status = cudaSuccess;
+    DISPATCH_GQA_GROUP_SIZE(c.num_heads / c.num_kv_heads, GROUP_SIZE, {
+      status = DecodePlan<HEAD_DIM, kNoRope, FlashInferVariant, Params>(
+          c.float_workspace, c.float_workspace_bytes, c.int_workspace, c.host_int_workspace,
+          c.int_workspace_bytes, plan, const_cast<int32_t*>(c.kv_indptr_host), c.batch,
+          c.num_heads, c.block_size, /*enable_cuda_graph=*/false, c.stream,
+          BatchDecodeWithPagedKVCacheWorkEstimationDispatched<GROUP_SIZE, HEAD_DIM, kNoRope,
+                                                              FlashInferVariant, Params>);
+    });
+    if (status != cudaSuccess) return status;
+    *c.plan = plan.ToVector();
+  } else {
+    plan.FromVector(*c.plan);
+  }
 
   Params params(static_cast<T*>(const_cast<void*>(c.q)), /*q_rope_offset=*/nullptr,
                 PagedKv<T>(c, HEAD_DIM), static_cast<T*>(c.out), /*lse=*/nullptr,

@@ -30,15 +30,20 @@ cudaError_t FlashInferPrefillUnchecked(const FlashInferCall& c) {
   using namespace flashinfer;
   using Params = BatchPrefillPagedParams<T, T, T, int32_t>;
   PrefillPlanInfo plan;
-  cudaError_t status = PrefillPlan<int32_t>(
-      c.float_workspace, c.float_workspace_bytes, c.int_workspace, c.host_int_workspace,
-      c.int_workspace_bytes, plan, const_cast<int32_t*>(c.qo_indptr_host),
-      const_cast<int32_t*>(c.kv_indptr_host), c.total_rows, c.batch, c.num_heads,
-      c.num_kv_heads, HEAD_DIM, HEAD_DIM, c.block_size, /*enable_cuda_graph=*/false,
-      /*sizeof_dtype_o=*/sizeof(T), /*window_left=*/-1, /*fixed_split_size=*/-1,
-      /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, /*uniform_q_len=*/0, c.stream,
-      /*kv_dtype_bytes=*/sizeof(T));
-  if (status != cudaSuccess) return status;
+  if (c.replan) {
+    cudaError_t status = PrefillPlan<int32_t>(
+        c.float_workspace, c.float_workspace_bytes, c.int_workspace, c.host_int_workspace,
+        c.int_workspace_bytes, plan, const_cast<int32_t*>(c.qo_indptr_host),
+        const_cast<int32_t*>(c.kv_indptr_host), c.total_rows, c.batch, c.num_heads,
+        c.num_kv_heads, HEAD_DIM, HEAD_DIM, c.block_size, /*enable_cuda_graph=*/false,
+        /*sizeof_dtype_o=*/sizeof(T), /*window_left=*/-1, /*fixed_split_size=*/-1,
+        /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, /*uniform_q_len=*/0, c.stream,
+        /*kv_dtype_bytes=*/sizeof(T));
+    if (status != cudaSuccess) return status;
+    *c.plan = plan.ToVector();
+  } else {
+    plan.FromVector(*c.plan);
+  }
 
   Params params(static_cast<T*>(const_cast<void*>(c.q)), PagedKv<T>(c, HEAD_DIM),
                 /*maybe_custom_mask=*/nullptr,

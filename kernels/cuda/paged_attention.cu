@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -155,15 +156,7 @@ absl::Status PagedAttention::Run(const void* arena, std::span<const AttentionSeq
   host_tables_.clear();
   TableOffsets offsets[2];
   for (int g = 0; g < 2; ++g) offsets[g] = AppendTables(groups[g], config_.block_size, host_tables_);
-  if (tables_.size() < static_cast<int64_t>(host_tables_.size())) {
-    auto grown = DeviceBuffer<int32_t>::Allocate(
-        std::max<int64_t>(host_tables_.size(), 2 * tables_.size()));
-    if (!grown.ok()) return grown.status();
-    tables_ = std::move(*grown);
-  }
-  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tables_.data(), host_tables_.data(),
-                                              host_tables_.size() * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, stream));
+  if (absl::Status s = UploadTables(stream); !s.ok()) return s;
 
   const int64_t row_elements = int64_t{config_.num_heads} * config_.head_dim;
   const int64_t head_block = int64_t{config_.block_size} * config_.head_dim;
@@ -189,19 +182,58 @@ absl::Status PagedAttention::Run(const void* arena, std::span<const AttentionSeq
     call.q = static_cast<const std::byte*>(q) + first_row * row_elements * kElementBytes;
     call.out = static_cast<std::byte*>(out) + first_row * row_elements * kElementBytes;
     call.scale = scale;
+    // The two kernels run one after the other on the stream, so they share the float
+    // workspace (split-KV partials); their schedules live in separate halves of the int one.
     call.float_workspace = float_workspace_.data();
     call.float_workspace_bytes = float_workspace_.bytes();
-    call.int_workspace = int_workspace_.data();
-    call.host_int_workspace = host_int_workspace_.data();
-    call.int_workspace_bytes = int_workspace_.bytes();
+    const int64_t half_bytes = int_workspace_.bytes() / 2;
+    call.int_workspace = int_workspace_.data() + g * half_bytes;
+    call.host_int_workspace = host_int_workspace_.data() + g * half_bytes;
+    call.int_workspace_bytes = half_bytes;
     call.stream = stream;
+    // The schedule depends on nothing but the lengths: the table before the page ids.
+    const std::span<const int32_t> lengths(host_tables_.data() + at.kv_indptr,
+                                           host_tables_.data() + at.indices);
+    call.replan = !std::equal(lengths.begin(), lengths.end(), plan_lengths_[g].begin(),
+                              plan_lengths_[g].end());
+    call.plan = &plans_[g];
     const bool decode = g == 0;
     absl::Status status = config_.dtype == KvDtype::kF16
                               ? RunKernel<half>(decode, config_.head_dim, call)
                               : RunKernel<__nv_bfloat16>(decode, config_.head_dim, call);
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      plan_lengths_[g].clear();  // the stored schedule may be half written
+      return status;
+    }
+    if (call.replan) plan_lengths_[g].assign(lengths.begin(), lengths.end());
   }
   return absl::OkStatus();
+}
+
+absl::Status PagedAttention::UploadTables(cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(host_tables_.size());
+  if (staged_ + n > staging_.size()) {
+    // Every upload staged so far has been read once the stream drains: start over.
+    WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    staged_ = 0;
+    if (n > staging_.size()) {
+      auto grown = PinnedBuffer<int32_t>::Allocate(std::max<int64_t>(4 * n, int64_t{1} << 18));
+      if (!grown.ok()) return grown.status();
+      staging_ = std::move(*grown);
+    }
+  }
+  if (tables_.size() < n) {
+    auto grown = DeviceBuffer<int32_t>::Allocate(std::max<int64_t>(n, 2 * tables_.size()));
+    if (!grown.ok()) return grown.status();
+    tables_ = std::move(*grown);
+  }
+  int32_t* staged = staging_.data() + staged_;
+  std::copy(host_tables_.begin(), host_tables_.end(), staged);
+  staged_ += n;
+  // Stream order keeps the previous call's kernels reading tables_ before this overwrites it.
+  return CudaStatus(cudaMemcpyAsync(tables_.data(), staged, n * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync page tables");
 }
 
 }  // namespace winnow::kernels::cuda

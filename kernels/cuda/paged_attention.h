@@ -29,9 +29,10 @@ struct PagedAttentionConfig {
   int32_t block_size = 0;    // token slots per block
   KvDtype dtype = KvDtype::kF16;  // of the arena, q and out: kF16 or kBF16
   int32_t num_blocks = 0;    // blocks in the arena (block ids are checked against it)
-  // FlashInfer's scratch: split-KV partial outputs, and its schedule (FlashInfer's defaults).
+  // FlashInfer's scratch: split-KV partial outputs (FlashInfer's default), and its schedules
+  // (FlashInfer's default for one, twice: decode and prefill each keep theirs).
   int64_t float_workspace_bytes = int64_t{128} << 20;
-  int64_t int_workspace_bytes = int64_t{8} << 20;
+  int64_t int_workspace_bytes = int64_t{16} << 20;
 };
 
 // InvalidArgument naming the field when no instantiated kernel serves `config`.
@@ -40,6 +41,12 @@ absl::Status ValidatePagedAttentionConfig(const PagedAttentionConfig& config);
 // Owns FlashInfer's workspaces and the device copy of each call's page tables. Calls are
 // stream-ordered: they may be issued back to back on one stream without synchronising, but two
 // calls on different streams must not overlap (they share the buffers).
+//
+// Nothing in a call waits for the stream, so the host can queue a whole forward's layers ahead
+// of the GPU: page tables are staged in pinned memory (an upload from pageable memory waits for
+// the stream), and FlashInfer's schedule, which depends only on the sequences' lengths, is
+// planned and uploaded once and reused by the next calls with the same lengths (every layer of
+// a forward, unless compression left layers of different lengths).
 class PagedAttention {
  public:
   static absl::StatusOr<std::unique_ptr<PagedAttention>> Create(
@@ -65,15 +72,27 @@ class PagedAttention {
   absl::Status ValidateSequences(std::span<const AttentionSequence> sequences) const;
   // The number of leading sequences that go to the decode kernel (one new token each).
   int32_t DecodePrefix(std::span<const AttentionSequence> sequences) const;
+  // Uploads host_tables_ to tables_ through the pinned staging buffer, on `stream`.
+  absl::Status UploadTables(cudaStream_t stream);
 
   PagedAttentionConfig config_;
   DeviceBuffer<std::byte> float_workspace_;
+  // FlashInfer's schedules: the decode kernel's in the first half, the prefill kernel's in the
+  // second, so that each stays valid while the other is replanned.
   DeviceBuffer<std::byte> int_workspace_;
   // FlashInfer's planner writes its schedule here and copies it to int_workspace_. Pageable on
   // purpose: an asynchronous copy from pageable memory returns once the source is read, so the
-  // next call may overwrite it without waiting for the stream.
+  // next plan may overwrite it at once (planning is rare: see plans_).
   std::vector<std::byte> host_int_workspace_;
+  // Per kernel (0: decode, 1: prefill): the lengths (page indptr, last page lengths, query
+  // indptr) the stored schedule was planned for, and the schedule.
+  std::vector<int32_t> plan_lengths_[2];
+  std::vector<int64_t> plans_[2];
   std::vector<int32_t> host_tables_;
+  // Staged page tables of the calls whose uploads may still be pending, back to back; when full,
+  // the stream is drained and staging starts over.
+  PinnedBuffer<int32_t> staging_;
+  int64_t staged_ = 0;
   DeviceBuffer<int32_t> tables_;
 };
 
