@@ -123,6 +123,7 @@ struct CudaModel::Scratch {
   Buf<int32_t> tokens, embedding_rows, positions, logits_rows;
   Buf<int64_t> slots;  // num_layers x rows slot mappings
   Buf<float> embeddings, logits, log_norm;
+  kc::PinnedBuffer<float> logits_host;  // ForwardOutput::logits points here
 };
 
 // What the host works out from the batch before anything runs on the device.
@@ -335,7 +336,7 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
     for (int32_t i = from; i < n; ++i) in.logits_rows.push_back(in.first_row[e] + i);
     out->num_rows[e] = n - from;
   }
-  out->logits.clear();
+  out->logits = {};
   out->log_norm.clear();
   if (in.rows == 0) return absl::OkStatus();
 
@@ -367,6 +368,9 @@ absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   WINNOW_RETURN_IF_ERROR(Reserve(s.logits_rows, logits_rows));
   WINNOW_RETURN_IF_ERROR(Reserve(s.final_rows, logits_rows * c.hidden_size));
   WINNOW_RETURN_IF_ERROR(Reserve(s.logits, logits_rows * c.vocab_size));
+  if (s.logits_host.size() < logits_rows * c.vocab_size) {
+    WINNOW_ASSIGN_OR_RETURN(s.logits_host, kc::PinnedBuffer<float>::Allocate(s.logits.size()));
+  }
   return Reserve(s.log_norm, logits_rows);
 }
 
@@ -465,11 +469,11 @@ absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {
                                   out_rows, s.logits.data(), /*float_output=*/true));
     WINNOW_RETURN_IF_ERROR(
         kc::LogSumExpRows(s.logits.data(), out_rows, c.vocab_size, s.log_norm.data(), stream_));
-    out->logits.resize(out_rows * c.vocab_size);
     out->log_norm.resize(out_rows);
-    WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->logits.data(), s.logits.data(),
-                                                out->logits.size() * sizeof(float),
+    WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.logits_host.data(), s.logits.data(),
+                                                out_rows * c.vocab_size * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream_));
+    out->logits = std::span<const float>(s.logits_host.data(), out_rows * c.vocab_size);
     WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out->log_norm.data(), s.log_norm.data(),
                                                 out_rows * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream_));

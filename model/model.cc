@@ -420,10 +420,11 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
     kernels::RmsNorm(s.x.data() + source_rows[r] * hidden, w.output_norm.data(), hidden,
                      c.rms_norm_eps, s.final_rows.data() + r * hidden);
   }
-  out->logits.resize(out_rows * c.vocab_size);
+  out->storage.resize(out_rows * c.vocab_size);
+  out->logits = out->storage;
   if (out_rows > 0) {
     WINNOW_RETURN_IF_ERROR(
-        kernels::MatMul(w.output, s.final_rows.data(), out_rows, out->logits.data(), threads));
+        kernels::MatMul(w.output, s.final_rows.data(), out_rows, out->storage.data(), threads));
   }
   return absl::OkStatus();
 }

@@ -55,7 +55,11 @@ struct BatchEntry {
 
 struct ForwardOutput {
   int32_t vocab_size = 0;
-  std::vector<float> logits;           // rows x vocab_size, entries in batch order
+  // rows x vocab_size floats, entries in batch order: `storage` (the CPU forward) or a buffer of
+  // the model that produced them (the CUDA forward's page-locked copy, which the GPU fills at
+  // full PCIe speed), valid until that model's next forward.
+  std::span<const float> logits;
+  std::vector<float> storage;
   std::vector<int32_t> first_row;      // per entry: its first logits row, -1 when none
   std::vector<int32_t> num_rows;       // per entry: how many rows
   // Per logits row, log(sum(exp(row))) when the forward computed it (the CUDA forward, where the
@@ -63,7 +67,7 @@ struct ForwardOutput {
   std::vector<float> log_norm;
 
   std::span<const float> Row(int32_t row) const {
-    return std::span<const float>(logits).subspan(int64_t{row} * vocab_size, vocab_size);
+    return logits.subspan(int64_t{row} * vocab_size, vocab_size);
   }
 };
 

@@ -28,8 +28,7 @@ class CudaWorker : public Worker {
  private:
   model::Model& model_;
   cache::BlockPool& pool_;
-  // Reused across iterations: a batch's logits (rows x vocabulary floats, 65 MB for 128 rows
-  // of a 128k vocabulary) would otherwise be allocated and zeroed every step.
+  // Reused across iterations; its logits point into the CUDA model's page-locked buffer.
   model::ForwardOutput out_;
   std::unique_ptr<model::CudaModel> cuda_;
 };
