@@ -107,11 +107,13 @@ class Bench {
   void Init() {
     const model::ModelConfig& c = model_.config();
     const int32_t max_batch = *std::max_element(opt_.batches.begin(), opt_.batches.end());
-    const int32_t max_prefill = *std::max_element(opt_.prefill_seqs.begin(), opt_.prefill_seqs.end());
-    const int64_t decode_slots = opt_.context + kWarmupSteps + opt_.steps + kBlock;
-    const int64_t blocks = int64_t{c.num_layers} *
-                           std::max<int64_t>(max_batch * ((decode_slots + kBlock - 1) / kBlock),
-                                             max_prefill * ((opt_.prefill_tokens + kBlock - 1) / kBlock));
+    const int32_t max_prefill =
+        *std::max_element(opt_.prefill_seqs.begin(), opt_.prefill_seqs.end());
+    const int64_t decode_blocks =
+        (opt_.context + kWarmupSteps + opt_.steps + kBlock + kBlock - 1) / kBlock;
+    const int64_t prefill_blocks = (opt_.prefill_tokens + kBlock - 1) / kBlock;
+    const int64_t blocks = int64_t{c.num_layers} * std::max<int64_t>(max_batch * decode_blocks,
+                                                                     max_prefill * prefill_blocks);
     auto pool = cache::BlockPool::Create(model_.KvLayoutFor(kBlock, kernels::KvDtype::kBF16),
                                          static_cast<int32_t>(blocks), /*host_arena=*/false);
     Check(pool.status(), "BlockPool::Create");
@@ -296,7 +298,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
       ->check(base::AtLeast(1));
   app.add_option("--prefill_tokens", opt->prefill_tokens, "prefill: tokens per prompt")
       ->check(base::AtLeast(1));
-  app.add_option("--prefill_seqs", opt->prefill_seqs, "prefill: prompts per forward, comma-separated")
+  app.add_option("--prefill_seqs", opt->prefill_seqs,
+                 "prefill: prompts per forward, comma-separated")
       ->delimiter(',')
       ->check(base::AtLeast(1));
   app.add_flag("--profile", opt->profile,

@@ -161,10 +161,11 @@ struct ActivationBytes {
 ActivationBytes ActivationBytesOf(const ModelConfig& c) {
   const int64_t q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
   ActivationBytes b;
-  b.per_row = 4 * c.hidden_size                                         // x (float32)
+  b.per_row = 4 * c.hidden_size                                              // x, float32
               + 2 * (2 * c.hidden_size + 2 * q + 2 * kv + 3 * int64_t{c.ffn_size})  // bf16
-              + 8 * c.num_layers                                        // slot mappings
-              + 4 * 4 + 4 * c.hidden_size;                              // ids, embeddings
+              + 8 * c.num_layers                                             // slot mappings
+              + 4 * 4 + 4 * c.hidden_size;  // ids, positions, embedding rows and their floats
+  // The gathered row (bf16), float32 logits, the row index and the log-normaliser.
   b.per_logits_row = 2 * c.hidden_size + 4 * int64_t{c.vocab_size} + 4 + 4;
   return b;
 }
@@ -177,9 +178,11 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
   const int64_t layer_params =
       c.hidden_size * (2 * q + 2 * kv) + 3 * int64_t{c.hidden_size} * c.ffn_size;
   const int64_t embedding = int64_t{c.vocab_size} * c.hidden_size;
-  const int64_t weights = 2 * (c.num_layers * layer_params + embedding * (c.tied_embeddings ? 1 : 2)) +
-                          4 * (int64_t{2 * c.num_layers + 1} * c.hidden_size +
-                               (c.qkv_bias ? c.num_layers * (q + 2 * kv) : 0));
+  // bf16 matrices (the head shares the embedding when tied), float32 norms and biases.
+  const int64_t matrices = c.num_layers * layer_params + embedding * (c.tied_embeddings ? 1 : 2);
+  const int64_t vectors = (2 * int64_t{c.num_layers} + 1) * c.hidden_size +
+                          (c.qkv_bias ? c.num_layers * (q + 2 * kv) : 0);
+  const int64_t weights = 2 * matrices + 4 * vectors;
   const ActivationBytes a = ActivationBytesOf(c);
   const kc::PagedAttentionConfig attention;
   const int64_t workspaces = kc::Gemm::kWorkspaceBytes + attention.float_workspace_bytes +

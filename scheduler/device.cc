@@ -101,11 +101,11 @@ absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::
 absl::StatusOr<int64_t> KvBytesForGpuMemory(const Device& device, const model::Model& model,
                                             double fraction, const model::ForwardLimits& limits) {
   if (!device.is_cuda()) {
-    return absl::InvalidArgumentError("gpu_memory_utilization applies to a cuda device only");
+    return absl::InvalidArgumentError("--gpu-memory-utilization applies to a cuda device only");
   }
   if (!(fraction > 0.0 && fraction <= 1.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gpu_memory_utilization must be in (0, 1], got ", fraction));
+        absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", fraction));
   }
 #if WINNOW_HAVE_CUDA
   absl::StatusOr<kernels::cuda::DeviceMemory> memory = kernels::cuda::MemoryInfo(device.index);
@@ -117,7 +117,7 @@ absl::StatusOr<int64_t> KvBytesForGpuMemory(const Device& device, const model::M
   constexpr double kGiB = 1 << 30;
   if (kv <= 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "gpu_memory_utilization %.2f of %s's %.1f GiB leaves no room for the KV cache: %.1f GiB "
+        "--gpu-memory-utilization %.2f of %s's %.1f GiB leaves no room for the KV cache: %.1f GiB "
         "already in use, %.1f GiB for weights, activations and workspaces",
         fraction, device.ToString(), memory->total_bytes / kGiB, in_use / kGiB,
         besides_kv / kGiB));
