@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan \
+.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan test-asan \
   fuzz
 
 all: build
@@ -72,6 +72,24 @@ test-tsan: deps model
 	cmake --build $(TSAN_DIR) -j $(JOBS) --target winnow_unit_tests winnow_server_tests
 	$(TSAN_ENV) $(TSAN_DIR)/winnow_unit_tests --gtest_filter='$(TSAN_UNIT_TESTS)'
 	$(TSAN_ENV) $(TSAN_DIR)/winnow_server_tests
+
+# AddressSanitizer + UndefinedBehaviorSanitizer (docs/reliability.md), in a build directory of
+# its own, without CUDA: every unit and server test, then the live-daemon pytest files against
+# the instrumented daemon. Any report fails the run (halt_on_error; UBSan is made fatal).
+ASAN_DIR ?= build-asan
+ASAN_ENV := ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 abort_on_error=0" \
+  UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1" \
+  WINNOW_TEST_MODEL=$(abspath $(MODEL))
+ASAN_PY_TESTS := tests/python/test_daemon.py tests/python/test_openai_http.py \
+  tests/python/test_security.py
+test-asan: deps model venv
+	cmake -S . -B $(ASAN_DIR) -G Ninja -DWINNOW_SANITIZE=address,undefined -DWINNOW_CUDA=OFF \
+	  -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined
+	cmake --build $(ASAN_DIR) -j $(JOBS) --target winnow winnow_unit_tests winnow_server_tests
+	$(ASAN_ENV) $(ASAN_DIR)/winnow_unit_tests
+	$(ASAN_ENV) $(ASAN_DIR)/winnow_server_tests
+	$(ASAN_ENV) WINNOW_BIN=$(abspath $(ASAN_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
+	  .venv/bin/python -m pytest -q $(ASAN_PY_TESTS)
 
 # Fuzz targets (fuzz/, docs/reliability.md "Fuzzing"): libFuzzer with ASan and UBSan through
 # Debian's clang, in a build directory of their own; each target runs FUZZ_SECONDS on a scratch
