@@ -443,6 +443,13 @@ absl::Status GgufFile::Parse() {
       return absl::InvalidArgumentError(
           absl::StrCat("metadata key 'general.alignment' = ", *v, " is not a power of two"));
     }
+    // The GGUF spec asks for a multiple of 8. Below that, tensor data can start at an address
+    // its type cannot be read from (an F32 row at an odd offset): UBSan found the kernels
+    // reading floats through such pointers.
+    if (*v % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata key 'general.alignment' = ", *v, " is not a multiple of 8 (GGUF requires it)"));
+    }
     alignment_ = static_cast<uint64_t>(*v);
   } else {
     alignment_ = kDefaultAlignment;

@@ -324,11 +324,19 @@ TEST_F(GgufTest, ParsesVersion2) {
 }
 
 TEST_F(GgufTest, CustomAlignment) {
-  for (uint64_t alignment : {1u, 8u, 64u, 256u}) {
+  for (uint64_t alignment : {8u, 64u, 256u}) {
     SCOPED_TRACE(alignment);
     auto f = OpenBytes(RichBuilder(3, alignment).Build());
     ASSERT_TRUE(f.ok()) << f.status();
     CheckRich(**f, 3, alignment);
+  }
+  // Below 8 a tensor's data can be misaligned for its type (UBSan: an F32 row read at an odd
+  // offset): refused, as the spec asks, naming the key.
+  for (uint64_t alignment : {1u, 2u, 4u}) {
+    auto f = OpenBytes(RichBuilder(3, alignment).Build());
+    ASSERT_FALSE(f.ok()) << alignment;
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(f.status().message().find("general.alignment"), std::string::npos) << f.status();
   }
 }
 
