@@ -3,6 +3,9 @@
 //
 //   matmul_bench [--threads=N] [--min_seconds=S] [--json=PATH] [--cpu_time]
 //
+// Each case runs with float32 activations (MatMul) and with 8-bit activations (MatMulQ8, the
+// activations' quantisation included in the time), and prints the ratio q8 / f32 of their rates.
+//
 // Decode-sized products (m = 1, 8) read every weight once, so they are timed with enough
 // copies of the matrix in rotation to overflow the last-level cache, as in a real decode step
 // where the whole model streams from DRAM. GB/s counts weight bytes only; GFLOP/s counts 2*m*k*n.
@@ -29,6 +32,7 @@
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace winnow::kernels {
@@ -53,6 +57,7 @@ struct Case {
 struct Result {
   Case c;
   int64_t m;
+  bool q8;
   double median_s;  // per call
   double best_s;    // fastest call: the least disturbed by other load on the machine
 };
@@ -73,7 +78,8 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, st
 }
 
 
-Result Run(const Case& c, int64_t m, ThreadPool& pool, const Options& opt, std::mt19937& rng) {
+Result Run(const Case& c, int64_t m, bool q8, ThreadPool& pool, const Options& opt,
+           std::mt19937& rng) {
   const int64_t row_bytes = RowBytes(c.type, c.cols);
   const int64_t matrix_bytes = row_bytes * c.rows;
   // 64 MiB of weights in rotation outruns a 32 MiB L3; prefill is compute-bound, one copy will do.
@@ -86,9 +92,16 @@ Result Run(const Case& c, int64_t m, ThreadPool& pool, const Options& opt, std::
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
 
+  Q8Activations xq;
   auto call = [&](int64_t i) {
     const WeightMatrix w{c.type, c.rows, c.cols, row_bytes, weights[i % copies].data()};
-    const absl::Status s = MatMul(w, x.data(), m, y.data(), pool);
+    absl::Status s;
+    if (q8) {
+      s = QuantizeActivations(x.data(), m, c.cols, &xq, pool);
+      if (s.ok()) s = MatMulQ8(w, xq, y.data(), pool);
+    } else {
+      s = MatMul(w, x.data(), m, y.data(), pool);
+    }
     if (!s.ok()) std::fprintf(stderr, "matmul failed: %s\n", s.ToString().c_str());
   };
   for (int64_t i = 0; i < std::min<int64_t>(copies, 8) + 2; ++i) call(i);  // warm up
@@ -103,7 +116,7 @@ Result Run(const Case& c, int64_t m, ThreadPool& pool, const Options& opt, std::
     if (samples.size() >= 5 && t1 - start > opt.min_seconds) break;
   }
   std::sort(samples.begin(), samples.end());
-  return Result{c, m, samples[samples.size() / 2], samples.front()};
+  return Result{c, m, q8, samples[samples.size() / 2], samples.front()};
 }
 
 double PoolOverheadMicros(ThreadPool& pool) {
@@ -134,9 +147,10 @@ void WriteJson(const std::string& path, const std::vector<Result>& results, int 
     const double flops = 2.0 * r.m * r.c.rows * r.c.cols;
     const double bytes = static_cast<double>(RowBytes(r.c.type, r.c.cols)) * r.c.rows;
     std::fprintf(f,
-                 "  {\"shape\": \"%s\", \"type\": \"%s\", \"m\": %lld, \"median_us\": %.2f, "
+                 "  {\"shape\": \"%s\", \"type\": \"%s\", \"activations\": \"%s\", \"m\": %lld, "
+                 "\"median_us\": %.2f, "
                  "\"best_us\": %.2f, \"gflops\": %.2f, \"weight_gbps\": %.2f}%s\n",
-                 r.c.name, std::string(TraitsOf(r.c.type).name).c_str(),
+                 r.c.name, std::string(TraitsOf(r.c.type).name).c_str(), r.q8 ? "q8" : "f32",
                  static_cast<long long>(r.m), r.median_s * 1e6, r.best_s * 1e6,
                  flops / r.best_s * 1e-9, bytes / r.best_s * 1e-9,
                  i + 1 < results.size() ? "," : "");
@@ -172,26 +186,30 @@ int Main(int argc, char** argv) {
               pool.num_threads(), opt.cpu_time ? "thread CPU time" : "wall", overhead_us);
 
   const Case cases[] = {
-      {"576->576", 576, 576, GgmlType::kQ4_1},     {"576->192", 576, 192, GgmlType::kQ4_1},
-      {"576->1536", 576, 1536, GgmlType::kQ4_1},   {"1536->576", 1536, 576, GgmlType::kQ4_1},
+      {"576->576", 576, 576, GgmlType::kQ4_1},     {"576->1536", 576, 1536, GgmlType::kQ4_1},
+      {"1536->576", 1536, 576, GgmlType::kQ4_1},   {"576->576", 576, 576, GgmlType::kQ4_0},
+      {"576->1536", 576, 1536, GgmlType::kQ4_0},   {"1536->576", 1536, 576, GgmlType::kQ4_0},
       {"576->576", 576, 576, GgmlType::kQ8_0},     {"576->192", 576, 192, GgmlType::kQ8_0},
       {"576->1536", 576, 1536, GgmlType::kQ8_0},   {"1536->576", 1536, 576, GgmlType::kQ8_0},
+      {"576->1536", 576, 1536, GgmlType::kQ5_0},   {"1536->576", 1536, 576, GgmlType::kQ4_K},
       {"576->49152", 576, 49152, GgmlType::kQ8_0},
   };
   std::mt19937 rng(42);
   std::vector<Result> results;
-  std::printf("%-11s %-5s %5s %10s %10s %9s %11s\n", "shape", "type", "m", "median_us",
-              "best_us", "GFLOP/s", "weight_GB/s");
+  std::printf("%-11s %-5s %5s %12s %12s %9s %9s %11s %7s\n", "shape", "type", "m", "f32_best_us",
+              "q8_best_us", "f32_GF/s", "q8_GF/s", "q8_weight_GB/s", "q8/f32");
   for (const Case& c : cases) {
     for (int64_t m : {1, 8, 32, 512}) {
-      const Result r = Run(c, m, pool, opt, rng);
-      results.push_back(r);
+      const Result f = Run(c, m, false, pool, opt, rng);
+      const Result q = Run(c, m, true, pool, opt, rng);
+      results.push_back(f);
+      results.push_back(q);
       const double flops = 2.0 * m * c.rows * c.cols;
       const double bytes = static_cast<double>(RowBytes(c.type, c.cols)) * c.rows;
-      std::printf("%-11s %-5s %5lld %10.1f %10.1f %9.1f %11.1f\n", c.name,
+      std::printf("%-11s %-5s %5lld %12.1f %12.1f %9.1f %9.1f %11.1f %7.2f\n", c.name,
                   std::string(TraitsOf(c.type).name).c_str(), static_cast<long long>(m),
-                  r.median_s * 1e6, r.best_s * 1e6, flops / r.best_s * 1e-9,
-                  bytes / r.best_s * 1e-9);
+                  f.best_s * 1e6, q.best_s * 1e6, flops / f.best_s * 1e-9,
+                  flops / q.best_s * 1e-9, bytes / q.best_s * 1e-9, f.best_s / q.best_s);
       std::fflush(stdout);
     }
   }
