@@ -56,6 +56,7 @@ struct Options {
   std::vector<int32_t> batches = {1, 8, 32};
   int32_t reps = 2;
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;  // the daemon's default
+  model::CpuActivations activations = model::kDefaultCpuActivations;
   bool json = false;
 };
 
@@ -284,6 +285,11 @@ std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
          [opt](const std::string& v) { opt->kv_cache_dtype = *kernels::ParseKvDtype(v); },
          "KV cache dtype: f32, f16 (default), bf16, q8_0")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  app.add_option_function<std::string>(
+         "--cpu-activations",
+         [opt](const std::string& v) { opt->activations = *model::ParseCpuActivations(v); },
+         "matmul activations: f32 or q8 (the daemon's default)")
+      ->check(CLI::IsMember({"f32", "q8"}));
   app.add_flag("--json", opt->json, "print one JSON object instead of tables");
   return base::ParseCommandLine(app, argc, argv);
 }
@@ -292,7 +298,7 @@ int Main(int argc, char** argv) {
   Options opt;
   if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(opt.model, {.num_threads = opt.threads});
+      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
   if (!loaded.ok()) {
     std::fprintf(stderr, "engine_bench: load %s: %s\n", opt.model.c_str(),
                  std::string(loaded.status().message()).c_str());
@@ -317,6 +323,7 @@ int Main(int argc, char** argv) {
   result["decode_context"] = opt.decode_context;
   result["reps"] = opt.reps;
   result["kv_cache_dtype"] = kernels::KvDtypeName(opt.kv_cache_dtype);
+  result["cpu_activations"] = model::CpuActivationsName(opt.activations);
 
   // One JSON entry per measurement: tokens / wall seconds and tokens / process-CPU seconds.
   auto entry = [](int64_t tokens, const Timing& t) {

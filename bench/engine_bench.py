@@ -65,6 +65,8 @@ def parse_args():
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--kv-cache-dtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
                    help="winnow's KV cache dtype (llama.cpp's default cache is f16 too)")
+    p.add_argument("--cpu-activations", default="q8", choices=["f32", "q8"],
+                   help="winnow's matmul activations (llama.cpp quantises them to 8 bits too)")
     p.add_argument("--rounds", type=int, default=2,
                    help="alternating winnow/llama.cpp rounds; each metric keeps its best")
     p.add_argument("--out", default="bench/results/engine.json")
@@ -88,7 +90,8 @@ def run_winnow(args):
            f"--prompt-tokens={args.prompt_tokens}", f"--prefill-chunk={args.prefill_chunk}",
            f"--decode-tokens={args.decode_tokens}", f"--decode-context={args.decode_context}",
            f"--batches={','.join(map(str, args.batches))}", "--reps=1",
-           f"--kv-cache-dtype={args.kv_cache_dtype}"]
+           f"--kv-cache-dtype={args.kv_cache_dtype}",
+           f"--cpu-activations={args.cpu_activations}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"engine_bench failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -334,6 +337,7 @@ def main():
         "model": args.model,
         "threads": args.threads,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "cpu_activations": args.cpu_activations,
         "prompt_tokens": args.prompt_tokens,
         "prefill_chunk": args.prefill_chunk,
         "decode_tokens": args.decode_tokens,

@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_q8.h"
 #include "kernels/cpu/ops.h"
 
 namespace winnow::model {
@@ -35,9 +36,46 @@ struct Model::Scratch {
   std::vector<float> x, xn, q, k, v, attn, proj, gate, up;
   std::vector<float> final_rows;
   std::vector<int32_t> positions;
+  kernels::Q8Activations quantized;  // the current matmul input, with 8-bit activations
 };
 
 namespace {
+
+// One matmul input (rows x cols floats) for the matrices that read it. With 8-bit activations
+// it is quantised on first use, so the matrices sharing it (Q, K and V; gate and up) quantise
+// it once; matrices without an integer kernel take the float input.
+class MatMulInput {
+ public:
+  MatMulInput(const float* x, int64_t rows, int64_t cols, CpuActivations activations,
+              kernels::Q8Activations* quantized, kernels::ThreadPool& threads)
+      : x_(x),
+        rows_(rows),
+        cols_(cols),
+        q8_(activations == CpuActivations::kQ8),
+        quantized_(quantized),
+        threads_(threads) {}
+
+  // y[rows x w.rows] = x * W^T.
+  absl::Status Multiply(const kernels::WeightMatrix& w, float* y) {
+    if (!q8_ || !kernels::HasInt8Kernel(w.type)) {
+      return kernels::MatMul(w, x_, rows_, y, threads_);
+    }
+    if (!ready_) {
+      WINNOW_RETURN_IF_ERROR(
+          kernels::QuantizeActivations(x_, rows_, cols_, quantized_, threads_));
+      ready_ = true;
+    }
+    return kernels::MatMulQ8(w, *quantized_, y, threads_);
+  }
+
+ private:
+  const float* x_;
+  int64_t rows_, cols_;
+  bool q8_;
+  kernels::Q8Activations* quantized_;
+  kernels::ThreadPool& threads_;
+  bool ready_ = false;
+};
 
 // Looks a tensor up and checks its shape, naming it in errors.
 absl::StatusOr<const GgufTensor*> Tensor(const GgufFile& file, const std::string& name,
@@ -185,6 +223,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   m->weights_ = std::move(w);
   m->scratch_ = std::make_unique<Scratch>();
   m->pool_ = std::make_unique<kernels::ThreadPool>(options.num_threads);
+  m->activations_ = options.activations;
   return m;
 }
 
@@ -325,12 +364,18 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
     const int64_t n = static_cast<int64_t>(bias.size());
     for (int64_t r = 0; r < rows; ++r) kernels::AddInPlace(m.data() + r * n, bias.data(), n);
   };
+  auto input = [&](const float* x, int64_t cols) {
+    return MatMulInput(x, rows, cols, activations_, &s.quantized, threads);
+  };
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[l];
     norm_rows(L.attn_norm);
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wq, s.xn.data(), rows, s.q.data(), threads));
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wk, s.xn.data(), rows, s.k.data(), threads));
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wv, s.xn.data(), rows, s.v.data(), threads));
+    {
+      MatMulInput xn = input(s.xn.data(), hidden);
+      WINNOW_RETURN_IF_ERROR(xn.Multiply(L.wq, s.q.data()));
+      WINNOW_RETURN_IF_ERROR(xn.Multiply(L.wk, s.k.data()));
+      WINNOW_RETURN_IF_ERROR(xn.Multiply(L.wv, s.v.data()));
+    }
     add_bias(s.q, L.bq);
     add_bias(s.k, L.bk);
     add_bias(s.v, L.bv);
@@ -388,15 +433,18 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
     CaptureQueries(batch, first_row, l, s.q.data(), q_dim, pool);
     kernels::PagedAttention(kv_view, attention_seqs, s.q.data(), c.num_heads, attn_scale,
                             s.attn.data(), threads);
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.wo, s.attn.data(), rows, s.proj.data(), threads));
+    WINNOW_RETURN_IF_ERROR(input(s.attn.data(), q_dim).Multiply(L.wo, s.proj.data()));
     kernels::AddInPlace(s.x.data(), s.proj.data(), rows * hidden);
 
     norm_rows(L.ffn_norm);
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.w_gate, s.xn.data(), rows, s.gate.data(), threads));
-    WINNOW_RETURN_IF_ERROR(kernels::MatMul(L.w_up, s.xn.data(), rows, s.up.data(), threads));
+    {
+      MatMulInput xn = input(s.xn.data(), hidden);
+      WINNOW_RETURN_IF_ERROR(xn.Multiply(L.w_gate, s.gate.data()));
+      WINNOW_RETURN_IF_ERROR(xn.Multiply(L.w_up, s.up.data()));
+    }
     kernels::SiluMul(s.gate.data(), s.up.data(), rows * c.ffn_size, s.gate.data());
     WINNOW_RETURN_IF_ERROR(
-        kernels::MatMul(L.w_down, s.gate.data(), rows, s.proj.data(), threads));
+        input(s.gate.data(), c.ffn_size).Multiply(L.w_down, s.proj.data()));
     kernels::AddInPlace(s.x.data(), s.proj.data(), rows * hidden);
   }
 
@@ -423,8 +471,9 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
   out->storage.resize(out_rows * c.vocab_size);
   out->logits = out->storage;
   if (out_rows > 0) {
-    WINNOW_RETURN_IF_ERROR(
-        kernels::MatMul(w.output, s.final_rows.data(), out_rows, out->storage.data(), threads));
+    MatMulInput final_rows(s.final_rows.data(), out_rows, hidden, activations_, &s.quantized,
+                           threads);
+    WINNOW_RETURN_IF_ERROR(final_rows.Multiply(w.output, out->storage.data()));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,6 +17,7 @@
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/chat_template.h"
+#include "model/cpu_activations.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
@@ -82,6 +84,7 @@ struct ForwardLimits {
 
 struct ModelOptions {
   int32_t num_threads = 0;  // 0: one per hardware thread
+  CpuActivations activations = CpuActivations::kF32;
 };
 
 class Model {
@@ -135,6 +138,7 @@ class Model {
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Scratch> scratch_;
   std::unique_ptr<kernels::ThreadPool> pool_;
+  CpuActivations activations_ = CpuActivations::kF32;
   std::vector<float> rope_inv_freq_;
   float rope_attn_factor_ = 1.0f;
 };

@@ -216,6 +216,7 @@ int RunDaemon(const ServeOptions& options) {
   absl::Time load_start = absl::Now();
   model::ModelOptions model_options;
   model_options.num_threads = options.threads;
+  model_options.activations = options.cpu_activations;
   auto loaded = model::Model::Load(options.model, model_options);
   if (!loaded.ok()) {
     spdlog::error("cannot load model '{}': {}", options.model,

@@ -184,6 +184,15 @@ const std::vector<Setting>& Settings() {
               "{cpu,cuda,cuda:N}"},
       IntSetting("threads", "CPU threads for the forward; 0: all cores", &ServeOptions::threads, 0,
                  4096),
+      Setting{"cpu-activations",
+              "activations of the CPU forward's matmuls: q8 (8 bits, integer dot products, "
+              "about 2x the prefill rate) or f32 (exact products) (" +
+                  std::string(model::CpuActivationsName(model::kDefaultCpuActivations)) + ")",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                WINNOW_ASSIGN_OR_RETURN(o->cpu_activations, model::ParseCpuActivations(v));
+                return absl::OkStatus();
+              },
+              "{f32,q8}"},
       DurationSetting("drain-timeout",
                       "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
                       &ServeOptions::drain_timeout),
@@ -511,7 +520,7 @@ std::string ServeOptions::DebugString() const {
       " gpu_memory_utilization=", gpu_memory_utilization,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,
       " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype), " device=", device.ToString(),
-      " threads=", threads,
+      " threads=", threads, " cpu_activations=", std::string(model::CpuActivationsName(cpu_activations)),
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
       " max_message_bytes=", max_message_bytes,

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/cpu/kv_dtype.h"
+#include "model/cpu_activations.h"
 #include "scheduler/device.h"
 
 namespace winnow::server {
@@ -47,6 +48,7 @@ struct ServeOptions {
   // Where the forward runs; unset: cuda:0 when a GPU is visible, else cpu (DefaultDevice).
   scheduler::Device device;
   int32_t threads = 0;  // 0: one per hardware thread
+  model::CpuActivations cpu_activations = model::kDefaultCpuActivations;
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 4096;

@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "kernels/cpu/kv_dtype.h"
+#include "model/model.h"
 
 namespace winnow::cli {
 
@@ -19,8 +20,11 @@ std::string DefaultModelPath();
 struct CommonFlags {
   std::string model = DefaultModelPath();
   int32_t threads = 0;  // 0: one per hardware thread
+  model::CpuActivations activations = model::kDefaultCpuActivations;
+
+  model::ModelOptions ModelOptions() const { return {threads, activations}; }
 };
-// Sets up `app` with base::ConfigureApp and adds --model and --threads.
+// Sets up `app` with base::ConfigureApp and adds --model, --threads and --cpu-activations.
 void AddCommonFlags(CLI::App& app, CommonFlags* flags);
 
 // --kv-cache-dtype f32|f16|bf16|q8_0 (default f16, as the daemon's), stored in *dtype.

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/cli.h"
 #include "server/cli/commands.h"
 #include "server/logging.h"
@@ -38,6 +39,17 @@ void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
   app.add_option("--model", flags->model, "GGUF model path ($WINNOW_MODEL, else the default)");
   app.add_option("--threads", flags->threads, "CPU threads; 0: one per hardware thread")
       ->check(base::AtLeast(0));
+  const CLI::Validator known(
+      [](std::string& v) -> std::string {
+        return model::ParseCpuActivations(v).ok() ? "" : "must be f32 or q8";
+      },
+      "{f32,q8}");
+  app.add_option_function<std::string>(
+         "--cpu-activations",
+         [flags](const std::string& v) { flags->activations = *model::ParseCpuActivations(v); },
+         absl::StrCat("activations of the CPU matmuls: q8 (8-bit, integer dot products) or f32 (",
+                      std::string(model::CpuActivationsName(model::kDefaultCpuActivations)), ")"))
+      ->check(known);
 }
 
 void AddKvCacheDtypeFlag(CLI::App& app, kernels::KvDtype* dtype) {

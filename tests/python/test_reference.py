@@ -1,11 +1,17 @@
 """winnow's forward pass against transformers loading the same GGUF in float32.
 
-Checks: argmax identical at every position and next-token log-probabilities within 3e-2 on
-8 prompts (one over 1000 tokens); greedy 64-token continuations identical; chunked prefill
-(7, 64, 512) equal to one-shot prefill; the same checks (2 prompts, 32 tokens) on Q4_K_M and
-Q5_K_M requantisations of the model (Q5_0/Q5_1, Q8_0, Q4_K/Q5_K and Q6_K weights). All of these
-run at the default KV cache dtype (f16). The logits check is repeated per KV dtype
-(test_kv_dtype_logits_match_reference) with the tolerances of KV_DTYPE_TOLERANCE.
+Checks, with float32 activations (`--cpu-activations f32`, the exact path): argmax identical at
+every position and next-token log-probabilities within 3e-2 on 8 prompts (one over 1000
+tokens); greedy 64-token continuations identical; chunked prefill (7, 64, 512) equal to one-shot
+prefill; the same checks (2 prompts, 32 tokens) on Q4_K_M and Q5_K_M requantisations of the
+model (Q5_0/Q5_1, Q8_0, Q4_K/Q5_K and Q6_K weights). All of these run at the default KV cache
+dtype (f16). The logits check is repeated per KV dtype (test_kv_dtype_logits_match_reference)
+with the tolerances of KV_DTYPE_TOLERANCE.
+
+With 8-bit activations (`--cpu-activations q8`) the same prompts and files are compared with the
+tolerances of Q8_TOLERANCE, against transformers and against llama.cpp (which quantises its
+activations to 8 bits as well); greedy continuations may leave the reference only at near ties,
+which the test shows with the reference's own logits.
 """
 import json
 
@@ -53,10 +59,11 @@ def reference_logits(hf_model, ids: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([ids])).logits[0].float()
 
 
-def score(winnow_bin, model_path, tmp_path, ids, chunk=None):
+def score(winnow_bin, model_path, tmp_path, ids, chunk=None, activations="f32"):
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(json.dumps(ids))
-    args = ["score", "--model", str(model_path), "--tokens-file", str(tokens_file)]
+    args = ["score", "--model", str(model_path), "--tokens-file", str(tokens_file),
+            "--cpu-activations", activations]
     if chunk is not None:
         args += ["--chunk-size", str(chunk)]
     return run_winnow_json(winnow_bin, *args)
@@ -115,7 +122,8 @@ def test_kv_dtype_logits_match_reference(dtype, prompt_ids, hf_model, winnow_bin
         tokens_file = tmp_path / "tokens.json"
         tokens_file.write_text(json.dumps(ids))
         ours = run_winnow_json(winnow_bin, "score", "--model", str(model_path), "--tokens-file",
-                               str(tokens_file), "--kv-cache-dtype", dtype)
+                               str(tokens_file), "--kv-cache-dtype", dtype,
+                               "--cpu-activations", "f32")
         logits = reference_logits(hf_model, ids)
         top2 = torch.topk(logits, 2, dim=-1).values
         gaps = (top2[:, 0] - top2[:, 1]).tolist()
@@ -157,7 +165,7 @@ def reference_greedy(hf_model, ids: list[int], steps: int) -> list[int]:
 ])
 def test_greedy_continuation_matches_reference(prompt, chat, hf_model, winnow_bin, model_path):
     args = ["generate", "--model", str(model_path), "--prompt", prompt, "--max-tokens", "64",
-            "--ignore-eos", "--json", "--quiet"]
+            "--ignore-eos", "--json", "--quiet", "--cpu-activations", "f32"]
     if chat:
         args.append("--chat")
     ours = run_winnow_json(winnow_bin, *args)
@@ -225,5 +233,100 @@ def test_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, promp
         assert delta.max() <= LOGPROB_TOLERANCE, f"{name}: max |Δ logprob| = {delta.max():.3g}"
     ours = run_winnow_json(winnow_bin, "generate", "--model", str(kquant_model_path), "--prompt",
                            "The capital of France is", "--max-tokens", "32", "--ignore-eos",
-                           "--json", "--quiet")
+                           "--json", "--quiet", "--cpu-activations", "f32")
     assert ours["token_ids"] == reference_greedy(kquant_hf_model, ours["prompt_token_ids"], 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8-bit activations. Bounds against transformers' float32 (f16 KV cache, as above): the largest
+# |Δ next-token logprob|, the largest |Δ last logits|, and the reference's top-2 logit gap below
+# which an argmax may differ. Measured worst cases are in docs/numerics.md.
+Q8_TOLERANCE = {"logprob": 1.5, "mean_logprob": 0.15, "last_logits": 1.4, "argmax_gap": 0.5}
+
+
+def check_q8_against(name, ours, ref_logits, ids, tol, worst):
+    top2 = torch.topk(ref_logits, 2, dim=-1).values
+    gaps = (top2[:, 0] - top2[:, 1]).tolist()
+    for i, (a, b) in enumerate(zip(ours["argmax"], ref_logits.argmax(dim=-1).tolist())):
+        if a != b:
+            worst["flipped_gap"] = max(worst["flipped_gap"], gaps[i])
+            assert gaps[i] < tol["argmax_gap"], \
+                f"{name}: argmax differs at {i} where the reference's top-2 gap is {gaps[i]:.3g}"
+    logprobs = torch.log_softmax(ref_logits.double(), dim=-1)
+    ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    deltas = np.abs(np.array(ours["logprob_next"]) - ref_next)
+    delta, mean = float(deltas.max()), float(deltas.mean())
+    last = float(np.abs(np.array(ours["last_logits"]) - ref_logits[-1].numpy()).max())
+    worst["logprob"] = max(worst["logprob"], delta)
+    worst["mean_logprob"] = max(worst["mean_logprob"], mean)
+    worst["last_logits"] = max(worst["last_logits"], last)
+    assert delta <= tol["logprob"], f"{name}: max |Δ logprob| = {delta:.3g}"
+    assert mean <= tol["mean_logprob"], f"{name}: mean |Δ logprob| = {mean:.3g}"
+    assert last <= tol["last_logits"], f"{name}: max |Δ last logits| = {last:.3g}"
+
+
+def test_q8_activations_match_reference(prompt_ids, hf_model, winnow_bin, model_path, tmp_path):
+    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    for name, ids in prompt_ids.items():
+        ours = score(winnow_bin, model_path, tmp_path, ids, activations="q8")
+        check_q8_against(name, ours, reference_logits(hf_model, ids), ids, Q8_TOLERANCE, worst)
+    print(f"q8 activations vs transformers: worst {worst}")
+
+
+def test_q8_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, prompt_ids,
+                                          winnow_bin, tmp_path):
+    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    for name in ("chat", "story", "long"):
+        ids = prompt_ids[name]
+        ours = score(winnow_bin, kquant_model_path, tmp_path, ids, activations="q8")
+        check_q8_against(name, ours, reference_logits(kquant_hf_model, ids), ids, Q8_TOLERANCE,
+                         worst)
+    print(f"q8 activations vs transformers on {kquant_model_path.stem}: worst {worst}")
+
+
+def llama_cpp_logits(model_path, ids):
+    """llama.cpp's logits at every position of ids (its CPU backend, 8-bit activations)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_batch=2048, n_ubatch=2048,
+                          logits_all=True, verbose=False)
+    llm.eval(ids)
+    logits = torch.tensor(np.array(llm.scores[:len(ids)]), dtype=torch.float32)
+    llm.close()
+    return logits
+
+
+# winnow q8 and llama.cpp both quantise activations to 8 bits (llama.cpp with fp16 block scales
+# and, for Q4_1 weights, Q8_1 blocks), so each is compared with the other as with transformers.
+def test_q8_activations_match_llama_cpp(prompt_ids, winnow_bin, model_path, tmp_path):
+    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    for name in ("fact", "chat", "code", "long"):
+        ids = prompt_ids[name]
+        ours = score(winnow_bin, model_path, tmp_path, ids, activations="q8")
+        check_q8_against(name, ours, llama_cpp_logits(model_path, ids), ids, Q8_TOLERANCE, worst)
+    print(f"q8 activations vs llama.cpp: worst {worst}")
+
+
+@pytest.mark.parametrize("prompt,chat", [
+    ("The capital of France is", False),
+    ("Write a haiku about the sea.", True),
+    ("def quicksort(items):", False),
+    ("List three primary colours.", True),
+])
+def test_q8_greedy_continuation_leaves_reference_only_at_near_ties(prompt, chat, hf_model,
+                                                                    winnow_bin, model_path):
+    args = ["generate", "--model", str(model_path), "--prompt", prompt, "--max-tokens", "64",
+            "--ignore-eos", "--json", "--quiet", "--cpu-activations", "q8"]
+    if chat:
+        args.append("--chat")
+    ours = run_winnow_json(winnow_bin, *args)
+    prompt_ids_, tokens = ours["prompt_token_ids"], ours["token_ids"]
+    assert len(tokens) == 64
+    # The reference's logits along our own continuation: every token we chose must be the
+    # reference's argmax or within Q8_TOLERANCE["argmax_gap"] of it.
+    logits = reference_logits(hf_model, prompt_ids_ + tokens)[len(prompt_ids_) - 1:-1]
+    best = logits.max(dim=-1).values
+    chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+    gaps = (best - chosen).tolist()
+    ties = [(i, round(g, 4)) for i, g in enumerate(gaps) if g > 0]
+    print(f"q8 greedy vs reference: {len(ties)} of 64 steps took a near tie: {ties}")
+    assert max(gaps) < Q8_TOLERANCE["argmax_gap"], f"step {gaps.index(max(gaps))}: gap {max(gaps)}"
