@@ -5,13 +5,15 @@
 #include <vector>
 
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/vec.h"
 
 namespace winnow::kernels {
 namespace {
 
 struct WorkItem {
   int32_t sequence;
-  int32_t token;  // index among the sequence's new tokens
+  int32_t token;  // index among the sequence's new tokens of the first of `count`
+  int32_t count;
   int32_t kv_head;
 };
 
@@ -23,100 +25,133 @@ void SparseVisible(const AttentionSequence& seq, int32_t token, std::vector<int3
   for (int32_t i = 0; i <= token; ++i) slots.push_back(past + i);
 }
 
-// Attention of one token's query heads that share `kv_head` (a GQA group). Two passes over the
-// visible keys: scores and their max, then exp-weights applied to V. Each key and value block is
-// converted to float32 once for the whole group (into `rows`, block_size x head_dim floats,
-// unused for f32). Scores live in a thread-local buffer; visible keys are at most the context
-// length. `slots` (sparse path) lists the visible slots; when null, slots [0, visible) are. Every
-// output is the same sum in the same order whatever the dtype or loop nesting, so a token's
-// result depends only on its own inputs.
-void AttendGroup(const PagedKvView& kv, const AttentionSequence& seq, int32_t token,
-                 int32_t kv_head, int32_t group, int32_t num_heads, const float* q, float scale,
-                 float* out, const std::vector<int32_t>* slots, std::vector<float>& scores,
-                 float* rows) {
-  const int32_t head_dim = kv.head_dim;
-  const int32_t visible = slots != nullptr ? static_cast<int32_t>(slots->size())
-                                           : seq.num_slots - seq.num_new + token + 1;
-  scores.resize(static_cast<size_t>(group) * visible);
-  auto key_row = [&](int32_t j) {
-    const int32_t slot = (*slots)[j];
-    return kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
-                  slot % kv.block_size, rows);
-  };
-  auto value_row = [&](int32_t j) {
-    const int32_t slot = (*slots)[j];
-    return kv.Row(kv.Values(seq.block_table[slot / kv.block_size], kv_head),
-                  slot % kv.block_size, rows);
-  };
-
-  if (slots != nullptr) {
-    for (int32_t j = 0; j < visible; ++j) {
-      const float* key = key_row(j);
-      for (int32_t g = 0; g < group; ++g) {
-        scores[static_cast<int64_t>(g) * visible + j] =
-            Dot(q + static_cast<int64_t>(g) * head_dim, key, head_dim) * scale;
+// o[i] += Σ_j s[j] * rows[j][i] for j < n, each element summed in j order with one fused
+// multiply-add per term, exactly as n calls of Axpy would; the output stays in registers across
+// the rows instead of making a load and a store per row.
+void WeightedRowSum(const float* s, const float* rows, int32_t n, int32_t head_dim, float* o) {
+#if defined(__AVX2__) && defined(__FMA__)
+  constexpr int kVecs = 8;  // 64 floats of output per pass
+  int32_t c = 0;
+  for (; c + 8 * kVecs <= head_dim; c += 8 * kVecs) {
+    __m256 acc[kVecs];
+    for (int v = 0; v < kVecs; ++v) acc[v] = _mm256_loadu_ps(o + c + 8 * v);
+    for (int32_t j = 0; j < n; ++j) {
+      const __m256 w = _mm256_set1_ps(s[j]);
+      const float* row = rows + static_cast<int64_t>(j) * head_dim + c;
+      for (int v = 0; v < kVecs; ++v) {
+        acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * v), acc[v]);
       }
     }
+    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(o + c + 8 * v, acc[v]);
+  }
+  if (c == head_dim) return;
+  for (int32_t j = 0; j < n; ++j) {
+    Axpy(s[j], rows + static_cast<int64_t>(j) * head_dim + c, o + c, head_dim - c);
+  }
+#else
+  for (int32_t j = 0; j < n; ++j) Axpy(s[j], rows + static_cast<int64_t>(j) * head_dim, o, head_dim);
+#endif
+}
+
+// Query tokens of one sequence that share each K/V block's conversion to float32 (dense path).
+constexpr int32_t kTokenTile = 8;
+
+// Attention of `count` consecutive new tokens (token0 ..) of one sequence, each for the query
+// heads that share `kv_head` (a GQA group). Two passes over the visible keys: scores and their
+// max, then exp-weights applied to V. Each key and value block is converted to float32 once for
+// all the tokens and heads (into `rows`, block_size x head_dim floats, unused for f32). `slots`
+// (sparse path, count = 1) lists the visible slots; when null, slots [0, visible) are. Every
+// output is the same sum in the same order whatever the dtype, the tile or the loop nesting, so
+// a token's result depends only on its own inputs. `scores` holds count x group x (visible of
+// the last token) floats.
+void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0,
+                  int32_t count, int32_t kv_head, int32_t group, int32_t num_heads,
+                  const float* q, int64_t q_stride, float scale, float* out,
+                  const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows) {
+  const int32_t head_dim = kv.head_dim;
+  const int32_t past = seq.num_slots - seq.num_new;
+  auto visible_of = [&](int32_t t) {
+    return slots != nullptr ? static_cast<int32_t>(slots->size()) : past + token0 + t + 1;
+  };
+  const int32_t max_visible = visible_of(count - 1);
+  const int64_t stride = int64_t{group} * max_visible;  // scores of token t start at t * stride
+  scores.resize(static_cast<size_t>(count * stride));
+  auto score_row = [&](int32_t t, int32_t g) {
+    return scores.data() + t * stride + int64_t{g} * max_visible;
+  };
+  auto query = [&](int32_t t, int32_t g) { return q + t * q_stride + int64_t{g} * head_dim; };
+  auto output = [&](int32_t t, int32_t g) { return out + t * q_stride + int64_t{g} * head_dim; };
+
+  if (slots != nullptr) {
+    for (int32_t j = 0; j < max_visible; ++j) {
+      const int32_t slot = (*slots)[j];
+      const float* key = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
+                                slot % kv.block_size, rows);
+      for (int32_t g = 0; g < group; ++g) score_row(0, g)[j] = Dot(query(0, g), key, head_dim) * scale;
+    }
   } else {
-    for (int32_t start = 0; start < visible; start += kv.block_size) {
-      const int32_t n = std::min(kv.block_size, visible - start);
+    for (int32_t start = 0; start < max_visible; start += kv.block_size) {
+      const int32_t n = std::min(kv.block_size, max_visible - start);
       const float* keys = kv.Rows(kv.Keys(seq.block_table[start / kv.block_size], kv_head), n,
                                   rows);
-      for (int32_t g = 0; g < group; ++g) {
-        const float* qh = q + static_cast<int64_t>(g) * head_dim;
-        float* s = scores.data() + static_cast<int64_t>(g) * visible + start;
-        for (int32_t j = 0; j < n; ++j) {
-          s[j] = Dot(qh, keys + static_cast<int64_t>(j) * head_dim, head_dim) * scale;
+      for (int32_t t = 0; t < count; ++t) {
+        const int32_t nt = std::min(n, visible_of(t) - start);
+        for (int32_t g = 0; g < group; ++g) {
+          float* s = score_row(t, g) + start;
+          for (int32_t j = 0; j < nt; ++j) {
+            s[j] = Dot(query(t, g), keys + static_cast<int64_t>(j) * head_dim, head_dim) * scale;
+          }
         }
       }
     }
   }
 
   // Softmax weights, normalised in place.
-  for (int32_t g = 0; g < group; ++g) {
-    float* s = scores.data() + static_cast<int64_t>(g) * visible;
-    const float max_score = *std::max_element(s, s + visible);
-    double sum = 0.0;
-    for (int32_t j = 0; j < visible; ++j) {
-      s[j] = std::exp(s[j] - max_score);
-      sum += s[j];
+  for (int32_t t = 0; t < count; ++t) {
+    const int32_t visible = visible_of(t);
+    for (int32_t g = 0; g < group; ++g) {
+      float* s = score_row(t, g);
+      const float max_score = *std::max_element(s, s + visible);
+      vec::ExpShifted(s, visible, max_score);
+      double sum = 0.0;
+      for (int32_t j = 0; j < visible; ++j) sum += s[j];
+      const float inv_sum = static_cast<float>(1.0 / sum);
+      for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
+      std::fill(output(t, g), output(t, g) + head_dim, 0.0f);
     }
-    const float inv_sum = static_cast<float>(1.0 / sum);
-    for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
-    std::fill(out + static_cast<int64_t>(g) * head_dim,
-              out + static_cast<int64_t>(g + 1) * head_dim, 0.0f);
   }
 
   if (slots != nullptr) {
-    for (int32_t j = 0; j < visible; ++j) {
-      const float* value = value_row(j);
-      for (int32_t g = 0; g < group; ++g) {
-        Axpy(scores[static_cast<int64_t>(g) * visible + j], value,
-             out + static_cast<int64_t>(g) * head_dim, head_dim);
-      }
+    for (int32_t j = 0; j < max_visible; ++j) {
+      const int32_t slot = (*slots)[j];
+      const float* value = kv.Row(kv.Values(seq.block_table[slot / kv.block_size], kv_head),
+                                  slot % kv.block_size, rows);
+      for (int32_t g = 0; g < group; ++g) Axpy(score_row(0, g)[j], value, output(0, g), head_dim);
     }
   } else {
-    for (int32_t start = 0; start < visible; start += kv.block_size) {
-      const int32_t n = std::min(kv.block_size, visible - start);
+    for (int32_t start = 0; start < max_visible; start += kv.block_size) {
+      const int32_t n = std::min(kv.block_size, max_visible - start);
       const float* values = kv.Rows(kv.Values(seq.block_table[start / kv.block_size], kv_head),
                                     n, rows);
-      for (int32_t g = 0; g < group; ++g) {
-        const float* s = scores.data() + static_cast<int64_t>(g) * visible + start;
-        float* o = out + static_cast<int64_t>(g) * head_dim;
-        for (int32_t j = 0; j < n; ++j) {
-          Axpy(s[j], values + static_cast<int64_t>(j) * head_dim, o, head_dim);
+      for (int32_t t = 0; t < count; ++t) {
+        const int32_t nt = std::min(n, visible_of(t) - start);
+        for (int32_t g = 0; g < group; ++g) {
+          WeightedRowSum(score_row(t, g) + start, values, nt, head_dim, output(t, g));
         }
       }
     }
   }
 
   if (seq.probs != nullptr) {
-    for (int32_t g = 0; g < group; ++g) {
-      // This work item is the only writer of its (token, head) row.
-      const int32_t h = kv_head * group + g;
-      const float* s = scores.data() + static_cast<int64_t>(g) * visible;
-      float* p = seq.probs + (static_cast<int64_t>(token) * num_heads + h) * seq.num_slots;
-      for (int32_t j = 0; j < visible; ++j) p[slots != nullptr ? (*slots)[j] : j] = s[j];
+    for (int32_t t = 0; t < count; ++t) {
+      for (int32_t g = 0; g < group; ++g) {
+        // This work item is the only writer of its (token, head) rows.
+        const int32_t h = kv_head * group + g;
+        const float* s = score_row(t, g);
+        float* p =
+            seq.probs + (static_cast<int64_t>(token0 + t) * num_heads + h) * seq.num_slots;
+        for (int32_t j = 0; j < visible_of(t); ++j) p[slots != nullptr ? (*slots)[j] : j] = s[j];
+      }
     }
   }
 }
@@ -129,8 +164,11 @@ void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> se
   const int32_t group = num_heads / kv.num_kv_heads;
   std::vector<WorkItem> items;
   for (int32_t s = 0; s < static_cast<int32_t>(sequences.size()); ++s) {
-    for (int32_t t = 0; t < sequences[s].num_new; ++t) {
-      for (int32_t h = 0; h < kv.num_kv_heads; ++h) items.push_back({s, t, h});
+    // The sparse path has a slot list per token; it takes its tokens one at a time.
+    const int32_t tile = sequences[s].selected != nullptr ? 1 : kTokenTile;
+    for (int32_t t = 0; t < sequences[s].num_new; t += tile) {
+      const int32_t count = std::min(tile, sequences[s].num_new - t);
+      for (int32_t h = 0; h < kv.num_kv_heads; ++h) items.push_back({s, t, count, h});
     }
   }
   // Later tokens of a prefill chunk see more keys, so contiguous chunks would leave the thread
@@ -151,10 +189,10 @@ void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> se
         const int64_t head_offset = static_cast<int64_t>(item.kv_head) * group * kv.head_dim;
         const bool sparse = seq.selected != nullptr;
         if (sparse) SparseVisible(seq, item.token, slots);
-        AttendGroup(kv, seq, item.token, item.kv_head, group, num_heads,
-                    q + row * row_floats + head_offset, scale,
-                    out + row * row_floats + head_offset, sparse ? &slots : nullptr, scores,
-                    rows.data());
+        AttendTokens(kv, seq, item.token, item.count, item.kv_head, group, num_heads,
+                     q + row * row_floats + head_offset, row_floats, scale,
+                     out + row * row_floats + head_offset, sparse ? &slots : nullptr, scores,
+                     rows.data());
       }
     }
   });

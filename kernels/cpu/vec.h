@@ -5,6 +5,8 @@
 // VecF/kLanes therefore compile everywhere and pick up the wide path from -march alone.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -177,6 +179,60 @@ inline float ReduceAdd(VecF v) {
 #elif defined(__AVX2__) && defined(__FMA__)
 inline float ReduceAdd(VecF v) { return HorizontalSum(v); }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// exp for softmax: Cephes' single-precision polynomial (about 2 ulp over the clamped range,
+// [-87.3, 88.4]; smaller inputs give ~1e-38 instead of 0). ExpScalar performs the same
+// operations as ExpVec8 does in each lane, so a value's exp never depends on its position.
+
+namespace exp_detail {
+inline constexpr float kLo = -87.3365447504f, kHi = 88.3762626647f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_detail
+
+inline float ExpScalar(float x) {
+  using namespace exp_detail;
+  x = std::min(std::max(x, kLo), kHi);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(-n, kLn2Hi, x);
+  r = std::fma(-n, kLn2Lo, r);
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  return y * BitsToFloat(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 ExpVec8(__m256 x) {
+  using namespace exp_detail;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kLo)), _mm256_set1_ps(kHi));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i pow2 = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+#endif
+
+// x[i] = exp(x[i] - shift) for i < n.
+inline void ExpShifted(float* x, int64_t n, float shift) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 vs = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(x + i, ExpVec8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs)));
+  }
+#endif
+  for (; i < n; ++i) x[i] = ExpScalar(x[i] - shift);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Float array primitives. Several independent accumulators hide the FMA latency.
