@@ -62,17 +62,27 @@ struct Result {
   double best_s;    // fastest call: the least disturbed by other load on the machine
 };
 
-// Random quantised weights with finite fp16 scales (first two bytes of every block; for Q4_1
-// the min in bytes 2..3 gets a scale too).
+// Random quantised weights whose fp16 scales (and mins) are a finite 0.0625.
 std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
   const GgmlTypeTraits traits = TraitsOf(type);
   std::vector<uint8_t> bytes(rows * RowBytes(type, cols));
   std::uniform_int_distribution<int> byte(0, 255);
   for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
   const uint16_t half = 0x2c00;  // 0.0625
+  // Byte offsets of each format's fp16 scales within a block.
+  std::vector<int> scales = {0};
+  if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 || type == GgmlType::kQ4_K ||
+      type == GgmlType::kQ5_K) {
+    scales = {0, 2};
+  } else if (type == GgmlType::kQ2_K) {
+    scales = {80, 82};
+  } else if (type == GgmlType::kQ3_K) {
+    scales = {108};
+  } else if (type == GgmlType::kQ6_K) {
+    scales = {208};
+  }
   for (size_t off = 0; off + traits.block_bytes <= bytes.size(); off += traits.block_bytes) {
-    std::memcpy(&bytes[off], &half, 2);
-    if (type == GgmlType::kQ4_1) std::memcpy(&bytes[off + 2], &half, 2);
+    for (int at : scales) std::memcpy(&bytes[off + at], &half, 2);
   }
   return bytes;
 }
@@ -192,6 +202,8 @@ int Main(int argc, char** argv) {
       {"576->576", 576, 576, GgmlType::kQ8_0},     {"576->192", 576, 192, GgmlType::kQ8_0},
       {"576->1536", 576, 1536, GgmlType::kQ8_0},   {"1536->576", 1536, 576, GgmlType::kQ8_0},
       {"576->1536", 576, 1536, GgmlType::kQ5_0},   {"1536->576", 1536, 576, GgmlType::kQ4_K},
+      {"1536->576", 1536, 576, GgmlType::kQ6_K},   {"1536->576", 1536, 576, GgmlType::kQ2_K},
+      {"1536->576", 1536, 576, GgmlType::kQ3_K},
       {"576->49152", 576, 49152, GgmlType::kQ8_0},
   };
   std::mt19937 rng(42);

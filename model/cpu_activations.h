@@ -13,7 +13,7 @@ enum class CpuActivations {
   kF32,
   // Each matmul input quantised to 8 bits per 32-element block, integer dot products
   // (kernels/cpu/matmul_q8.h; llama.cpp's approach). About 2x the prefill rate; logits move by
-  // the activations' rounding (docs/numerics.md). Float weights, Q2_K and Q3_K stay float.
+  // the activations' rounding (docs/cpu.md). Float weights stay float.
   kQ8,
 };
 absl::StatusOr<CpuActivations> ParseCpuActivations(std::string_view name);  // "f32" | "q8"

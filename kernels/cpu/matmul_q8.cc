@@ -37,11 +37,13 @@ namespace {
 constexpr int kBlock = 32;
 constexpr int kTile = 8;  // vector lanes: weight rows (decode) or activation rows (prefill)
 
-// value_k = (k < 16 ? scale_lo : scale_hi) * (q_k - bias) + offset.
+// value_k = (k < 16 ? scale_lo : scale_hi) * (q_k - bias) + (k < 16 ? offset : offset_hi), where
+// only Q2_K has a second offset (kTwoOffsets); the others leave offset_hi 0.
 struct BlockParams {
   float scale_lo;
   float scale_hi;
   float offset;
+  float offset_hi = 0.0f;
 };
 
 inline float Half(const uint8_t* p) { return vec::Fp16ToFloat(vec::LoadU16(p)); }
@@ -88,7 +90,7 @@ inline __m256i ShiftMask(const uint8_t* p, int shift, int mask) {
 // Format traits shared by the 32-element formats.
 struct Plain {
   static constexpr int kSubBlocks = 1;
-  static constexpr bool kSigned = false, kOffset = false, kTwoScales = false;
+  static constexpr bool kSigned = false, kOffset = false, kTwoScales = false, kTwoOffsets = false;
   static constexpr int kBias = 0;
 };
 
@@ -176,7 +178,7 @@ inline BlockParams KParams(const uint8_t* p, int sub) {
 
 struct KQuant {
   static constexpr int kSubBlocks = 8;
-  static constexpr bool kSigned = false, kTwoScales = false, kOffset = true;
+  static constexpr bool kSigned = false, kTwoScales = false, kOffset = true, kTwoOffsets = false;
   static constexpr int kBias = 0;
 };
 
@@ -216,7 +218,7 @@ struct Q5_K : KQuant {
 // value = d * scale[8h + 2r + k / 16] * (q - 32).
 struct Q6_K {
   static constexpr int kSubBlocks = 8;
-  static constexpr bool kSigned = false, kTwoScales = true, kOffset = false;
+  static constexpr bool kSigned = false, kTwoScales = true, kOffset = false, kTwoOffsets = false;
   static constexpr int kBias = 32;
   static constexpr int kGroupsPerMadd = 2;
   static constexpr int64_t kBlockBytes = 210;
@@ -238,6 +240,61 @@ struct Q6_K {
     const int r = sub % 4;
     const __m256i high = _mm256_slli_epi16(ShiftMask(High(p, sub), 2 * r, 3), 4);
     return _mm256_or_si256(ShiftMask(Low(p, sub), 4 * (r / 2), 15), high);
+  }
+#endif
+};
+
+// Q2_K: 16 bytes of (4-bit scale, 4-bit min) per 16 elements, 64 bytes of 2-bit quants, fp16 d,
+// fp16 dmin. Sub-block j = 4h + p is bit plane p of qs[32h ..]; its halves take scale bytes
+// 8h + 2p and 8h + 2p + 1; value = d * scale * q - dmin * min.
+struct Q2_K {
+  static constexpr int kSubBlocks = 8;
+  static constexpr bool kSigned = false, kTwoScales = true, kOffset = true, kTwoOffsets = true;
+  static constexpr int kBias = 0;
+  static constexpr int kGroupsPerMadd = 4;
+  static constexpr int64_t kBlockBytes = 84;
+  static int Quant(const uint8_t* p, int sub, int k) {
+    return (p[16 + 32 * (sub / 4) + k] >> (2 * (sub % 4))) & 3;
+  }
+  static BlockParams Params(const uint8_t* p, int sub) {
+    const uint8_t* sc = p + 8 * (sub / 4) + 2 * (sub % 4);
+    const float d = Half(p + 80), dmin = Half(p + 82);
+    return {d * static_cast<float>(sc[0] & 15), d * static_cast<float>(sc[1] & 15),
+            -(dmin * static_cast<float>(sc[0] >> 4)), -(dmin * static_cast<float>(sc[1] >> 4))};
+  }
+#if WINNOW_Q8_AVX2
+  static __m256i Quants(const uint8_t* p, int sub) {
+    return ShiftMask(p + 16 + 32 * (sub / 4), 2 * (sub % 4), 3);
+  }
+#endif
+};
+
+// Q3_K: 32 bytes of high bits, 64 bytes of 2-bit quants, 12 bytes of sixteen 6-bit scales, fp16
+// d. Sub-block j = 4h + p: low bits are plane p of qs[32h ..], the third bit is bit j of
+// hmask[k]; value = d * (scale - 32) * (q - 4), scales 8h + 2p and 8h + 2p + 1 for the halves.
+struct Q3_K {
+  static constexpr int kSubBlocks = 8;
+  static constexpr bool kSigned = false, kTwoScales = true, kOffset = false, kTwoOffsets = false;
+  static constexpr int kBias = 4;
+  static constexpr int kGroupsPerMadd = 4;
+  static constexpr int64_t kBlockBytes = 110;
+  static int Quant(const uint8_t* p, int sub, int k) {
+    return ((p[32 + 32 * (sub / 4) + k] >> (2 * (sub % 4))) & 3) | (((p[k] >> sub) & 1) << 2);
+  }
+  static float Scale(const uint8_t* p, int i) {
+    const uint8_t* sc = p + 96;
+    const int lo = (sc[i % 8] >> (4 * (i / 8))) & 15;
+    const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return Half(p + 108) * static_cast<float>((lo | (hi << 4)) - 32);
+  }
+  static BlockParams Params(const uint8_t* p, int sub) {
+    const int i = 8 * (sub / 4) + 2 * (sub % 4);
+    return {Scale(p, i), Scale(p, i + 1), 0.0f};
+  }
+#if WINNOW_Q8_AVX2
+  static __m256i Quants(const uint8_t* p, int sub) {
+    const __m256i third = _mm256_slli_epi16(ShiftMask(p, sub, 1), 2);
+    return _mm256_or_si256(ShiftMask(p + 32 + 32 * (sub / 4), 2 * (sub % 4), 3), third);
   }
 #endif
 };
@@ -286,7 +343,12 @@ float DotPortable(const uint8_t* row, const ActRow& a, int64_t nb) {
     } else {
       acc = std::fma(static_cast<float>(sums[0] + sums[1]), bp.scale_lo * d, acc);
     }
-    if constexpr (F::kOffset) acc = std::fma(bp.offset, a.scaled_sum[b], acc);
+    if constexpr (F::kTwoOffsets) {
+      acc = std::fma(bp.offset, static_cast<float>(a.half_sums[2 * b]) * d, acc);
+      acc = std::fma(bp.offset_hi, static_cast<float>(a.half_sums[2 * b + 1]) * d, acc);
+    } else if constexpr (F::kOffset) {
+      acc = std::fma(bp.offset, a.scaled_sum[b], acc);
+    }
   }
   return acc;
 }
@@ -341,19 +403,21 @@ inline __m256i SignedBy(__m256i a, __m256i w) {
   return F::kSigned ? _mm256_sign_epi8(a, w) : a;
 }
 
-// One block's contribution to 8 outputs, in the order of the header comment. lo / hi: the
-// integer sums of the two halves (kTwoScales), or lo the whole block's and hi unused; scale_*:
-// weight scale times activation scale; offset_term: offset * activation scaled sum.
+// One block's contribution to 8 outputs, in the order of the header comment.
+struct BlockTerms {
+  __m256i lo, hi;             // integer sums of the halves (kTwoScales), else lo the block's
+  __m256 scale_lo, scale_hi;  // weight scale times activation scale
+  __m256 offset, offset_hi;   // the weights' offsets (offset_hi: kTwoOffsets)
+  __m256 sum, sum_hi;         // activation scale times the quant sum: of the block, or with
+                              // kTwoOffsets of its first half (sum) and second (sum_hi)
+};
+
 template <typename F>
-inline __m256 AddBlock(__m256i lo, __m256i hi, __m256 scale_lo, __m256 scale_hi,
-                       __m256 offset, __m256 scaled_sum, __m256 acc) {
-  if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), scale_lo, acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), scale_hi, acc);
-  } else {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), scale_lo, acc);
-  }
-  if constexpr (F::kOffset) acc = _mm256_fmadd_ps(offset, scaled_sum, acc);
+inline __m256 AddBlock(const BlockTerms& t, __m256 acc) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t.lo), t.scale_lo, acc);
+  if constexpr (F::kTwoScales) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t.hi), t.scale_hi, acc);
+  if constexpr (F::kOffset) acc = _mm256_fmadd_ps(t.offset, t.sum, acc);
+  if constexpr (F::kTwoOffsets) acc = _mm256_fmadd_ps(t.offset_hi, t.sum_hi, acc);
   return acc;
 }
 
@@ -364,12 +428,12 @@ inline __m256 AddBlock(__m256i lo, __m256i hi, __m256 scale_lo, __m256 scale_hi,
 // Block b of 8 weight rows: quants and, lane r for row r, the parameters.
 struct RowTile {
   __m256i q[kTile];
-  __m256 scale_lo, scale_hi, offset;
+  __m256 scale_lo, scale_hi, offset, offset_hi;
 };
 
 template <typename F>
 inline void UnpackRowTile(const uint8_t* const* rows, int64_t b, RowTile* t) {
-  alignas(32) float lo[kTile], hi[kTile], off[kTile];
+  alignas(32) float lo[kTile], hi[kTile], off[kTile], off_hi[kTile];
   for (int r = 0; r < kTile; ++r) {
     const uint8_t* p = StoredBlock<F>(rows[r], b);
     t->q[r] = F::Quants(p, SubOf<F>(b));
@@ -377,10 +441,12 @@ inline void UnpackRowTile(const uint8_t* const* rows, int64_t b, RowTile* t) {
     lo[r] = bp.scale_lo;
     hi[r] = bp.scale_hi;
     off[r] = bp.offset;
+    off_hi[r] = bp.offset_hi;
   }
   t->scale_lo = _mm256_load_ps(lo);
   t->scale_hi = _mm256_load_ps(hi);
   t->offset = _mm256_load_ps(off);
+  t->offset_hi = _mm256_load_ps(off_hi);
 }
 
 // Lane r of *lo (*hi): the sum of lanes 0..3 (4..7) of v[r], i.e. of its first (second) 16
@@ -408,9 +474,15 @@ inline __m256 AccumulateRowTile(const RowTile& t, const ActRow& a, int64_t b, __
     hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(F::kBias * a.half_sums[2 * b + 1]));
   }
   if constexpr (!F::kTwoScales) lo = _mm256_add_epi32(lo, hi);
-  const __m256 d = _mm256_set1_ps(a.scale[b]);
-  return AddBlock<F>(lo, hi, _mm256_mul_ps(t.scale_lo, d), _mm256_mul_ps(t.scale_hi, d), t.offset,
-                     _mm256_set1_ps(a.scaled_sum[b]), acc);
+  const float scale = a.scale[b];
+  const __m256 d = _mm256_set1_ps(scale);
+  BlockTerms terms{lo, hi, _mm256_mul_ps(t.scale_lo, d), _mm256_mul_ps(t.scale_hi, d), t.offset,
+                   t.offset_hi, _mm256_set1_ps(a.scaled_sum[b]), _mm256_setzero_ps()};
+  if constexpr (F::kTwoOffsets) {
+    terms.sum = _mm256_set1_ps(static_cast<float>(a.half_sums[2 * b]) * scale);
+    terms.sum_hi = _mm256_set1_ps(static_cast<float>(a.half_sums[2 * b + 1]) * scale);
+  }
+  return AddBlock<F>(terms, acc);
 }
 
 // y[i0 + j][r0 .. r0 + 7] for j < M; rows past the matrix repeat its last row and are not stored.
@@ -475,7 +547,8 @@ void Decode(const WeightMatrix& w, const Q8Activations& x, float* y, ThreadPool&
 // time are broadcast and multiplied against the same 4 elements of 8 activation rows.
 
 // Weight rows unpacked: per row, nb blocks of 32 stored quants, then nb (scale_lo, scale_hi,
-// offset).
+// offset, offset_hi).
+constexpr int kParams = 4;
 struct PackedRows {
   int64_t nb = 0;
   int64_t stride = 0;  // bytes per row
@@ -493,16 +566,18 @@ void PackRow(const uint8_t* row, const PackedRows& p, int64_t r) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.quants(r) + b * kBlock),
                         F::Quants(block, SubOf<F>(b)));
     const BlockParams bp = F::Params(block, SubOf<F>(b));
-    params[3 * b] = bp.scale_lo;
-    params[3 * b + 1] = bp.scale_hi;
-    params[3 * b + 2] = bp.offset;
+    params[kParams * b] = bp.scale_lo;
+    params[kParams * b + 1] = bp.scale_hi;
+    params[kParams * b + 2] = bp.offset;
+    params[kParams * b + 3] = bp.offset_hi;
   }
 }
 
 // Per activation tile and block: what every weight row's term needs.
 struct TileBlock {
   const int8_t* q;  // 8 groups of 32 bytes
-  __m256 scale, scaled_sum;
+  __m256 scale;
+  __m256 sum, sum_hi;        // as BlockTerms' sum and sum_hi
   __m256i bias_lo, bias_hi;  // kBias * half sums (bias_lo: the whole block's unless kTwoScales)
 };
 
@@ -512,13 +587,18 @@ inline TileBlock LoadTileBlock(const Q8Activations& x, int64_t tile, int64_t b) 
   TileBlock t;
   t.q = x.tiled_q.data() + at * kTile * kBlock;
   t.scale = _mm256_loadu_ps(x.tiled_scale.data() + at * kTile);
-  t.scaled_sum = F::kOffset ? _mm256_loadu_ps(x.tiled_scaled_sum.data() + at * kTile)
-                            : _mm256_setzero_ps();
+  t.sum = F::kOffset ? _mm256_loadu_ps(x.tiled_scaled_sum.data() + at * kTile)
+                     : _mm256_setzero_ps();
+  t.sum_hi = _mm256_setzero_ps();
   t.bias_lo = t.bias_hi = _mm256_setzero_si256();
+  const int32_t* hs = x.tiled_half_sums.data() + at * 2 * kTile;
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + kTile));
+  if constexpr (F::kTwoOffsets) {
+    t.sum = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), t.scale);
+    t.sum_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), t.scale);
+  }
   if constexpr (F::kBias != 0) {
-    const int32_t* hs = x.tiled_half_sums.data() + at * 2 * kTile;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs));
-    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hs + kTile));
     const __m256i bias = _mm256_set1_epi32(F::kBias);
     t.bias_lo = _mm256_mullo_epi32(F::kTwoScales ? lo : _mm256_add_epi32(lo, hi), bias);
     t.bias_hi = _mm256_mullo_epi32(hi, bias);
@@ -562,8 +642,8 @@ void PrefillKernel(const Q8Activations& x, int64_t tile0, const PackedRows& p, i
     for (int t = 0; t < MT; ++t) tb[t] = LoadTileBlock<F>(x, tile0 + t, b);
     for (int r = 0; r < kPrefillRows; ++r) {
       const int8_t* wq = p.quants(r0 + r) + b * kBlock;
-      const float* params = p.params(r0 + r) + 3 * b;
-      __m256i lo[MT], hi[MT];
+      const float* params = p.params(r0 + r) + kParams * b;
+      __m256i lo[MT], hi[MT] = {};
       if constexpr (F::kTwoScales) {
         GroupSums<F, MT>(wq, tb, 0, 4, lo);
         GroupSums<F, MT>(wq, tb, 4, 8, hi);
@@ -573,14 +653,17 @@ void PrefillKernel(const Q8Activations& x, int64_t tile0, const PackedRows& p, i
       const __m256 scale_lo = _mm256_set1_ps(params[0]);
       const __m256 scale_hi = _mm256_set1_ps(params[1]);
       const __m256 offset = _mm256_set1_ps(params[2]);
+      const __m256 offset_hi = _mm256_set1_ps(params[3]);
       for (int t = 0; t < MT; ++t) {
         if constexpr (F::kBias != 0) {
           lo[t] = _mm256_sub_epi32(lo[t], tb[t].bias_lo);
           if constexpr (F::kTwoScales) hi[t] = _mm256_sub_epi32(hi[t], tb[t].bias_hi);
         }
-        acc[r][t] = AddBlock<F>(lo[t], hi[t], _mm256_mul_ps(scale_lo, tb[t].scale),
-                                _mm256_mul_ps(scale_hi, tb[t].scale), offset, tb[t].scaled_sum,
-                                acc[r][t]);
+        const BlockTerms terms{lo[t],     hi[t],     _mm256_mul_ps(scale_lo, tb[t].scale),
+                               _mm256_mul_ps(scale_hi, tb[t].scale),
+                               offset,    offset_hi, tb[t].sum,
+                               tb[t].sum_hi};
+        acc[r][t] = AddBlock<F>(terms, acc[r][t]);
       }
     }
   }
@@ -612,7 +695,7 @@ void PrefillTask(const WeightMatrix& w, const Q8Activations& x, float* y, int64_
   thread_local std::vector<int8_t> storage;
   PackedRows p;
   p.nb = x.blocks();
-  p.stride = (p.nb * (kBlock + 3 * int64_t{sizeof(float)}) + 63) / 64 * 64;
+  p.stride = (p.nb * (kBlock + kParams * int64_t{sizeof(float)}) + 63) / 64 * 64;
   const int64_t group =
       std::max<int64_t>(kPrefillRows, kGroupBytes / p.stride / kPrefillRows * kPrefillRows);
   storage.resize(static_cast<size_t>(group * p.stride));
@@ -715,6 +798,8 @@ absl::Status Dispatch(const WeightMatrix& w, const Q8Activations& x, float* y, T
     case GgmlType::kQ4_K: run.template operator()<Q4_K>(); break;
     case GgmlType::kQ5_K: run.template operator()<Q5_K>(); break;
     case GgmlType::kQ6_K: run.template operator()<Q6_K>(); break;
+    case GgmlType::kQ2_K: run.template operator()<Q2_K>(); break;
+    case GgmlType::kQ3_K: run.template operator()<Q3_K>(); break;
     default: break;  // Validate refused it
   }
   return absl::OkStatus();
@@ -814,6 +899,8 @@ bool HasInt8Kernel(GgmlType type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
       return true;
     default:
       return false;

@@ -51,7 +51,7 @@ absl::Status QuantizeActivations(const float* x, int64_t m, int64_t cols, Q8Acti
                                  ThreadPool& pool);
 
 // Whether MatMulQ8 has an integer kernel for this weight type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q4_K, Q5_K, Q6_K. Other types (float weights, Q2_K, Q3_K) take the float path.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Float weights (F32, F16, BF16) take the float path.
 bool HasInt8Kernel(GgmlType type);
 
 // y[m x rows] = x * W^T with x quantised. As MatMul, every output is summed in one fixed order

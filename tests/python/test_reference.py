@@ -240,7 +240,7 @@ def test_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, promp
 # ---------------------------------------------------------------------------------------------
 # 8-bit activations. Bounds against transformers' float32 (f16 KV cache, as above): the largest
 # |Δ next-token logprob|, the largest |Δ last logits|, and the reference's top-2 logit gap below
-# which an argmax may differ. Measured worst cases are in docs/numerics.md.
+# which an argmax may differ. Measured worst cases are in docs/cpu.md.
 Q8_TOLERANCE = {"logprob": 1.5, "mean_logprob": 0.15, "last_logits": 1.4, "argmax_gap": 0.5}
 
 

@@ -18,8 +18,9 @@ namespace winnow::kernels {
 namespace {
 
 constexpr GgmlType kInt8Types[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                   GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
-                                   GgmlType::kQ5_K, GgmlType::kQ6_K};
+                                   GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K,
+                                   GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                   GgmlType::kQ6_K};
 
 Q8Activations Quantize(const std::vector<float>& x, int64_t m, int64_t cols, ThreadPool& pool) {
   Q8Activations q;
@@ -199,7 +200,7 @@ TEST(MatMulQ8Test, RefusesWhatItCannotDo) {
   const absl::Status mismatch = MatMulQ8(q4.matrix, x, y.data(), pool);
   EXPECT_FALSE(mismatch.ok());
   EXPECT_NE(mismatch.message().find("64"), std::string::npos) << mismatch;
-  EXPECT_FALSE(HasInt8Kernel(GgmlType::kQ2_K));
+  EXPECT_FALSE(HasInt8Kernel(GgmlType::kF16));
   EXPECT_FALSE(HasInt8Kernel(GgmlType::kBF16));
   EXPECT_TRUE(HasInt8Kernel(GgmlType::kQ6_K));
 }
