@@ -4,8 +4,8 @@
 // This path quantises each activation row once, per 32-element block (scale = max|x| / 127,
 // round to nearest), and multiplies the weights' integer quants against those int8 quants with
 // byte dot products (AVX2 vpmaddubsw, or vpdpbusd with AVX-VNNI / AVX-512 VNNI), applying the
-// two scales once per block. It trades a small, stated error (docs/numerics in the README's
-// CPU section) for 2-4x fewer instructions per multiply-add and 4x less activation traffic.
+// two scales once per block. It trades a small, stated error for about twice the prefill rate
+// (docs/cpu.md: the arithmetic, the measured error, the kernels).
 #pragma once
 
 #include <cstdint>

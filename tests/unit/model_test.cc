@@ -6,24 +6,33 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <tuple>
 
 namespace winnow::model {
 namespace {
 
 class ModelTest : public ::testing::Test {
  protected:
+  // The model, loaded once per activation mode (index: CpuActivations).
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");
     if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = Model::Load(path, {.num_threads = 2});
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = loaded->release();
+    for (CpuActivations a : {CpuActivations::kF32, CpuActivations::kQ8}) {
+      auto loaded = Model::Load(path, {.num_threads = 2, .activations = a});
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      loaded_[static_cast<int>(a)] = loaded->release();
+    }
   }
   static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
+    for (Model*& m : loaded_) {
+      delete m;
+      m = nullptr;
+    }
   }
+  virtual CpuActivations Activations() const { return CpuActivations::kF32; }
   void SetUp() override {
+    model_ = loaded_[static_cast<int>(Activations())];
     if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
     pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(16), 30 * 16);
   }
@@ -52,7 +61,8 @@ class ModelTest : public ::testing::Test {
     return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
   }
 
-  static inline Model* model_ = nullptr;
+  static inline Model* loaded_[2] = {nullptr, nullptr};
+  Model* model_ = nullptr;
   std::unique_ptr<cache::BlockPool> pool_;
 };
 
@@ -60,14 +70,17 @@ std::vector<int32_t> Tokens(const Model& m, const std::string& text) {
   return m.tokenizer().Encode(text, true, true);
 }
 
-// Batching invariance holds for every KV dtype: a row is converted the same way whatever batch
-// wrote or reads it.
-class ModelDtypeTest : public ModelTest, public ::testing::WithParamInterface<kernels::KvDtype> {
+// Batching invariance holds for every KV dtype and both activation modes: a row is converted and
+// quantised the same way whatever batch wrote or reads it.
+class ModelDtypeTest
+    : public ModelTest,
+      public ::testing::WithParamInterface<std::tuple<kernels::KvDtype, CpuActivations>> {
  protected:
+  CpuActivations Activations() const override { return std::get<1>(GetParam()); }
   void SetUp() override {
     ModelTest::SetUp();
     if (model_ != nullptr) {
-      pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(16, GetParam()), 30 * 16);
+      pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(16, std::get<0>(GetParam())), 30 * 16);
     }
   }
 };
@@ -117,12 +130,15 @@ TEST_P(ModelDtypeTest, MixedBatchGivesEachSequenceItsSoloLogits) {
   EXPECT_EQ(pool_->num_free(), pool_->num_blocks());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKvDtypes, ModelDtypeTest,
-                         ::testing::Values(kernels::KvDtype::kF32, kernels::KvDtype::kF16,
-                                           kernels::KvDtype::kBF16, kernels::KvDtype::kQ8_0),
-                         [](const auto& info) {
-                           return std::string(kernels::KvDtypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllKvDtypes, ModelDtypeTest,
+    ::testing::Combine(::testing::Values(kernels::KvDtype::kF32, kernels::KvDtype::kF16,
+                                         kernels::KvDtype::kBF16, kernels::KvDtype::kQ8_0),
+                       ::testing::Values(CpuActivations::kF32, CpuActivations::kQ8)),
+    [](const auto& info) {
+      return std::string(kernels::KvDtypeName(std::get<0>(info.param))) + "_" +
+             std::string(CpuActivationsName(std::get<1>(info.param)));
+    });
 
 TEST_F(ModelTest, BadBatchesAreErrorsNotCrashes) {
   cache::SequenceKv kv(model_->config().num_layers, 16);
