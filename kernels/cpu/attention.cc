@@ -49,7 +49,9 @@ void WeightedRowSum(const float* s, const float* rows, int32_t n, int32_t head_d
     Axpy(s[j], rows + static_cast<int64_t>(j) * head_dim + c, o + c, head_dim - c);
   }
 #else
-  for (int32_t j = 0; j < n; ++j) Axpy(s[j], rows + static_cast<int64_t>(j) * head_dim, o, head_dim);
+  for (int32_t j = 0; j < n; ++j) {
+    Axpy(s[j], rows + static_cast<int64_t>(j) * head_dim, o, head_dim);
+  }
 #endif
 }
 
@@ -87,7 +89,9 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
       const int32_t slot = (*slots)[j];
       const float* key = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
                                 slot % kv.block_size, rows);
-      for (int32_t g = 0; g < group; ++g) score_row(0, g)[j] = Dot(query(0, g), key, head_dim) * scale;
+      for (int32_t g = 0; g < group; ++g) {
+        score_row(0, g)[j] = Dot(query(0, g), key, head_dim) * scale;
+      }
     }
   } else {
     for (int32_t start = 0; start < max_visible; start += kv.block_size) {

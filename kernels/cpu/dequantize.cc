@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/vec.h"
 
 #if defined(__F16C__)
@@ -131,13 +132,8 @@ void BlockQ3_K(const uint8_t* b, float* y) {  // hmask[32] | qs[64] | scales[12]
   const uint8_t* qs = b + 32;
   const uint8_t* sc = b + 96;
   const float d = LoadHalf(b + 108);
-  // 16 six-bit scales: low nibbles in bytes 0-7, high 2-bit pairs in bytes 8-11.
   int scale[16];
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (sc[i % 8] >> (4 * (i / 8))) & 0x0f;
-    const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-    scale[i] = (lo | (hi << 4)) - 32;
-  }
+  for (int i = 0; i < 16; ++i) scale[i] = Q3KScale(sc, i);
   for (int h = 0; h < 2; ++h) {
     const uint8_t* q = qs + 32 * h;
     for (int j = 0; j < 4; ++j) {
@@ -157,16 +153,6 @@ void BlockQ3_K(const uint8_t* b, float* y) {  // hmask[32] | qs[64] | scales[12]
   }
 }
 
-// Eight 6-bit (scale, min) pairs packed into 12 bytes, shared by Q4_K and Q5_K.
-inline void ScaleMinK4(const uint8_t* s, int j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 void BlockQ4_K(const uint8_t* b, float* y) {  // d | dmin | scales[12] | qs[128]
   const float d = LoadHalf(b);
@@ -177,7 +163,7 @@ void BlockQ4_K(const uint8_t* b, float* y) {  // d | dmin | scales[12] | qs[128]
     const uint8_t* q = qs + 32 * c;
     for (int half = 0; half < 2; ++half) {
       int sc, m;
-      ScaleMinK4(scales, 2 * c + half, &sc, &m);
+      KScaleMin(scales, 2 * c + half, &sc, &m);
       const float dl = d * static_cast<float>(sc);
       const float ml = dmin * static_cast<float>(m);
       float* out = y + 64 * c + 32 * half;
@@ -199,7 +185,7 @@ void BlockQ5_K(const uint8_t* b, float* y) {  // d | dmin | scales[12] | qh[32] 
     for (int half = 0; half < 2; ++half) {
       const int sub = 2 * c + half;  // also the qh bit plane
       int sc, m;
-      ScaleMinK4(scales, sub, &sc, &m);
+      KScaleMin(scales, sub, &sc, &m);
       const float dl = d * static_cast<float>(sc);
       const float ml = dmin * static_cast<float>(m);
       float* out = y + 32 * sub;

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/vec.h"
 
 namespace winnow::kernels {
@@ -141,11 +142,6 @@ struct Q8_0Format {
 #endif
   }
 };
-
-// Nibble q of a Q4 block: low nibbles of the 16 bytes are elements 0..15, high nibbles 16..31.
-inline int Nibble(const uint8_t* qs, int64_t i) {
-  return i < 16 ? (qs[i] & 0x0f) : (qs[i - 16] >> 4);
-}
 
 #if defined(__AVX512F__)
 // A 4-bit block takes only 16 distinct values, so instead of converting every nibble we build
@@ -318,16 +314,9 @@ struct Q5_1Format {
 
 // Q4_K and Q5_K share a header: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (scale, min) pairs.
 // Sub-block j's step is d * scale_j and its offset dmin * min_j.
-inline void KScaleMin(const uint8_t* p, int sub, float* step, float* offset) {
-  const uint8_t* s = p + 4;
+inline void KStepOffset(const uint8_t* p, int sub, float* step, float* offset) {
   int sc, mn;
-  if (sub < 4) {
-    sc = s[sub] & 63;
-    mn = s[sub + 4] & 63;
-  } else {
-    sc = (s[sub + 4] & 0x0f) | ((s[sub - 4] >> 6) << 4);
-    mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-  }
+  KScaleMin(p + 4, sub, &sc, &mn);
   *step = vec::Fp16ToFloat(vec::LoadU16(p)) * static_cast<float>(sc);
   *offset = vec::Fp16ToFloat(vec::LoadU16(p + 2)) * static_cast<float>(mn);
 }
@@ -390,7 +379,7 @@ struct Q4_KFormat {
   static constexpr int64_t kBlockBytes = 144;
   static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
     float step, offset;
-    KScaleMin(p, sub, &step, &offset);
+    KStepOffset(p, sub, &step, &offset);
     UnpackKSub<false>(p + 16, nullptr, sub, step, offset, out);
   }
 };
@@ -403,7 +392,7 @@ struct Q5_KFormat {
   static constexpr int64_t kBlockBytes = 176;
   static void UnpackSub(const uint8_t* p, int sub, VecF* out) {
     float step, offset;
-    KScaleMin(p, sub, &step, &offset);
+    KStepOffset(p, sub, &step, &offset);
     UnpackKSub<true>(p + 48, p + 16, sub, step, offset, out);
   }
 };
@@ -842,7 +831,9 @@ std::string TypeName(GgmlType type) {
   return absl::StrCat("type id ", static_cast<uint32_t>(type));
 }
 
-absl::Status Validate(const WeightMatrix& w) {
+}  // namespace
+
+absl::Status ValidateWeightMatrix(const WeightMatrix& w) {
   const GgmlTypeTraits traits = TraitsOf(w.type);
   if (!traits.known || !CanDequantize(w.type)) {
     return absl::InvalidArgumentError(
@@ -868,10 +859,8 @@ absl::Status Validate(const WeightMatrix& w) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
-  if (absl::Status s = Validate(w); !s.ok()) return s;
+  if (absl::Status s = ValidateWeightMatrix(w); !s.ok()) return s;
   if (m < 0) return absl::InvalidArgumentError(absl::StrCat("matmul: negative m ", m));
   if (m == 0 || w.rows == 0) return absl::OkStatus();
   if (w.cols == 0) {
@@ -918,7 +907,7 @@ absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, 
 }
 
 absl::Status GetRow(const WeightMatrix& w, int64_t row, float* dst) {
-  if (absl::Status s = Validate(w); !s.ok()) return s;
+  if (absl::Status s = ValidateWeightMatrix(w); !s.ok()) return s;
   if (row < 0 || row >= w.rows) {
     return absl::OutOfRangeError(
         absl::StrCat("GetRow: row ", row, " outside a matrix of ", w.rows, " rows"));

@@ -19,6 +19,10 @@ struct WeightMatrix {
   const uint8_t* data = nullptr;
 };
 
+// A known, dequantisable type; a non-negative shape of whole blocks; row_bytes holding a row;
+// data present. Errors name the type and the numbers.
+absl::Status ValidateWeightMatrix(const WeightMatrix& w);
+
 // y[m x rows] = x[m x cols] * W^T, all float32, row-major. Weights are dequantised on the fly,
 // so the result equals (to float rounding) the product with the dequantised matrix. Fast paths
 // exist for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; any other type

@@ -29,13 +29,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/vec.h"
 
 namespace winnow::kernels {
 namespace {
 
-constexpr int kBlock = 32;
-constexpr int kTile = 8;  // vector lanes: weight rows (decode) or activation rows (prefill)
+constexpr int kBlock = Q8Activations::kBlock;
+// Vector lanes: 8 weight rows (decode) or the 8 activation rows of a tile (prefill).
+constexpr int kTile = Q8Activations::kTileRows;
 
 // value_k = (k < 16 ? scale_lo : scale_hi) * (q_k - bias) + (k < 16 ? offset : offset_hi), where
 // only Q2_K has a second offset (kTwoOffsets); the others leave offset_hi 0.
@@ -47,9 +49,6 @@ struct BlockParams {
 };
 
 inline float Half(const uint8_t* p) { return vec::Fp16ToFloat(vec::LoadU16(p)); }
-
-// Nibble k of 16 packed bytes: low nibbles are elements 0..15, high nibbles 16..31.
-inline int Nibble(const uint8_t* qs, int k) { return k < 16 ? (qs[k] & 15) : (qs[k - 16] >> 4); }
 
 inline int FifthBit(const uint8_t* qh, int k) {
   return static_cast<int>(((vec::LoadU32(qh) >> k) & 1u) << 4);
@@ -163,15 +162,8 @@ struct Q5_1 : Plain {
 // Q4_K / Q5_K header: fp16 d, fp16 dmin, eight 6-bit (scale, min) pairs in 12 bytes; sub-block
 // j's value = d * scale_j * q - dmin * min_j.
 inline BlockParams KParams(const uint8_t* p, int sub) {
-  const uint8_t* s = p + 4;
   int sc, mn;
-  if (sub < 4) {
-    sc = s[sub] & 63;
-    mn = s[sub + 4] & 63;
-  } else {
-    sc = (s[sub + 4] & 0x0f) | ((s[sub - 4] >> 6) << 4);
-    mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-  }
+  KScaleMin(p + 4, sub, &sc, &mn);
   const float step = Half(p) * static_cast<float>(sc);
   return {step, step, -(Half(p + 2) * static_cast<float>(mn))};
 }
@@ -282,10 +274,7 @@ struct Q3_K {
     return ((p[32 + 32 * (sub / 4) + k] >> (2 * (sub % 4))) & 3) | (((p[k] >> sub) & 1) << 2);
   }
   static float Scale(const uint8_t* p, int i) {
-    const uint8_t* sc = p + 96;
-    const int lo = (sc[i % 8] >> (4 * (i / 8))) & 15;
-    const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return Half(p + 108) * static_cast<float>((lo | (hi << 4)) - 32);
+    return Half(p + 108) * static_cast<float>(Q3KScale(p + 96, i));
   }
   static BlockParams Params(const uint8_t* p, int sub) {
     const int i = 8 * (sub / 4) + 2 * (sub % 4);
@@ -749,29 +738,35 @@ void RunNative(const WeightMatrix& w, const Q8Activations& x, float* y, ThreadPo
 }
 #endif  // WINNOW_Q8_AVX2
 
+// Calls fn.template operator()<F>() with the format of `type`; false when it has no integer
+// kernel. The one list of supported types.
+template <typename Fn>
+bool WithFormat(GgmlType type, Fn&& fn) {
+  switch (type) {
+    case GgmlType::kQ8_0: fn.template operator()<Q8_0>(); return true;
+    case GgmlType::kQ4_0: fn.template operator()<Q4_0>(); return true;
+    case GgmlType::kQ4_1: fn.template operator()<Q4_1>(); return true;
+    case GgmlType::kQ5_0: fn.template operator()<Q5_0>(); return true;
+    case GgmlType::kQ5_1: fn.template operator()<Q5_1>(); return true;
+    case GgmlType::kQ2_K: fn.template operator()<Q2_K>(); return true;
+    case GgmlType::kQ3_K: fn.template operator()<Q3_K>(); return true;
+    case GgmlType::kQ4_K: fn.template operator()<Q4_K>(); return true;
+    case GgmlType::kQ5_K: fn.template operator()<Q5_K>(); return true;
+    case GgmlType::kQ6_K: fn.template operator()<Q6_K>(); return true;
+    default: return false;
+  }
+}
+
 absl::Status Validate(const WeightMatrix& w, const Q8Activations& x) {
-  const GgmlTypeTraits traits = TraitsOf(w.type);
-  const std::string name(traits.name);
   if (!HasInt8Kernel(w.type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matmul_q8: no integer kernel for weight type ", name));
+    return absl::InvalidArgumentError(absl::StrCat("matmul_q8: no integer kernel for weight type ",
+                                                   std::string(TraitsOf(w.type).name)));
   }
   if (x.cols != w.cols) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_q8: activations have ", x.cols,
                                                    " columns, the weights ", w.cols));
   }
-  if (w.rows < 0 || w.cols % traits.block_elements != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matmul_q8: bad ", name, " shape ", w.rows, "x", w.cols));
-  }
-  if (w.row_bytes < w.cols / traits.block_elements * traits.block_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul_q8: row_bytes ", w.row_bytes,
-                                                   " too small for ", w.cols, " ", name));
-  }
-  if (w.data == nullptr && w.rows > 0 && w.cols > 0) {
-    return absl::InvalidArgumentError("matmul_q8: weight data is null");
-  }
-  return absl::OkStatus();
+  return ValidateWeightMatrix(w);
 }
 
 template <bool kPortable>
@@ -789,19 +784,7 @@ absl::Status Dispatch(const WeightMatrix& w, const Q8Activations& x, float* y, T
       RunNative<F>(w, x, y, pool);
     }
   };
-  switch (w.type) {
-    case GgmlType::kQ8_0: run.template operator()<Q8_0>(); break;
-    case GgmlType::kQ4_0: run.template operator()<Q4_0>(); break;
-    case GgmlType::kQ4_1: run.template operator()<Q4_1>(); break;
-    case GgmlType::kQ5_0: run.template operator()<Q5_0>(); break;
-    case GgmlType::kQ5_1: run.template operator()<Q5_1>(); break;
-    case GgmlType::kQ4_K: run.template operator()<Q4_K>(); break;
-    case GgmlType::kQ5_K: run.template operator()<Q5_K>(); break;
-    case GgmlType::kQ6_K: run.template operator()<Q6_K>(); break;
-    case GgmlType::kQ2_K: run.template operator()<Q2_K>(); break;
-    case GgmlType::kQ3_K: run.template operator()<Q3_K>(); break;
-    default: break;  // Validate refused it
-  }
+  WithFormat(w.type, run);  // Validate refused types without one
   return absl::OkStatus();
 }
 
@@ -876,7 +859,9 @@ inline void QuantizeBlock(const float* x, int8_t* q, float* scale, float* scaled
         for (int l = 0; l < kTile && t * kTile + l < x->m; ++l) {
           const int64_t i = t * kTile + l;
           const int8_t* src = x->q.data() + i * x->cols + b * kBlock;
-          for (int g = 0; g < kBlock / 4; ++g) std::memcpy(dst + g * kBlock + 4 * l, src + 4 * g, 4);
+          for (int g = 0; g < kBlock / 4; ++g) {
+            std::memcpy(dst + g * kBlock + 4 * l, src + 4 * g, 4);
+          }
           x->tiled_scale[at * kTile + l] = x->scale[i * nb + b];
           x->tiled_scaled_sum[at * kTile + l] = x->scaled_sum[i * nb + b];
           x->tiled_half_sums[at * 2 * kTile + l] = x->half_sums[2 * (i * nb + b)];
@@ -890,21 +875,7 @@ inline void QuantizeBlock(const float* x, int8_t* q, float* scale, float* scaled
 }  // namespace
 
 bool HasInt8Kernel(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kQ2_K:
-    case GgmlType::kQ3_K:
-      return true;
-    default:
-      return false;
-  }
+  return WithFormat(type, []<typename F>() {});
 }
 
 absl::Status QuantizeActivations(const float* x, int64_t m, int64_t cols, Q8Activations* out,

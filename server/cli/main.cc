@@ -23,11 +23,29 @@ constexpr const char* kUsage =
     "  serve     [--port 50051] [--metrics-port 9090] ... (serve --help)  gRPC inference daemon\n"
     "\n"
     "every command takes --model PATH (default: $WINNOW_MODEL or\n"
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N and --help.\n";
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N, --cpu-activations q8|f32 and\n"
+    "--help.\n";
 
 }  // namespace
 
 namespace winnow::cli {
+namespace {
+
+// Adds `name`, whose value `parse` turns into *out; other values are a usage error that says
+// `error`. `choices` is what --help shows as the value's type.
+template <typename T>
+void AddChoiceFlag(CLI::App& app, const std::string& name, T* out,
+                   absl::StatusOr<T> (*parse)(std::string_view), const std::string& choices,
+                   const std::string& error, const std::string& help) {
+  const CLI::Validator known(
+      [parse, error](std::string& v) -> std::string { return parse(v).ok() ? "" : error; },
+      choices);
+  app.add_option_function<std::string>(
+         name, [out, parse](const std::string& v) { *out = *parse(v); }, help)
+      ->check(known);
+}
+
+}  // namespace
 
 std::string DefaultModelPath() {
   if (const char* env = std::getenv("WINNOW_MODEL"); env != nullptr && *env != '\0') return env;
@@ -39,31 +57,18 @@ void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
   app.add_option("--model", flags->model, "GGUF model path ($WINNOW_MODEL, else the default)");
   app.add_option("--threads", flags->threads, "CPU threads; 0: one per hardware thread")
       ->check(base::AtLeast(0));
-  const CLI::Validator known(
-      [](std::string& v) -> std::string {
-        return model::ParseCpuActivations(v).ok() ? "" : "must be f32 or q8";
-      },
-      "{f32,q8}");
-  app.add_option_function<std::string>(
-         "--cpu-activations",
-         [flags](const std::string& v) { flags->activations = *model::ParseCpuActivations(v); },
-         absl::StrCat("activations of the CPU matmuls: q8 (8-bit, integer dot products) or f32 (",
-                      std::string(model::CpuActivationsName(model::kDefaultCpuActivations)), ")"))
-      ->check(known);
+  AddChoiceFlag<model::CpuActivations>(
+      app, "--cpu-activations", &flags->activations, model::ParseCpuActivations, "{f32,q8}",
+      "must be f32 or q8",
+      absl::StrCat("activations of the CPU matmuls: q8 (8-bit, integer dot products) or f32 (",
+                   std::string(model::CpuActivationsName(model::kDefaultCpuActivations)), ")"));
 }
 
 void AddKvCacheDtypeFlag(CLI::App& app, kernels::KvDtype* dtype) {
   *dtype = kernels::KvDtype::kF16;
-  const CLI::Validator known(
-      [](std::string& v) -> std::string {
-        return kernels::ParseKvDtype(v).ok() ? "" : "must be one of f32, f16, bf16, q8_0";
-      },
-      "{f32,f16,bf16,q8_0}");
-  app.add_option_function<std::string>(
-         "--kv-cache-dtype",
-         [dtype](const std::string& v) { *dtype = *kernels::ParseKvDtype(v); },
-         "how the KV cache stores K/V (f16)")
-      ->check(known);
+  AddChoiceFlag<kernels::KvDtype>(app, "--kv-cache-dtype", dtype, kernels::ParseKvDtype,
+                                  "{f32,f16,bf16,q8_0}", "must be one of f32, f16, bf16, q8_0",
+                                  "how the KV cache stores K/V (f16)");
 }
 
 }  // namespace winnow::cli

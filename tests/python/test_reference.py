@@ -59,11 +59,13 @@ def reference_logits(hf_model, ids: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([ids])).logits[0].float()
 
 
-def score(winnow_bin, model_path, tmp_path, ids, chunk=None, activations="f32"):
+def score(winnow_bin, model_path, tmp_path, ids, chunk=None, activations="f32", kv_dtype=None):
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(json.dumps(ids))
     args = ["score", "--model", str(model_path), "--tokens-file", str(tokens_file),
             "--cpu-activations", activations]
+    if kv_dtype is not None:
+        args += ["--kv-cache-dtype", kv_dtype]
     if chunk is not None:
         args += ["--chunk-size", str(chunk)]
     return run_winnow_json(winnow_bin, *args)
@@ -97,6 +99,35 @@ def test_logits_match_reference(name, prompt_ids, hf_model, winnow_bin, model_pa
     assert np.abs(last - ref_last).max() <= 5e-2
 
 
+def new_worst():
+    return {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+
+
+def check_against(name, ours, ref_logits, ids, tol, worst):
+    """Asserts `ours` (winnow score output) is within `tol` of the reference logits: argmax
+    differs only where the reference's top-2 gap is below tol["argmax_gap"]; max (and, when
+    given, mean) |Δ next-token logprob| and max |Δ last logits| within bounds. Records the
+    worst values seen in `worst` (see new_worst)."""
+    top2 = torch.topk(ref_logits, 2, dim=-1).values
+    gaps = (top2[:, 0] - top2[:, 1]).tolist()
+    for i, (a, b) in enumerate(zip(ours["argmax"], ref_logits.argmax(dim=-1).tolist())):
+        if a != b:
+            worst["flipped_gap"] = max(worst["flipped_gap"], gaps[i])
+            assert gaps[i] < tol["argmax_gap"], \
+                f"{name}: argmax differs at {i} where the reference's top-2 gap is {gaps[i]:.3g}"
+    logprobs = torch.log_softmax(ref_logits.double(), dim=-1)
+    ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    deltas = np.abs(np.array(ours["logprob_next"]) - ref_next)
+    delta, mean = float(deltas.max()), float(deltas.mean())
+    last = float(np.abs(np.array(ours["last_logits"]) - ref_logits[-1].numpy()).max())
+    worst["logprob"] = max(worst["logprob"], delta)
+    worst["mean_logprob"] = max(worst["mean_logprob"], mean)
+    worst["last_logits"] = max(worst["last_logits"], last)
+    assert delta <= tol["logprob"], f"{name}: max |Δ logprob| = {delta:.3g}"
+    assert mean <= tol.get("mean_logprob", np.inf), f"{name}: mean |Δ logprob| = {mean:.3g}"
+    assert last <= tol["last_logits"], f"{name}: max |Δ last logits| = {last:.3g}"
+
+
 # Per KV cache dtype (`winnow score --kv-cache-dtype`): the largest |Δ next-token logprob| and
 # |Δ last logits| allowed against transformers' float32, and the reference's top-2 logit gap
 # below which an argmax may differ (a near tie that the KV rounding can flip; 0 = never).
@@ -116,31 +147,11 @@ KV_DTYPE_TOLERANCE = {
 @pytest.mark.parametrize("dtype", list(KV_DTYPE_TOLERANCE))
 def test_kv_dtype_logits_match_reference(dtype, prompt_ids, hf_model, winnow_bin, model_path,
                                          tmp_path):
-    tol = KV_DTYPE_TOLERANCE[dtype]
-    worst = {"logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    worst = new_worst()
     for name, ids in prompt_ids.items():
-        tokens_file = tmp_path / "tokens.json"
-        tokens_file.write_text(json.dumps(ids))
-        ours = run_winnow_json(winnow_bin, "score", "--model", str(model_path), "--tokens-file",
-                               str(tokens_file), "--kv-cache-dtype", dtype,
-                               "--cpu-activations", "f32")
-        logits = reference_logits(hf_model, ids)
-        top2 = torch.topk(logits, 2, dim=-1).values
-        gaps = (top2[:, 0] - top2[:, 1]).tolist()
-        ref_argmax = logits.argmax(dim=-1).tolist()
-        for i, (a, b) in enumerate(zip(ours["argmax"], ref_argmax)):
-            if a != b:
-                worst["flipped_gap"] = max(worst["flipped_gap"], gaps[i])
-                assert gaps[i] < tol["argmax_gap"], \
-                    f"{name}: argmax differs at {i} where the reference's top-2 gap is {gaps[i]:.3g}"
-        logprobs = torch.log_softmax(logits.double(), dim=-1)
-        ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
-        delta = np.abs(np.array(ours["logprob_next"]) - ref_next).max()
-        last = np.abs(np.array(ours["last_logits"]) - logits[-1].numpy()).max()
-        worst["logprob"] = max(worst["logprob"], float(delta))
-        worst["last_logits"] = max(worst["last_logits"], float(last))
-        assert delta <= tol["logprob"], f"{name}: max |Δ logprob| = {delta:.3g}"
-        assert last <= tol["last_logits"], f"{name}: max |Δ last logits| = {last:.3g}"
+        ours = score(winnow_bin, model_path, tmp_path, ids, kv_dtype=dtype)
+        check_against(name, ours, reference_logits(hf_model, ids), ids,
+                      KV_DTYPE_TOLERANCE[dtype], worst)
     print(f"kv dtype {dtype}: worst {worst}")
 
 
@@ -248,42 +259,21 @@ def test_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, promp
 Q8_TOLERANCE = {"logprob": 1.5, "mean_logprob": 0.15, "last_logits": 1.4, "argmax_gap": 0.5}
 
 
-def check_q8_against(name, ours, ref_logits, ids, tol, worst):
-    top2 = torch.topk(ref_logits, 2, dim=-1).values
-    gaps = (top2[:, 0] - top2[:, 1]).tolist()
-    for i, (a, b) in enumerate(zip(ours["argmax"], ref_logits.argmax(dim=-1).tolist())):
-        if a != b:
-            worst["flipped_gap"] = max(worst["flipped_gap"], gaps[i])
-            assert gaps[i] < tol["argmax_gap"], \
-                f"{name}: argmax differs at {i} where the reference's top-2 gap is {gaps[i]:.3g}"
-    logprobs = torch.log_softmax(ref_logits.double(), dim=-1)
-    ref_next = logprobs[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
-    deltas = np.abs(np.array(ours["logprob_next"]) - ref_next)
-    delta, mean = float(deltas.max()), float(deltas.mean())
-    last = float(np.abs(np.array(ours["last_logits"]) - ref_logits[-1].numpy()).max())
-    worst["logprob"] = max(worst["logprob"], delta)
-    worst["mean_logprob"] = max(worst["mean_logprob"], mean)
-    worst["last_logits"] = max(worst["last_logits"], last)
-    assert delta <= tol["logprob"], f"{name}: max |Δ logprob| = {delta:.3g}"
-    assert mean <= tol["mean_logprob"], f"{name}: mean |Δ logprob| = {mean:.3g}"
-    assert last <= tol["last_logits"], f"{name}: max |Δ last logits| = {last:.3g}"
-
-
 def test_q8_activations_match_reference(prompt_ids, hf_model, winnow_bin, model_path, tmp_path):
-    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    worst = new_worst()
     for name, ids in prompt_ids.items():
         ours = score(winnow_bin, model_path, tmp_path, ids, activations="q8")
-        check_q8_against(name, ours, reference_logits(hf_model, ids), ids, Q8_TOLERANCE, worst)
+        check_against(name, ours, reference_logits(hf_model, ids), ids, Q8_TOLERANCE, worst)
     print(f"q8 activations vs transformers: worst {worst}")
 
 
 def test_q8_kquant_file_matches_reference(kquant_model_path, kquant_hf_model, prompt_ids,
                                           winnow_bin, tmp_path):
-    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    worst = new_worst()
     for name in ("chat", "story", "long"):
         ids = prompt_ids[name]
         ours = score(winnow_bin, kquant_model_path, tmp_path, ids, activations="q8")
-        check_q8_against(name, ours, reference_logits(kquant_hf_model, ids), ids, Q8_TOLERANCE,
+        check_against(name, ours, reference_logits(kquant_hf_model, ids), ids, Q8_TOLERANCE,
                          worst)
     print(f"q8 activations vs transformers on {kquant_model_path.stem}: worst {worst}")
 
@@ -302,11 +292,11 @@ def llama_cpp_logits(model_path, ids):
 # winnow q8 and llama.cpp both quantise activations to 8 bits (llama.cpp with fp16 block scales
 # and, for Q4_1 weights, Q8_1 blocks), so each is compared with the other as with transformers.
 def test_q8_activations_match_llama_cpp(prompt_ids, winnow_bin, model_path, tmp_path):
-    worst = {"logprob": 0.0, "mean_logprob": 0.0, "last_logits": 0.0, "flipped_gap": 0.0}
+    worst = new_worst()
     for name in ("fact", "chat", "code", "long"):
         ids = prompt_ids[name]
         ours = score(winnow_bin, model_path, tmp_path, ids, activations="q8")
-        check_q8_against(name, ours, llama_cpp_logits(model_path, ids), ids, Q8_TOLERANCE, worst)
+        check_against(name, ours, llama_cpp_logits(model_path, ids), ids, Q8_TOLERANCE, worst)
     print(f"q8 activations vs llama.cpp: worst {worst}")
 
 

@@ -112,7 +112,8 @@ TEST_P(ModelDtypeTest, MixedBatchGivesEachSequenceItsSoloLogits) {
     ASSERT_TRUE(kv_a.Reserve(*pool_, 1));
     ASSERT_TRUE(kv_b.Reserve(*pool_, static_cast<int32_t>(b_chunk.size())));
     BatchEntry batch[2] = {
-        {&kv_b, b_chunk, {}, step == 1 ? 0 : split, step == 1 ? LogitsMode::kNone : LogitsMode::kLast},
+        {&kv_b, b_chunk, {}, step == 1 ? 0 : split,
+         step == 1 ? LogitsMode::kNone : LogitsMode::kLast},
         {&kv_a, {&token, 1}, {}, a_pos, LogitsMode::kLast},
     };
     ASSERT_TRUE(model_->Forward(batch, *pool_, &out).ok());
