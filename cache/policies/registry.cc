@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/policies/aircache.h"
+#include "cache/policies/composite.h"
 #include "cache/policies/elastic_cache.h"
 #include "cache/policies/h2o.h"
 #include "cache/policies/policy.h"
@@ -35,6 +36,8 @@ const std::vector<Entry>& Table() {
       {"xkv", CreateXkvPolicy},
       {"elastic_cache", CreateElasticCachePolicy},
       {"tokenselect", CreateTokenSelectPolicy},
+      {"composite", CreateCompositePolicy},
+      {"winnowkv", CreateWinnowKvPolicy},
   };
   return *table;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/vec.h"
 
 namespace winnow::kernels {
 namespace {
@@ -90,6 +91,8 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
   const int32_t num_key_blocks = (max_visible + kv.block_size - 1) / kv.block_size;
   const int64_t tiles = int64_t{kv.num_kv_heads} * num_key_blocks;
   pool.ParallelFor(tiles, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> block_probs;
+    block_probs.resize(kv.block_size);
     for (int64_t tile = begin; tile < end; ++tile) {
       const int32_t g = static_cast<int32_t>(tile / num_key_blocks);
       const int32_t kb = static_cast<int32_t>(tile % num_key_blocks);
@@ -104,9 +107,12 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
           if (limit <= 0) continue;
           const float* q = in.q + r * row_floats + int64_t{h} * d;
           const float row_lse = lse[int64_t{h} * in.num_rows + r];
+          // One block's logits, then one vectorised exp (the scalar std::exp dominated).
           for (int32_t j = 0; j < limit; ++j) {
-            col[j] += std::exp(Dot(q, keys + static_cast<int64_t>(j) * d, d) * in.scale - row_lse);
+            block_probs[j] = Dot(q, keys + static_cast<int64_t>(j) * d, d) * in.scale;
           }
+          vec::ExpShifted(block_probs.data(), limit, row_lse);
+          for (int32_t j = 0; j < limit; ++j) col[j] += block_probs[j];
         }
       }
     }

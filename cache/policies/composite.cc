@@ -1,0 +1,403 @@
+#include "cache/policies/composite.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "cache/policies/aircache.h"
+#include "cache/policies/layer_budget_split.h"
+#include "cache/policies/vl_cache.h"
+#include "cache/policies/xkv.h"
+#include "spdlog/fmt/ranges.h"
+#include "spdlog/spdlog.h"
+
+namespace winnow::cache::policies {
+namespace {
+
+using Allocation = CompositeOptions::Allocation;
+using Scorer = CompositeOptions::Scorer;
+
+// The observed rows: post-span text with spans (unless post_span is off), else the last
+// `window` tokens.
+WindowRange CompositeWindow(const PromptLayout& layout, const CompositeOptions& o) {
+  if (!o.post_span) {
+    const int32_t size = std::clamp(o.window, 1, std::max(1, layout.num_tokens));
+    return WindowRange{layout.num_tokens - size, layout.num_tokens};
+  }
+  return ObservationWindow(layout, o.window, o.min_window, o.max_window);
+}
+
+// Each evicted slot joins the nearest kept slot (the left one on a tie) when that slot is a
+// scored candidate; next to a forced slot (sink, window, kept text) it is simply dropped, so
+// the groups stay ascending and disjoint.
+std::vector<std::vector<int32_t>> MergeGroups(std::span<const int32_t> kept, int32_t n,
+                                              const std::vector<char>& forced) {
+  std::vector<std::vector<int32_t>> groups(kept.size());
+  size_t next = 0;  // first kept slot > s
+  for (int32_t s = 0; s < n; ++s) {
+    while (next < kept.size() && kept[next] <= s) ++next;
+    if (next > 0 && kept[next - 1] == s) {
+      groups[next - 1].push_back(s);
+      continue;
+    }
+    const bool has_left = next > 0;
+    const bool has_right = next < kept.size();
+    if (!has_left && !has_right) continue;
+    size_t nearest = has_left ? next - 1 : next;
+    if (has_left && has_right && kept[next] - s < s - kept[next - 1]) nearest = next;
+    if (!forced[kept[nearest]]) groups[nearest].push_back(s);
+  }
+  return groups;
+}
+
+class CompositePolicy : public CompressionPolicy {
+ public:
+  CompositePolicy(std::string name, const PolicyConfig& config, const PolicyContext& context,
+                  const CompositeOptions& options)
+      : CompressionPolicy(config, context), name_(std::move(name)), options_(options) {
+    const int32_t n = context.layout.num_tokens;
+    const int32_t layers = context.dims.num_layers;
+    // Kept text is paid first, whatever the budget (AirCache's rule).
+    const bool keep_text = context.layout.HasCompressibleSpans() && !options.evict_text;
+    int32_t per_layer = KeepCount(config.budget(), n);
+    window_ = CompositeWindow(context.layout, options);
+    int32_t sinks = std::min(
+        std::max(options.sinks, static_cast<int32_t>(std::lround(options.sink_frac * per_layer))),
+        n);
+    if (!keep_text && sinks + window_.size() > per_layer) {
+      // A budget smaller than the sinks and window: the first sinks (at least one, the
+      // attention sink) and a shorter window, observed and kept.
+      sinks = std::clamp(sinks, 0, per_layer - 1);
+      window_.begin = std::max(window_.begin, n - (per_layer - sinks));
+    }
+    forced_.assign(n, 0);
+    for (int32_t j = 0; j < sinks; ++j) forced_[j] = 1;
+    for (int32_t j = window_.begin; j < n; ++j) forced_[j] = 1;
+    if (keep_text) {
+      for (int32_t j = 0; j < n; ++j) forced_[j] |= !context.layout.IsCompressible(j);
+    }
+    for (int32_t j = 0; j < n; ++j) {
+      (forced_[j] ? forced_list_ : candidates_).push_back(j);
+    }
+    const int32_t forced = static_cast<int32_t>(forced_list_.size());
+    if (keep_text) per_layer = std::max(forced, per_layer);
+    kept_forced_ = std::min(forced, per_layer);
+    // Uncompressed first layers take n slots each out of the request's total.
+    // Fewer of them when the budget cannot pay for them.
+    const auto scored_total = [&](int32_t full) {
+      return int64_t{layers} * per_layer - int64_t{full} * n -
+             int64_t{layers - full} * kept_forced_;
+    };
+    full_layers_ = std::clamp(options.full_layers, 0, layers - 1);
+    while (full_layers_ > 0 && scored_total(full_layers_) < 0) --full_layers_;
+    candidate_budget_ = std::max<int64_t>(0, scored_total(full_layers_));
+    compresses_ = per_layer < n;
+    scores_.resize(layers);
+    normalised_.assign(static_cast<size_t>(layers) * candidates_.size(), 0.0f);
+    sparsity_.assign(layers, 0.0);
+    strength_.assign(layers, 0.0);
+    skewness_.assign(layers, 0.0);
+    observed_.assign(layers, 0);
+  }
+
+  std::string name() const override { return name_; }
+
+  ObservationRequest Observation() const override {
+    return ObservationRequest{window_.begin, options_.scorer == Scorer::kAccumulated};
+  }
+
+  absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    const int32_t n = attention.num_slots;
+    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
+        n != layout().num_tokens || attention.num_rows != window_.size()) {
+      return absl::InternalError(absl::StrCat("composite: unexpected observation of layer ",
+                                              attention.layer, " (", attention.num_rows,
+                                              " rows, ", n, " slots)"));
+    }
+    if (options_.scorer == Scorer::kAccumulated &&
+        attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
+      return absl::InternalError(
+          absl::StrCat("composite: layer ", attention.layer, " has no column sums"));
+    }
+    observed_[attention.layer] = 1;
+    if (!compresses_) return absl::OkStatus();
+    const std::vector<float> pooled = PooledScores(attention);
+    const std::vector<float> layer_scores = CandidateLayerScores(pooled, attention.num_heads);
+    RecordAllocationInputs(attention, layer_scores);
+    scores_[attention.layer] = AggregateGroups(pooled, attention.num_heads,
+                                               attention.num_kv_heads, n, options_.aggregation);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<KeepPlan> Plan() override {
+    const int32_t layers = dims().num_layers;
+    const int32_t n = layout().num_tokens;
+    KeepPlan plan;
+    if (!compresses_) return plan;
+    for (int32_t l = 0; l < layers; ++l) {
+      if (!observed_[l]) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("composite: layer ", l, " was never observed"));
+      }
+    }
+    const std::vector<int32_t> counts = Allocate();
+    spdlog::debug("composite: {} scored tokens kept per layer [{}] of {}", candidate_budget_,
+                  fmt::join(counts, ", "), candidates_.size());
+    plan.layers.resize(layers);
+    for (int32_t l = 0; l < layers; ++l) {
+      const int32_t keep_count = kept_forced_ + counts[l];
+      if (keep_count >= n) continue;
+      LayerKeep keep = PerHeadTopK(scores_[l], dims().num_kv_heads, n, forced_list_, keep_count);
+      if (options_.merge) {
+        for (const std::vector<int32_t>& kept : keep.heads) {
+          keep.merge.push_back(MergeGroups(kept, n, forced_));
+        }
+      }
+      plan.layers[l] = std::move(keep);
+      std::vector<float>().swap(scores_[l]);
+    }
+    if (plan.empty()) plan.layers.clear();
+    return plan;
+  }
+
+  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
+    const int64_t layers = dims().num_layers;
+    if (!compresses_) return layers * (std::max(prompt_tokens, 1) + int64_t{generated});
+    return int64_t{full_layers_} * prompt_tokens + (layers - full_layers_) * kept_forced_ +
+           candidate_budget_ + layers * generated;
+  }
+
+ private:
+  // Per query head, the scorer's row over every slot, pooled over the keys before the window
+  // (the window is kept anyway; pooling across its edge would lend it mass): [h][n].
+  std::vector<float> PooledScores(const ObservationAttention& attention) const {
+    const int32_t n = attention.num_slots;
+    const int32_t heads = attention.num_heads;
+    std::vector<float> raw;
+    if (options_.scorer == Scorer::kAccumulated) {
+      raw.assign(attention.column_sums.begin(), attention.column_sums.end());
+      if (options_.normalize) {
+        for (int32_t h = 0; h < heads; ++h) {
+          for (int32_t j = 0; j < n; ++j) raw[int64_t{h} * n + j] /= static_cast<float>(n - j);
+        }
+      }
+    } else {
+      raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+    }
+    const int32_t prefix = window_.begin;
+    for (int32_t h = 0; h < heads; ++h) {
+      std::span<float> row = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
+      const std::vector<float> pooled = Pool1d(row, options_.kernel, options_.pooling);
+      std::copy(pooled.begin(), pooled.end(), row.begin());
+    }
+    return raw;
+  }
+
+  // The layer's score of each candidate: the mean over query heads, normalised to sum 1.
+  std::vector<float> CandidateLayerScores(std::span<const float> pooled, int32_t heads) const {
+    const int32_t n = layout().num_tokens;
+    const std::vector<float> mean = MeanOverHeads(pooled, heads, n);
+    std::vector<float> out(candidates_.size());
+    for (size_t i = 0; i < candidates_.size(); ++i) out[i] = mean[candidates_[i]];
+    NormalizeSum(out);
+    return out;
+  }
+
+  void RecordAllocationInputs(const ObservationAttention& attention,
+                              std::span<const float> layer_scores) {
+    const int32_t l = attention.layer;
+    std::copy(layer_scores.begin(), layer_scores.end(),
+              normalised_.begin() + int64_t{l} * candidates_.size());
+    if (options_.allocation == Allocation::kSparsity) {
+      sparsity_[l] = VlCacheLayerSparsity(attention, options_.p);
+    } else if (options_.allocation == Allocation::kStrengthSkew) {
+      // Strength: the observed rows' attention mass on the candidates, per row and head.
+      const std::vector<float> summed =
+          SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+      const std::vector<float> mean = MeanOverHeads(summed, attention.num_heads,
+                                                    attention.num_slots);
+      double mass = 0.0;
+      for (int32_t j : candidates_) mass += mean[j];
+      strength_[l] = mass / std::max(1, attention.num_rows);
+      skewness_[l] = AirCacheSkewness(layer_scores);
+    }
+  }
+
+  // Candidate tokens kept per layer, summing to at most candidate_budget_ over the compressed
+  // layers; the full layers keep every candidate.
+  std::vector<int32_t> Allocate() const {
+    const int32_t full = full_layers_;
+    std::vector<int32_t> counts(full, static_cast<int32_t>(candidates_.size()));
+    const std::vector<int32_t> rest = AllocateCompressed(full);
+    counts.insert(counts.end(), rest.begin(), rest.end());
+    return counts;
+  }
+
+  // The allocation over layers [first, L).
+  std::vector<int32_t> AllocateCompressed(int32_t first) const {
+    const int32_t layers = dims().num_layers - first;
+    const int32_t candidates = static_cast<int32_t>(candidates_.size());
+    const double total = static_cast<double>(candidate_budget_);
+    std::vector<double> targets(layers, total / layers);
+    switch (options_.allocation) {
+      case Allocation::kUniform:
+        break;
+      case Allocation::kGlobal:
+        return XkvAllocate(std::span<const float>(normalised_).subspan(
+                               static_cast<size_t>(first) * candidates),
+                           layers, candidates, candidate_budget_, 0, 0.0)
+            .counts;
+      case Allocation::kPyramid: {
+        const int32_t forced = kept_forced_;
+        const std::vector<int32_t> with_forced = PyramidBudgets(
+            layers, layout().num_tokens, forced + static_cast<int32_t>(candidate_budget_ / layers),
+            forced, options_.beta);
+        for (int32_t l = 0; l < layers; ++l) targets[l] = std::max(0, with_forced[l] - forced);
+        break;
+      }
+      case Allocation::kSparsity: {
+        std::vector<double> density(layers);
+        for (int32_t l = 0; l < layers; ++l) density[l] = 1.0 - sparsity_[first + l];
+        targets = WaterFill(density, total, 0.0, candidates);
+        break;
+      }
+      case Allocation::kStrengthSkew:
+        targets = WaterFill(
+            AirCacheLayerWeights(std::span<const double>(strength_).subspan(first),
+                                 std::span<const double>(skewness_).subspan(first),
+                                 AirCacheOptions::Allocation::kStrengthSkew),
+            total, 0.0, candidates);
+        break;
+    }
+    return RoundBudgets(targets, candidate_budget_, 0, candidates);
+  }
+
+  std::string name_;
+  CompositeOptions options_;
+  WindowRange window_;
+  std::vector<char> forced_;           // [slot] always kept
+  std::vector<int32_t> forced_list_;   // ascending
+  std::vector<int32_t> candidates_;    // ascending: the scored, evictable slots
+  int32_t kept_forced_ = 0;            // forced slots every layer keeps (all, unless the budget
+                                       // is smaller)
+  int32_t full_layers_ = 0;            // uncompressed first layers
+  int64_t candidate_budget_ = 0;       // candidates kept, summed over the compressed layers
+  bool compresses_ = false;
+  std::vector<std::vector<float>> scores_;  // [layer][kv_head][slot]
+  std::vector<float> normalised_;           // [layer][candidate], each layer summing to 1
+  std::vector<double> sparsity_;            // [layer] (allocation=sparsity)
+  std::vector<double> strength_;            // [layer] (allocation=strength_skew)
+  std::vector<double> skewness_;            // [layer] (allocation=strength_skew)
+  std::vector<char> observed_;              // [layer]
+};
+
+template <typename Enum>
+absl::StatusOr<Enum> GetNamed(const PolicyConfig& config, const std::string& name,
+                              const std::string& default_value,
+                              const std::vector<std::pair<std::string, Enum>>& values) {
+  std::vector<std::string> names;
+  for (const auto& [text, value] : values) names.push_back(text);
+  absl::StatusOr<std::string> chosen = config.GetEnum(name, default_value, names);
+  if (!chosen.ok()) return chosen.status();
+  for (const auto& [text, value] : values) {
+    if (text == *chosen) return value;
+  }
+  return absl::InternalError("unreachable");
+}
+
+}  // namespace
+
+absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& config) {
+  CompositeOptions o;
+  absl::StatusOr<Allocation> allocation = GetNamed<Allocation>(
+      config, "allocation", "global",
+      {{"uniform", Allocation::kUniform}, {"pyramid", Allocation::kPyramid},
+       {"global", Allocation::kGlobal}, {"sparsity", Allocation::kSparsity},
+       {"strength_skew", Allocation::kStrengthSkew}});
+  if (!allocation.ok()) return allocation.status();
+  absl::StatusOr<Scorer> scorer = GetNamed<Scorer>(
+      config, "scorer", "window",
+      {{"window", Scorer::kWindow}, {"accumulated", Scorer::kAccumulated}});
+  if (!scorer.ok()) return scorer.status();
+  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<int64_t> min_window = config.GetInt("min_window", o.min_window, 1, 1 << 16);
+  if (!min_window.ok()) return min_window.status();
+  absl::StatusOr<int64_t> max_window =
+      config.GetInt("max_window", std::max<int64_t>(o.max_window, *min_window), *min_window,
+                    1 << 16);
+  if (!max_window.ok()) return max_window.status();
+  absl::StatusOr<bool> post_span = config.GetBool("post_span", o.post_span);
+  if (!post_span.ok()) return post_span.status();
+  absl::StatusOr<int64_t> sinks = config.GetInt("sinks", o.sinks, 0, 1 << 16);
+  if (!sinks.ok()) return sinks.status();
+  absl::StatusOr<double> sink_frac = config.GetDouble("sink_frac", o.sink_frac, 0.0, 1.0);
+  if (!sink_frac.ok()) return sink_frac.status();
+  absl::StatusOr<int64_t> full_layers = config.GetInt("full_layers", o.full_layers, 0, 1 << 10);
+  if (!full_layers.ok()) return full_layers.status();
+  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", o.kernel, 1, 1 << 10);
+  if (!kernel.ok()) return kernel.status();
+  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", o.pooling);
+  if (!pooling.ok()) return pooling.status();
+  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
+  if (!agg.ok()) return agg.status();
+  absl::StatusOr<bool> normalize = config.GetBool("normalize", o.normalize);
+  if (!normalize.ok()) return normalize.status();
+  absl::StatusOr<bool> evict_text = config.GetBool("evict_text", o.evict_text);
+  if (!evict_text.ok()) return evict_text.status();
+  absl::StatusOr<bool> merge = config.GetBool("merge", o.merge);
+  if (!merge.ok()) return merge.status();
+  absl::StatusOr<double> beta = config.GetDouble("beta", o.beta, 1.0, 1e6);
+  if (!beta.ok()) return beta.status();
+  absl::StatusOr<double> p = config.GetDouble("p", o.p, 0.0, 1.0);
+  if (!p.ok()) return p.status();
+  o.allocation = *allocation;
+  o.scorer = *scorer;
+  o.window = static_cast<int32_t>(*window);
+  o.min_window = static_cast<int32_t>(*min_window);
+  o.max_window = static_cast<int32_t>(*max_window);
+  o.post_span = *post_span;
+  o.sinks = static_cast<int32_t>(*sinks);
+  o.full_layers = static_cast<int32_t>(*full_layers);
+  o.sink_frac = *sink_frac;
+  o.kernel = static_cast<int32_t>(*kernel);
+  o.pooling = *pooling;
+  o.aggregation = *agg;
+  o.normalize = *normalize;
+  o.evict_text = *evict_text;
+  o.merge = *merge;
+  o.beta = *beta;
+  o.p = *p;
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateNamedComposite(
+    const std::string& name, const PolicyConfig& config, const PolicyContext& context) {
+  absl::StatusOr<CompositeOptions> options = ParseCompositeOptions(config);
+  if (!options.ok()) return options.status();
+  if (absl::Status s = config.CheckAllUsed(name); !s.ok()) return s;
+  return std::make_unique<CompositePolicy>(name, config, context, *options);
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
+    const PolicyConfig& config, const PolicyContext& context) {
+  return CreateNamedComposite("composite", config, context);
+}
+
+const PolicyParams& WinnowKvPreset() {
+  static const PolicyParams* preset = new PolicyParams{
+      {"allocation", std::string("global")}, {"scorer", std::string("window")},
+      {"window", 32.0}, {"sinks", 4.0}, {"kernel", 7.0}, {"pooling", std::string("max")},
+      {"gqa", std::string("mean")}};
+  return *preset;
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
+    const PolicyConfig& config, const PolicyContext& context) {
+  PolicyParams params = WinnowKvPreset();
+  for (const auto& [key, value] : config.params()) params[key] = value;
+  return CreateNamedComposite("winnowkv", PolicyConfig(config.budget(), std::move(params)),
+                              context);
+}
+
+}  // namespace winnow::cache::policies

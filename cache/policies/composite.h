@@ -1,0 +1,72 @@
+// A composable eviction policy: one budget allocator over layers x one token scorer x keep or
+// merge, each chosen by an option, so that the papers' ideas can be measured apart and combined
+// (issue 15; docs/compression.md, "composite"). Runs once after the last prefill chunk; no
+// decode-time eviction.
+//
+//   allocation  how the request's slots are split over layers:
+//     uniform        the same count in every layer (SnapKV);
+//     pyramid        linear from the first layer down (PyramidKV, beta);
+//     global         XKV's global top-N over every layer's normalised scores: a layer gets the
+//                    tokens whose share of its own importance beats the other layers';
+//     sparsity       VL-Cache's density 1 - sparsity (threshold p x row max), water-filled so the
+//                    whole budget is spent (the paper's clip loses what is above a full layer);
+//     strength_skew  AirCache's Eq. 11 on this scorer's scores: half the mass the window puts on
+//                    the candidates, half the right skew of their scores.
+//   scorer      what a token's score is:
+//     window         the observed rows' summed attention (SnapKV, XKV; post-span rows with spans);
+//     accumulated    every prompt row's summed attention (H2O's column sums);
+//   kernel / pooling / gqa  1-D pooling of each query head's scores, then the fold into KV heads.
+//   merge       false: evicted tokens are dropped; true: each joins the nearest kept scored
+//               token, whose K and V become the mean of its group (Elastic Cache's merge, with
+//               the sinks, window and kept text absorbing nothing).
+//
+// What is always kept (counted in the budget): `sinks` first tokens and the observed rows; in
+// span mode with evict_text=false, every text token too (AirCache's rule: only image/context
+// spans are evicted). Everything else is a candidate. budget is, as for every policy, the
+// fraction of the prompt's tokens kept on average over layers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "cache/policies/policy.h"
+#include "cache/policies/scoring_helpers.h"
+
+namespace winnow::cache::policies {
+
+struct CompositeOptions {
+  enum class Allocation { kUniform, kPyramid, kGlobal, kSparsity, kStrengthSkew };
+  enum class Scorer { kWindow, kAccumulated };
+
+  Allocation allocation = Allocation::kGlobal;
+  Scorer scorer = Scorer::kWindow;
+  int32_t window = 32;       // observed rows without spans (the last `window` tokens)
+  int32_t min_window = 1;    // with spans: the text after the last span, clamped to these
+  int32_t max_window = 256;
+  bool post_span = true;     // false: the last `window` tokens even when there are spans
+  int32_t sinks = 4;
+  double sink_frac = 0.0;    // sinks = max(sinks, sink_frac x the per-layer budget)
+  int32_t full_layers = 0;   // the first full_layers layers are not compressed (paid from the rest)
+  int32_t kernel = 7;
+  Pooling pooling = Pooling::kMax;
+  GroupAggregation aggregation = GroupAggregation::kMean;
+  bool normalize = false;    // accumulated: divide a key's sum by the rows that saw it
+  bool evict_text = true;    // with spans: false keeps every text token
+  bool merge = false;
+  double beta = 20.0;        // pyramid: largest / smallest layer
+  double p = 0.01;           // sparsity: the threshold, a fraction of the row max
+};
+
+absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& config);
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
+    const PolicyConfig& config, const PolicyContext& context);
+
+// `winnowkv`: the composite preset measured best over both task families at budget 0.1
+// (docs/compression.md, "Quality on real documents"). A client's params override the preset's.
+const PolicyParams& WinnowKvPreset();
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
+    const PolicyConfig& config, const PolicyContext& context);
+
+}  // namespace winnow::cache::policies

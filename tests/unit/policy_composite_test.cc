@@ -1,0 +1,187 @@
+// The composite policy on constructed attention patterns: its presets reproduce snapkv and xkv
+// plan for plan, every allocation keeps the budget and the forced slots, evict_text keeps the
+// text, merging forms valid groups, and bad options are refused naming the field.
+#include "cache/policies/composite.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "cache/policies/policy.h"
+#include "cache/policies/scoring_helpers.h"
+#include "tests/unit/policy_test_util.h"
+
+namespace winnow::cache::policies {
+namespace {
+
+using policy_testing::Contains;
+using policy_testing::Context;
+using policy_testing::RandomLayers;
+using policy_testing::RunPolicy;
+
+std::unique_ptr<CompressionPolicy> Make(const std::string& name, double budget,
+                                        const PolicyContext& c, PolicyParams p = {}) {
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
+      CreatePolicy(name, PolicyConfig(budget, std::move(p)), c);
+  EXPECT_TRUE(policy.ok()) << policy.status();
+  return std::move(*policy);
+}
+
+void ExpectSamePlans(const std::string& other, const PolicyParams& other_params,
+                     const PolicyParams& composite_params) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 10; ++trial) {
+    const int32_t n = 80 + static_cast<int32_t>(rng() % 80);
+    const PolicyContext c = Context(4, 4, 2, n, {});
+    const double budget = 0.3 + 0.4 * (rng() % 100) / 100.0;
+    auto a = Make("composite", budget, c, composite_params);
+    auto b = Make(other, budget, c, other_params);
+    ASSERT_EQ(a->Observation().window_begin, b->Observation().window_begin);
+    const std::vector<policy_testing::LogitFn> layers = RandomLayers(rng, 4);
+    const KeepPlan pa = RunPolicy(*a, c, layers);
+    const KeepPlan pb = RunPolicy(*b, c, layers);
+    ASSERT_EQ(pa.layers.size(), pb.layers.size());
+    for (size_t l = 0; l < pa.layers.size(); ++l) {
+      EXPECT_EQ(pa.layers[l].heads, pb.layers[l].heads) << other << " layer " << l;
+    }
+    EXPECT_EQ(a->SteadyStateSlots(n, 5), b->SteadyStateSlots(n, 5));
+  }
+}
+
+TEST(CompositePolicy, UniformPresetIsSnapKv) {
+  ExpectSamePlans("snapkv", {},
+                  {{"allocation", "uniform"}, {"sinks", 0.0}, {"window", 32.0},
+                   {"kernel", 5.0}, {"pooling", "avg"}, {"gqa", "mean"}});
+}
+
+TEST(CompositePolicy, GlobalPresetIsXkv) {
+  ExpectSamePlans("xkv", {},
+                  {{"allocation", "global"}, {"sinks", 0.0}, {"window", 8.0},
+                   {"kernel", 7.0}, {"pooling", "avg"}, {"gqa", "mean"}});
+}
+
+TEST(CompositePolicy, EveryAllocationKeepsTheBudgetSinksAndWindow) {
+  std::mt19937 rng(3);
+  for (const char* allocation : {"uniform", "pyramid", "global", "sparsity", "strength_skew"}) {
+    for (int trial = 0; trial < 8; ++trial) {
+      const int32_t n = 60 + static_cast<int32_t>(rng() % 100);
+      const PolicyContext c = Context(5, 4, 2, n, {});
+      const double budget = 0.02 + 0.9 * (rng() % 1000) / 1000.0;
+      const bool merge = trial % 2 == 1;
+      auto policy = Make("composite", budget, c,
+                         {{"allocation", allocation}, {"window", 12.0}, {"sinks", 3.0},
+                          {"merge", merge ? "true" : "false"},
+                          {"full_layers", static_cast<double>(trial % 3)}});
+      const KeepPlan plan = RunPolicy(*policy, c, RandomLayers(rng, 5));
+      const int32_t per_layer = KeepCount(budget, n);
+      int64_t total = 0;
+      for (int32_t l = 0; l < 5; ++l) {
+        if (plan.layers.empty() || plan.layers[l].untouched()) {
+          total += n;
+          continue;
+        }
+        total += plan.layers[l].kept();
+        const int32_t full = trial % 3;  // when the budget pays for them
+        if (5 * per_layer >= full * n + (5 - full) * std::min(15, per_layer)) {
+          EXPECT_GE(l, full) << "a full layer was compressed";
+        }
+        if (per_layer < 15) continue;  // the budget cannot hold every sink and window slot
+        for (const std::vector<int32_t>& head : plan.layers[l].heads) {
+          for (int32_t p : {0, 1, 2, n - 12, n - 1}) {
+            EXPECT_TRUE(Contains(head, p)) << allocation << " layer " << l << " pos " << p;
+          }
+        }
+      }
+      EXPECT_LE(total, int64_t{5} * per_layer) << allocation << " budget " << budget;
+      EXPECT_LE(total, policy->SteadyStateSlots(n, 0)) << allocation;
+    }
+  }
+}
+
+TEST(CompositePolicy, EvictTextFalseKeepsEveryTextToken) {
+  policy_testing::ExpectPromptBudgetCountsKeptText("composite", {{"evict_text", "false"}});
+}
+
+TEST(CompositePolicy, MergeGroupsJoinTheNearestKeptScoredToken) {
+  const int32_t n = 100;
+  const PolicyContext c = Context(2, 2, 1, n, {});
+  auto policy = Make("composite", 0.2, c,
+                     {{"merge", "true"}, {"window", 8.0}, {"sinks", 2.0}, {"kernel", 1.0}});
+  // Two peaks the window attends to: 30 and 60 (and nothing else stands out).
+  policy_testing::LogitFn peaks = [](int32_t, int32_t, int32_t j) {
+    return (j == 30 || j == 60) ? 8.0 : 0.0;
+  };
+  const KeepPlan plan = RunPolicy(*policy, c, {peaks, peaks});
+  ASSERT_EQ(plan.layers.size(), 2u);
+  for (const LayerKeep& layer : plan.layers) {
+    ASSERT_FALSE(layer.untouched());
+    ASSERT_EQ(layer.merge.size(), 1u);
+    const std::vector<int32_t>& kept = layer.heads[0];
+    const std::vector<std::vector<int32_t>>& groups = layer.merge[0];
+    ASSERT_EQ(groups.size(), kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      EXPECT_TRUE(Contains(groups[i], kept[i]));
+      // Sinks and window entries absorb nothing.
+      if (kept[i] < 2 || kept[i] >= n - 8) EXPECT_EQ(groups[i].size(), 1u) << kept[i];
+    }
+    EXPECT_TRUE(Contains(kept, 30));
+    EXPECT_TRUE(Contains(kept, 60));
+  }
+}
+
+TEST(CompositePolicy, AccumulatedScorerKeepsTheHeaviestColumns) {
+  const int32_t n = 64;
+  const PolicyContext c = Context(1, 2, 1, n, {});
+  auto policy = Make("composite", 0.25, c,
+                     {{"scorer", "accumulated"}, {"window", 4.0}, {"sinks", 0.0},
+                      {"kernel", 1.0}, {"allocation", "uniform"}});
+  ASSERT_EQ(policy->Observation().window_begin, n - 4);
+  ASSERT_TRUE(policy->Observation().accumulate_all_rows);
+  policy_testing::FakeLayer f = policy_testing::MakeLayer(
+      0, 2, 1, n, n - 4, [](int32_t, int32_t, int32_t) { return 0.0; });
+  std::vector<float> columns(2 * n, 1.0f);
+  const std::vector<int32_t> heavy = {3, 9, 17, 20, 33, 40, 41, 50, 51, 52, 55, 59};
+  for (int32_t j : heavy) columns[j] = columns[n + j] = 9.0f;
+  ObservationAttention view = f.View();
+  view.column_sums = columns;
+  ASSERT_TRUE(policy->ObserveLayer(view).ok());
+  absl::StatusOr<KeepPlan> plan = policy->Plan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->layers[0].kept(), 16);  // 4 window + 12 scored
+  for (int32_t j : heavy) EXPECT_TRUE(Contains(plan->layers[0].heads[0], j)) << j;
+
+  // Without column sums the observation is refused, not misread.
+  auto again = Make("composite", 0.25, c, {{"scorer", "accumulated"}, {"window", 4.0}});
+  EXPECT_FALSE(again->ObserveLayer(f.View()).ok());
+}
+
+TEST(CompositePolicy, BadOptionsNameTheField) {
+  const PolicyContext c = Context(2, 2, 1, 50, {});
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
+      CreatePolicy("composite", PolicyConfig(0.5, {{"allocation", "zigzag"}}), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("compression.options.allocation"), std::string::npos)
+      << bad.status();
+  bad = CreatePolicy("composite", PolicyConfig(0.5, {{"windw", 8.0}}), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("windw"), std::string::npos) << bad.status();
+  bad = CreatePolicy("composite", PolicyConfig(0.5, {{"merge", "maybe"}}), c);
+  EXPECT_FALSE(bad.ok());
+}
+
+
+TEST(CompositePolicy, WinnowKvIsItsPresetAndTakesOverrides) {
+  ExpectSamePlans("winnowkv", {}, WinnowKvPreset());
+  const PolicyContext c = Context(2, 2, 1, 80, {});
+  auto preset = Make("winnowkv", 0.5, c, {{"window", 8.0}});
+  EXPECT_EQ(preset->name(), "winnowkv");
+  EXPECT_EQ(preset->Observation().window_begin, 72);  // the client's window wins
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
+      CreatePolicy("winnowkv", PolicyConfig(0.5, {{"windw", 8.0}}), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("winnowkv"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace winnow::cache::policies
