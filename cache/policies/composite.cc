@@ -387,7 +387,7 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
 const PolicyParams& WinnowKvPreset() {
   static const PolicyParams* preset = new PolicyParams{
       {"allocation", std::string("global")}, {"scorer", std::string("window")},
-      {"window", 32.0}, {"sinks", 4.0}, {"kernel", 7.0}, {"pooling", std::string("max")},
+      {"window", 32.0}, {"sinks", 4.0}, {"kernel", 7.0}, {"pooling", std::string("avg")},
       {"gqa", std::string("mean")}};
   return *preset;
 }
