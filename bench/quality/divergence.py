@@ -10,7 +10,7 @@ over every policy x budget and prints, per (length, layout), tables of:
   - next-token KL(full || compressed), teacher-forced on the full cache's tokens;
   - KV kept after the prefill compression.
 
-    .venv/bin/python bench/quality/divergence.py --policies snapkv,xkv,adakv \\
+    .venv/bin/python bench/quality/divergence.py --policies snapkv,xkv,winnowkv \\
         --budgets 0.05,0.1,0.2,0.5 --lengths short,long --layouts plain,spans \\
         --json-out bench/results/divergence.json
 """
@@ -34,7 +34,7 @@ import documents  # noqa: E402
 import run as quality_run  # noqa: E402
 
 POLICIES = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "vl_cache", "aircache", "xkv",
-            "elastic_cache"]
+            "elastic_cache", "winnowkv"]
 
 
 def summarise(result: dict, gen_tokens: int) -> dict:
