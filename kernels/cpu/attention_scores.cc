@@ -107,7 +107,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
           if (limit <= 0) continue;
           const float* q = in.q + r * row_floats + int64_t{h} * d;
           const float row_lse = lse[int64_t{h} * in.num_rows + r];
-          // One block's logits, then one vectorised exp (the scalar std::exp dominated).
+          // One block's logits, then one vectorised exp over them.
           for (int32_t j = 0; j < limit; ++j) {
             block_probs[j] = Dot(q, keys + static_cast<int64_t>(j) * d, d) * in.scale;
           }
