@@ -166,3 +166,24 @@ def test_context_segments_are_compressed_and_text_is_kept(daemon):
     assert all(k <= final.usage.prompt_tokens // 4 for k in kept)
     assert tok(doc, add_special_tokens=False)  # the context really was tokens
     daemon.wait_pool_free()
+
+
+def test_composite_and_its_winnowkv_preset_compress_through_the_daemon(daemon):
+    # 240 tokens at budget 0.25: 60 slots per layer on average, 1,800 in all.
+    _, ids, final = daemon.client.generate_text(
+        request=request(token_prompt(240, 3), 4, "winnowkv", 0.25), timeout=60)
+    assert len(ids) == 4
+    kept = list(final.usage.kv_tokens_kept_per_layer)
+    assert len(kept) == LAYERS and sum(kept) <= LAYERS * 60, kept
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    # Options from both maps reach composite: a uniform split keeps exactly 60 in every layer.
+    _, ids, final = daemon.client.generate_text(
+        request=request(token_prompt(240, 4), 4, "composite", 0.25, {"window": 16, "sinks": 8},
+                        {"allocation": "uniform", "pooling": "none"}), timeout=60)
+    assert list(final.usage.kv_tokens_kept_per_layer) == [60] * LAYERS
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(token_prompt(20, 1), 4, "winnowkv", 0.5,
+                                                    options={"allocation": "zigzag"}),
+                                    timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "compression.options.allocation" in err.value.details()
