@@ -20,10 +20,12 @@
 //               token, whose K and V become the mean of its group (Elastic Cache's merge, with
 //               the sinks, window and kept text absorbing nothing).
 //
-// What is always kept (counted in the budget): `sinks` first tokens and the observed rows; in
-// span mode with evict_text=false, every text token too (AirCache's rule: only image/context
-// spans are evicted). Everything else is a candidate. budget is, as for every policy, the
-// fraction of the prompt's tokens kept on average over layers.
+// What is always kept (counted in the budget): the first max(sinks, sink_frac x per-layer
+// budget) tokens and the observed rows (the window shrinks when they do not fit); in span mode
+// with evict_text=false, every text token too (AirCache's rule: only image/context spans are
+// evicted). `full_layers` first layers keep everything, paid from the others. Everything else
+// is a candidate. budget is, as for every policy, the fraction of the prompt's tokens kept on
+// average over layers.
 #pragma once
 
 #include <cstdint>
