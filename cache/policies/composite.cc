@@ -103,7 +103,7 @@ class CompositePolicy : public CompressionPolicy {
   std::string name() const override { return name_; }
 
   ObservationRequest Observation() const override {
-    return ObservationRequest{window_.begin, options_.scorer == Scorer::kAccumulated};
+    return ObservationRequest{window_.begin, options_.scorer != Scorer::kWindow};
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
@@ -114,7 +114,7 @@ class CompositePolicy : public CompressionPolicy {
                                               attention.layer, " (", attention.num_rows,
                                               " rows, ", n, " slots)"));
     }
-    if (options_.scorer == Scorer::kAccumulated &&
+    if (options_.scorer != Scorer::kWindow &&
         attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
       return absl::InternalError(
           absl::StrCat("composite: layer ", attention.layer, " has no column sums"));
@@ -173,18 +173,30 @@ class CompositePolicy : public CompressionPolicy {
   std::vector<float> PooledScores(const ObservationAttention& attention) const {
     const int32_t n = attention.num_slots;
     const int32_t heads = attention.num_heads;
+    const int32_t prefix = window_.begin;
     std::vector<float> raw;
-    if (options_.scorer == Scorer::kAccumulated) {
+    if (options_.scorer != Scorer::kWindow) {
       raw.assign(attention.column_sums.begin(), attention.column_sums.end());
       if (options_.normalize) {
         for (int32_t h = 0; h < heads; ++h) {
           for (int32_t j = 0; j < n; ++j) raw[int64_t{h} * n + j] /= static_cast<float>(n - j);
         }
       }
-    } else {
+    }
+    if (options_.scorer == Scorer::kHybrid) {
+      const std::vector<float> window =
+          SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+      for (int32_t h = 0; h < heads; ++h) {
+        std::span<float> all_rows = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
+        std::vector<float> observed(window.begin() + int64_t{h} * n,
+                                    window.begin() + int64_t{h} * n + prefix);
+        NormalizeSum(all_rows);
+        NormalizeSum(observed);
+        for (int32_t j = 0; j < prefix; ++j) all_rows[j] += observed[j];
+      }
+    } else if (options_.scorer == Scorer::kWindow) {
       raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
     }
-    const int32_t prefix = window_.begin;
     for (int32_t h = 0; h < heads; ++h) {
       std::span<float> row = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
       const std::vector<float> pooled = Pool1d(row, options_.kernel, options_.pooling);
@@ -317,7 +329,8 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   if (!allocation.ok()) return allocation.status();
   absl::StatusOr<Scorer> scorer = GetNamed<Scorer>(
       config, "scorer", "window",
-      {{"window", Scorer::kWindow}, {"accumulated", Scorer::kAccumulated}});
+      {{"window", Scorer::kWindow}, {"accumulated", Scorer::kAccumulated},
+       {"hybrid", Scorer::kHybrid}});
   if (!scorer.ok()) return scorer.status();
   absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
   if (!window.ok()) return window.status();

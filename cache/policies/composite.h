@@ -15,6 +15,7 @@
 //   scorer      what a token's score is:
 //     window         the observed rows' summed attention (SnapKV, XKV; post-span rows with spans);
 //     accumulated    every prompt row's summed attention (H2O's column sums);
+//     hybrid         both, each normalised to sum 1 over the keys before the window, added;
 //   kernel / pooling / gqa  1-D pooling of each query head's scores, then the fold into KV heads.
 //   merge       false: evicted tokens are dropped; true: each joins the nearest kept scored
 //               token, whose K and V become the mean of its group (Elastic Cache's merge, with
@@ -39,7 +40,7 @@ namespace winnow::cache::policies {
 
 struct CompositeOptions {
   enum class Allocation { kUniform, kPyramid, kGlobal, kSparsity, kStrengthSkew };
-  enum class Scorer { kWindow, kAccumulated };
+  enum class Scorer { kWindow, kAccumulated, kHybrid };
 
   Allocation allocation = Allocation::kGlobal;
   Scorer scorer = Scorer::kWindow;

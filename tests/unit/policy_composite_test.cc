@@ -130,11 +130,15 @@ TEST(CompositePolicy, MergeGroupsJoinTheNearestKeptScoredToken) {
   }
 }
 
-TEST(CompositePolicy, AccumulatedScorerKeepsTheHeaviestColumns) {
+class AllRowsScorer : public testing::TestWithParam<const char*> {};
+
+// The window rows attend uniformly, so the heavy columns of every prompt row decide, for the
+// accumulated scorer alone and for the hybrid one.
+TEST_P(AllRowsScorer, KeepsTheHeaviestColumns) {
   const int32_t n = 64;
   const PolicyContext c = Context(1, 2, 1, n, {});
   auto policy = Make("composite", 0.25, c,
-                     {{"scorer", "accumulated"}, {"window", 4.0}, {"sinks", 0.0},
+                     {{"scorer", GetParam()}, {"window", 4.0}, {"sinks", 0.0},
                       {"kernel", 1.0}, {"allocation", "uniform"}});
   ASSERT_EQ(policy->Observation().window_begin, n - 4);
   ASSERT_TRUE(policy->Observation().accumulate_all_rows);
@@ -152,9 +156,12 @@ TEST(CompositePolicy, AccumulatedScorerKeepsTheHeaviestColumns) {
   for (int32_t j : heavy) EXPECT_TRUE(Contains(plan->layers[0].heads[0], j)) << j;
 
   // Without column sums the observation is refused, not misread.
-  auto again = Make("composite", 0.25, c, {{"scorer", "accumulated"}, {"window", 4.0}});
+  auto again = Make("composite", 0.25, c, {{"scorer", GetParam()}, {"window", 4.0}});
   EXPECT_FALSE(again->ObserveLayer(f.View()).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(CompositePolicy, AllRowsScorer,
+                         testing::Values("accumulated", "hybrid"));
 
 TEST(CompositePolicy, BadOptionsNameTheField) {
   const PolicyContext c = Context(2, 2, 1, 50, {});
