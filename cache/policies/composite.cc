@@ -79,14 +79,14 @@ class CompositePolicy : public CompressionPolicy {
     for (int32_t j = 0; j < n; ++j) {
       (forced_[j] ? forced_list_ : candidates_).push_back(j);
     }
-    const int32_t forced = static_cast<int32_t>(forced_list_.size());
+    // The trim above leaves sinks + window within the budget; kept text may exceed it.
+    const int32_t forced = forced_count();
     if (keep_text) per_layer = std::max(forced, per_layer);
-    kept_forced_ = std::min(forced, per_layer);
     // Uncompressed first layers take n slots each out of the request's total.
     // Fewer of them when the budget cannot pay for them.
     const auto scored_total = [&](int32_t full) {
       return int64_t{layers} * per_layer - int64_t{full} * n -
-             int64_t{layers - full} * kept_forced_;
+             int64_t{layers - full} * forced;
     };
     full_layers_ = std::clamp(options.full_layers, 0, layers - 1);
     while (full_layers_ > 0 && scored_total(full_layers_) < 0) --full_layers_;
@@ -145,7 +145,7 @@ class CompositePolicy : public CompressionPolicy {
                   fmt::join(counts, ", "), candidates_.size());
     plan.layers.resize(layers);
     for (int32_t l = 0; l < layers; ++l) {
-      const int32_t keep_count = kept_forced_ + counts[l];
+      const int32_t keep_count = forced_count() + counts[l];
       if (keep_count >= n) continue;
       LayerKeep keep = PerHeadTopK(scores_[l], dims().num_kv_heads, n, forced_list_, keep_count);
       if (options_.merge) {
@@ -163,11 +163,13 @@ class CompositePolicy : public CompressionPolicy {
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
     const int64_t layers = dims().num_layers;
     if (!compresses_) return layers * (std::max(prompt_tokens, 1) + int64_t{generated});
-    return int64_t{full_layers_} * prompt_tokens + (layers - full_layers_) * kept_forced_ +
+    return int64_t{full_layers_} * prompt_tokens + (layers - full_layers_) * forced_count() +
            candidate_budget_ + layers * generated;
   }
 
  private:
+  int32_t forced_count() const { return static_cast<int32_t>(forced_list_.size()); }
+
   // Per query head, the scorer's row over every slot, pooled over the keys before the window
   // (the window is kept anyway; pooling across its edge would lend it mass): [h][n].
   std::vector<float> PooledScores(const ObservationAttention& attention) const {
@@ -175,27 +177,27 @@ class CompositePolicy : public CompressionPolicy {
     const int32_t heads = attention.num_heads;
     const int32_t prefix = window_.begin;
     std::vector<float> raw;
-    if (options_.scorer != Scorer::kWindow) {
-      raw.assign(attention.column_sums.begin(), attention.column_sums.end());
-      if (options_.normalize) {
+    switch (options_.scorer) {
+      case Scorer::kWindow:
+        raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+        break;
+      case Scorer::kAccumulated:
+        raw = AllRowSums(attention);
+        break;
+      case Scorer::kHybrid: {
+        raw = AllRowSums(attention);
+        const std::vector<float> window =
+            SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
         for (int32_t h = 0; h < heads; ++h) {
-          for (int32_t j = 0; j < n; ++j) raw[int64_t{h} * n + j] /= static_cast<float>(n - j);
+          std::span<float> all_rows = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
+          std::vector<float> observed(window.begin() + int64_t{h} * n,
+                                      window.begin() + int64_t{h} * n + prefix);
+          NormalizeSum(all_rows);
+          NormalizeSum(observed);
+          for (int32_t j = 0; j < prefix; ++j) all_rows[j] += observed[j];
         }
+        break;
       }
-    }
-    if (options_.scorer == Scorer::kHybrid) {
-      const std::vector<float> window =
-          SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
-      for (int32_t h = 0; h < heads; ++h) {
-        std::span<float> all_rows = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
-        std::vector<float> observed(window.begin() + int64_t{h} * n,
-                                    window.begin() + int64_t{h} * n + prefix);
-        NormalizeSum(all_rows);
-        NormalizeSum(observed);
-        for (int32_t j = 0; j < prefix; ++j) all_rows[j] += observed[j];
-      }
-    } else if (options_.scorer == Scorer::kWindow) {
-      raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
     }
     for (int32_t h = 0; h < heads; ++h) {
       std::span<float> row = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
@@ -203,6 +205,19 @@ class CompositePolicy : public CompressionPolicy {
       std::copy(pooled.begin(), pooled.end(), row.begin());
     }
     return raw;
+  }
+
+  // Every prompt row's summed attention per (query head, key); with `normalize`, divided by the
+  // rows that saw the key.
+  std::vector<float> AllRowSums(const ObservationAttention& attention) const {
+    const int32_t n = attention.num_slots;
+    std::vector<float> sums(attention.column_sums.begin(), attention.column_sums.end());
+    if (options_.normalize) {
+      for (int32_t h = 0; h < attention.num_heads; ++h) {
+        for (int32_t j = 0; j < n; ++j) sums[int64_t{h} * n + j] /= static_cast<float>(n - j);
+      }
+    }
+    return sums;
   }
 
   // The layer's score of each candidate: the mean over query heads, normalised to sum 1.
@@ -260,7 +275,7 @@ class CompositePolicy : public CompressionPolicy {
                            layers, candidates, candidate_budget_, 0, 0.0)
             .counts;
       case Allocation::kPyramid: {
-        const int32_t forced = kept_forced_;
+        const int32_t forced = forced_count();
         const std::vector<int32_t> with_forced = PyramidBudgets(
             layers, layout().num_tokens, forced + static_cast<int32_t>(candidate_budget_ / layers),
             forced, options_.beta);
@@ -290,8 +305,6 @@ class CompositePolicy : public CompressionPolicy {
   std::vector<char> forced_;           // [slot] always kept
   std::vector<int32_t> forced_list_;   // ascending
   std::vector<int32_t> candidates_;    // ascending: the scored, evictable slots
-  int32_t kept_forced_ = 0;            // forced slots every layer keeps (all, unless the budget
-                                       // is smaller)
   int32_t full_layers_ = 0;            // uncompressed first layers
   int64_t candidate_budget_ = 0;       // candidates kept, summed over the compressed layers
   bool compresses_ = false;
