@@ -432,6 +432,9 @@ bool Engine::Impl::RunIteration() {
   const IterationPlan plan = scheduler.Schedule(live);
   ApplyPlan(plan);
   if (plan.chunks.empty()) return false;
+  // Admitted requests stop counting as waiting now, not after the forward: a request submitted
+  // meanwhile (its client may already hold the first token) must not see a full queue.
+  Publish();
 
   const WorkerOutput out = worker->Execute(plan.chunks);
   if (observer) {
@@ -534,7 +537,9 @@ void Engine::Impl::RemoveFinished() {
 
 void Engine::Impl::Publish() {
   SchedulerState state;
-  for (const auto& s : seqs) (s->running() ? state.running : state.waiting) += 1;
+  for (const auto& s : seqs) {
+    if (!s->finished()) (s->running() ? state.running : state.waiting) += 1;
+  }
   state.kv_blocks_total = pool->num_blocks();
   state.kv_blocks_free = pool->num_free();
   state.preemptions_total = preemptions_total;

@@ -5,10 +5,14 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/mutex.h"
 #include "model/model.h"
+#include "scheduler/cpu_worker.h"
 #include "scheduler/engine.h"
 #include "tests/unit/engine_test_util.h"
 
@@ -292,27 +296,68 @@ TEST_F(EngineTest, EmbeddingInputsMatchTokenEmbeddingsAreAccepted) {
   EXPECT_EQ(sink->tokens().size(), 3u);
 }
 
+// The real CPU worker, held at the start of its first Execute until the test opens the gate:
+// the test acts while an iteration is in flight.
+class GatedWorker : public Worker {
+ public:
+  struct Gate {
+    absl::Mutex mu;
+    bool entered ABSL_GUARDED_BY(mu) = false;
+    bool open ABSL_GUARDED_BY(mu) = false;
+  };
+  GatedWorker(model::Model& model, cache::BlockPool& pool, Gate* gate)
+      : inner_(model, pool), gate_(gate) {}
+
+  WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override {
+    {
+      absl::MutexLock lock(&gate_->mu);
+      gate_->entered = true;
+      gate_->mu.Await(absl::Condition(&gate_->open));
+    }
+    return inner_.Execute(chunks);
+  }
+
+ private:
+  CpuWorker inner_;
+  Gate* const gate_;
+};
+
 TEST_F(EngineTest, QueueFullIsResourceExhausted) {
+  GatedWorker::Gate gate;
   EngineOptions options;
   options.max_seqs = 1;
   options.max_queue = 1;
+  options.worker_factory = [&gate](model::Model& m, cache::BlockPool& pool) {
+    return std::make_unique<GatedWorker>(m, pool, &gate);
+  };
   std::unique_ptr<Engine> engine = MakeEngine(options);
+  auto open_gate = [&gate] {
+    absl::MutexLock lock(&gate.mu);
+    gate.open = true;
+  };
+  absl::Cleanup open_on_exit = open_gate;  // a failed ASSERT must not leave the engine held
   auto a = std::make_shared<CollectingSink>();
   auto b = std::make_shared<CollectingSink>();
   auto c = std::make_shared<CollectingSink>();
   absl::StatusOr<uint64_t> id_a = engine->Submit(Greedy(Prompt(8, 4), 400), a);
   ASSERT_TRUE(id_a.ok());
-  // The second token comes an iteration after the engine published a as running; b can only
-  // wait behind it.
-  ASSERT_TRUE(a->WaitTokens(2));
+  {
+    absl::MutexLock lock(&gate.mu);
+    gate.mu.Await(absl::Condition(&gate.entered));
+  }
+  // a's first forward is in flight: a is running and the queue is empty, so b is accepted
+  // (it once counted a as waiting until the forward ended) and c finds the queue full.
+  EXPECT_EQ(engine->Snapshot().running, 1);
+  EXPECT_EQ(engine->Snapshot().waiting, 0);
   absl::StatusOr<uint64_t> id_b = engine->Submit(Greedy(Prompt(8, 5), 2), b);
-  ASSERT_TRUE(id_b.ok());
+  ASSERT_TRUE(id_b.ok()) << id_b.status();
   absl::StatusOr<uint64_t> id_c = engine->Submit(Greedy(Prompt(8, 6), 2), c);
   ASSERT_FALSE(id_c.ok());
   EXPECT_EQ(id_c.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(id_c.status().message().find("queue"), std::string::npos);
   EXPECT_EQ(engine->Snapshot().waiting, 1);
   EXPECT_EQ(engine->Snapshot().running, 1);
+  open_gate();
   engine->Cancel(*id_a);
   ASSERT_TRUE(b->WaitDone());
   EXPECT_EQ(b->finish().reason, FinishReason::kLength);
