@@ -1,6 +1,8 @@
 #include "cache/compression.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention_scores.h"
@@ -170,6 +172,12 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
       attention.log_normalizer = log_normalizer;
     }
     if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
+    std::vector<float> value_norms;
+    if (observe_.value_norms) {
+      value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
+      kernels::ValueNorms(view, kv.block_table(l).data(), num_tokens_, value_norms.data());
+      attention.value_norms = value_norms;
+    }
     if (absl::Status s = policy_->ObserveLayer(attention); !s.ok()) return s;
     // The window rows of this layer are no longer needed.
     std::vector<float>().swap(window_rows_[l]);

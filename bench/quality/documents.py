@@ -15,7 +15,8 @@ Two prompt layouts, both what clients send: `spans` marks the document as a cont
 (modality-aware policies score the instruction after it and evict only the document), `plain`
 sends the whole prompt as text.
 
-Lengths: `short` 1.3k-1.7k tokens (the issue's prompts), `long` 2k-6k tokens.
+Lengths: `short` 1.2k-1.7k tokens (the issue's prompts; twelve documents), `long` 2k-6k tokens
+(six).
 
     python bench/quality/documents.py --length short --layout plain > docs.jsonl
 """
@@ -34,8 +35,12 @@ LICENSES = pathlib.Path("/usr/share/common-licenses")
 # target per token (~3.9 for this prose with SmolLM2's tokenizer) only sizes the cut; the
 # bench reports exact token counts.
 SOURCES = {
+    # The first six are the set `make test` asserts on; the other six make the first
+    # divergence, a noisy mean, steadier in the benchmark (--count 6 gives the first set).
     "short": [("topic", "execmodel"), ("topic", "import"), ("license", "Apache-2.0"),
-              ("topic", "try"), ("topic", "calls"), ("license", "CC0-1.0")],
+              ("topic", "try"), ("topic", "calls"), ("license", "CC0-1.0"),
+              ("topic", "assignment"), ("topic", "comparisons"), ("license", "GPL-2"),
+              ("topic", "debugger"), ("topic", "typesmapping"), ("license", "GFDL-1.3")],
     "long": [("topic", "compound"), ("license", "MPL-2.0"), ("topic", "specialnames"),
              ("license", "GPL-3"), ("topic", "formatstrings"), ("topic", "types")],
 }

@@ -103,7 +103,9 @@ class CompositePolicy : public CompressionPolicy {
   std::string name() const override { return name_; }
 
   ObservationRequest Observation() const override {
-    return ObservationRequest{window_.begin, options_.scorer != Scorer::kWindow};
+    ObservationRequest request{window_.begin, options_.scorer != Scorer::kWindow};
+    request.value_norms = options_.value_norm;
+    return request;
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
@@ -118,6 +120,11 @@ class CompositePolicy : public CompressionPolicy {
         attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
       return absl::InternalError(
           absl::StrCat("composite: layer ", attention.layer, " has no column sums"));
+    }
+    if (options_.value_norm &&
+        attention.value_norms.size() != static_cast<size_t>(attention.num_kv_heads) * n) {
+      return absl::InternalError(
+          absl::StrCat("composite: layer ", attention.layer, " has no value norms"));
     }
     observed_[attention.layer] = 1;
     if (!compresses_) return absl::OkStatus();
@@ -199,12 +206,25 @@ class CompositePolicy : public CompressionPolicy {
         break;
       }
     }
+    if (options_.value_norm) WeightByValueNorms(attention, raw);
     for (int32_t h = 0; h < heads; ++h) {
       std::span<float> row = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
       const std::vector<float> pooled = Pool1d(row, options_.kernel, options_.pooling);
       std::copy(pooled.begin(), pooled.end(), row.begin());
     }
     return raw;
+  }
+
+  // scores[h][j] *= ||v_j|| of query head h's KV head.
+  static void WeightByValueNorms(const ObservationAttention& attention,
+                                 std::vector<float>& scores) {
+    const int32_t n = attention.num_slots;
+    const int32_t group = attention.num_heads / attention.num_kv_heads;
+    for (int32_t h = 0; h < attention.num_heads; ++h) {
+      const float* norms = attention.value_norms.data() + int64_t{h / group} * n;
+      float* row = scores.data() + int64_t{h} * n;
+      for (int32_t j = 0; j < n; ++j) row[j] *= norms[j];
+    }
   }
 
   // Every prompt row's summed attention per (query head, key); with `normalize`, divided by the
@@ -373,6 +393,8 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   if (!evict_text.ok()) return evict_text.status();
   absl::StatusOr<bool> merge = config.GetBool("merge", o.merge);
   if (!merge.ok()) return merge.status();
+  absl::StatusOr<bool> value_norm = config.GetBool("value_norm", o.value_norm);
+  if (!value_norm.ok()) return value_norm.status();
   absl::StatusOr<double> beta = config.GetDouble("beta", o.beta, 1.0, 1e6);
   if (!beta.ok()) return beta.status();
   absl::StatusOr<double> p = config.GetDouble("p", o.p, 0.0, 1.0);
@@ -392,6 +414,7 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   o.normalize = *normalize;
   o.evict_text = *evict_text;
   o.merge = *merge;
+  o.value_norm = *value_norm;
   o.beta = *beta;
   o.p = *p;
   return o;
@@ -418,12 +441,36 @@ const PolicyParams& WinnowKvPreset() {
   return *preset;
 }
 
+const PolicyParams& WinnowKvDocsPreset() {
+  static const PolicyParams* preset = new PolicyParams{
+      {"allocation", std::string("global")}, {"scorer", std::string("hybrid")},
+      {"window", 32.0}, {"sinks", 4.0}, {"sink_frac", 0.3}, {"pooling", std::string("none")},
+      {"gqa", std::string("mean")}, {"value_norm", std::string("true")}};
+  return *preset;
+}
+
+namespace {
+
+// The preset's params, then the request's on top.
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreatePreset(const std::string& name,
+                                                                const PolicyParams& preset,
+                                                                const PolicyConfig& config,
+                                                                const PolicyContext& context) {
+  PolicyParams params = preset;
+  for (const auto& [key, value] : config.params()) params[key] = value;
+  return CreateNamedComposite(name, PolicyConfig(config.budget(), std::move(params)), context);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
     const PolicyConfig& config, const PolicyContext& context) {
-  PolicyParams params = WinnowKvPreset();
-  for (const auto& [key, value] : config.params()) params[key] = value;
-  return CreateNamedComposite("winnowkv", PolicyConfig(config.budget(), std::move(params)),
-                              context);
+  return CreatePreset("winnowkv", WinnowKvPreset(), config, context);
+}
+
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvDocsPolicy(
+    const PolicyConfig& config, const PolicyContext& context) {
+  return CreatePreset("winnowkv_docs", WinnowKvDocsPreset(), config, context);
 }
 
 }  // namespace winnow::cache::policies

@@ -16,6 +16,8 @@
 //     window         the observed rows' summed attention (SnapKV, XKV; post-span rows with spans);
 //     accumulated    every prompt row's summed attention (H2O's column sums);
 //     hybrid         both, each normalised to sum 1 over the keys before the window, added;
+//   value_norm  true: each score is multiplied by the L2 norm of the key's value vector (a token
+//               attended to but carrying a small value adds little to the output: VATP).
 //   kernel / pooling / gqa  1-D pooling of each query head's scores, then the fold into KV heads.
 //   merge       false: evicted tokens are dropped; true: each joins the nearest kept scored
 //               token, whose K and V become the mean of its group (Elastic Cache's merge, with
@@ -57,6 +59,7 @@ struct CompositeOptions {
   bool normalize = false;    // accumulated: divide a key's sum by the rows that saw it
   bool evict_text = true;    // with spans: false keeps every text token
   bool merge = false;
+  bool value_norm = false;   // weight each key's score by ||v|| of its KV head (VATP)
   double beta = 20.0;        // pyramid: largest / smallest layer
   double p = 0.01;           // sparsity: the threshold, a fraction of the row max
 };
@@ -71,6 +74,15 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
 // 4 sinks (docs/compression.md, "Quality on real documents"). A client's params override it.
 const PolicyParams& WinnowKvPreset();
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
+    const PolicyConfig& config, const PolicyContext& context);
+
+// `winnowkv_docs`: the preset for documents with an open-ended instruction (summaries,
+// overviews): the hybrid scorer (every prompt row's attention plus the window's) weighted by
+// value norms, no pooling, 30% of the budget on the prompt's start. Best measured on real
+// documents at 0.1, but it loses short needles that pooling keeps together, so it is not the
+// all-round default (docs/compression.md, "Quality on real documents").
+const PolicyParams& WinnowKvDocsPreset();
+absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvDocsPolicy(
     const PolicyConfig& config, const PolicyContext& context);
 
 }  // namespace winnow::cache::policies

@@ -169,6 +169,8 @@ struct ObservationRequest {
   // (layer, query head, slot) (H2O, Elastic Cache). Computed chunk by chunk, never materialised:
   // costs one extra QK pass over the prompt and num_layers x num_heads x num_tokens floats.
   bool accumulate_all_rows = false;
+  // Also hand over the L2 norm of every prompt token's value vector per (layer, KV head).
+  bool value_norms = false;
 };
 
 // One layer's observation, handed to ObserveLayer after the last prefill chunk. At that point
@@ -189,6 +191,8 @@ struct ObservationAttention {
   // With accumulate_all_rows: [h * num_slots + j] = sum over every prompt row of its
   // probability on key j. Empty otherwise.
   std::span<const float> column_sums;
+  // With value_norms: [kv_head * num_slots + j] = ||v_j||. Empty otherwise.
+  std::span<const float> value_norms;
 
   float Prob(int32_t head, int32_t row, int32_t slot) const {
     return probs[(int64_t{head} * num_rows + row) * num_slots + slot];

@@ -38,6 +38,7 @@ const std::vector<Entry>& Table() {
       {"tokenselect", CreateTokenSelectPolicy},
       {"composite", CreateCompositePolicy},
       {"winnowkv", CreateWinnowKvPolicy},
+      {"winnowkv_docs", CreateWinnowKvDocsPolicy},
   };
   return *table;
 }

@@ -119,4 +119,20 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
   });
 }
 
+void ValueNorms(const PagedKvView& kv, const int32_t* block_table, int32_t num_slots,
+                float* norms) {
+  const int32_t d = kv.head_dim;
+  for (int32_t g = 0; g < kv.num_kv_heads; ++g) {
+    for (int32_t start = 0; start < num_slots; start += kv.block_size) {
+      const int32_t n = std::min(kv.block_size, num_slots - start);
+      const float* values =
+          kv.Rows(kv.Values(block_table[start / kv.block_size], g), n, BlockScratch(kv));
+      for (int32_t j = 0; j < n; ++j) {
+        const float* v = values + static_cast<int64_t>(j) * d;
+        norms[int64_t{g} * num_slots + start + j] = std::sqrt(Dot(v, v, d));
+      }
+    }
+  }
+}
+
 }  // namespace winnow::kernels

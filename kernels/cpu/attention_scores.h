@@ -38,4 +38,9 @@ void AttentionProbabilities(const PagedKvView& kv, const ScoreInput& in, float* 
 void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
                                 float* column_sums, ThreadPool& pool);
 
+// norms[g * num_slots + j] = ||v_j|| (L2, float32 arithmetic) of KV head g, for the first
+// num_slots slots of one sequence's layer (value-weighted token importance).
+void ValueNorms(const PagedKvView& kv, const int32_t* block_table, int32_t num_slots,
+                float* norms);
+
 }  // namespace winnow::kernels

@@ -168,10 +168,17 @@ def test_context_segments_are_compressed_and_text_is_kept(daemon):
     daemon.wait_pool_free()
 
 
-def test_composite_and_its_winnowkv_preset_compress_through_the_daemon(daemon):
+def test_composite_and_its_presets_compress_through_the_daemon(daemon):
     # 240 tokens at budget 0.25: 60 slots per layer on average, 1,800 in all.
     _, ids, final = daemon.client.generate_text(
         request=request(token_prompt(240, 3), 4, "winnowkv", 0.25), timeout=60)
+    assert len(ids) == 4
+    kept = list(final.usage.kv_tokens_kept_per_layer)
+    assert len(kept) == LAYERS and sum(kept) <= LAYERS * 60, kept
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    # The document preset: every row's attention and the value norms, read from the live pool.
+    _, ids, final = daemon.client.generate_text(
+        request=request(token_prompt(240, 5), 4, "winnowkv_docs", 0.25), timeout=60)
     assert len(ids) == 4
     kept = list(final.usage.kv_tokens_kept_per_layer)
     assert len(kept) == LAYERS and sum(kept) <= LAYERS * 60, kept

@@ -129,6 +129,19 @@ TEST(AttentionScoresTest, ColumnSumsEqualSummedProbabilitiesAndIgnoreThreadCount
   for (int32_t i = 0; i < kHeads * kSlots; ++i) EXPECT_FLOAT_EQ(one[i], 2 * four[i]);
 }
 
+TEST(AttentionScoresTest, ValueNormsAreTheL2NormOfEachValueRow) {
+  Fixture f(1);
+  std::vector<float> norms(kKvHeads * kSlots, -1.0f);
+  ValueNorms(f.View(), f.kv.block_table(0).data(), kSlots, norms.data());
+  for (int32_t g = 0; g < kKvHeads; ++g) {
+    for (int32_t j = 0; j < kSlots; ++j) {
+      double sq = 0;
+      for (int32_t d = 0; d < kDim; ++d) sq += double{f.Value(g, j)[d]} * f.Value(g, j)[d];
+      EXPECT_NEAR(norms[g * kSlots + j], std::sqrt(sq), 1e-5) << "head " << g << " slot " << j;
+    }
+  }
+}
+
 TEST(PagedAttentionTest, ProbabilityOutputAndSparseSelectionMatchReference) {
   Fixture f(1);
   ThreadPool threads(2);

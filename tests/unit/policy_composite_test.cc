@@ -163,6 +163,37 @@ TEST_P(AllRowsScorer, KeepsTheHeaviestColumns) {
 INSTANTIATE_TEST_SUITE_P(CompositePolicy, AllRowsScorer,
                          testing::Values("accumulated", "hybrid"));
 
+// Uniform window attention: the value norms alone decide, per KV head (query heads 0-1 read KV
+// head 0, 2-3 KV head 1).
+TEST(CompositePolicy, ValueNormWeightsEachKvHeadsScores) {
+  const int32_t n = 64;
+  const PolicyContext c = Context(1, 4, 2, n, {});
+  auto policy = Make("composite", 0.25, c,
+                     {{"value_norm", "true"}, {"window", 4.0}, {"sinks", 0.0},
+                      {"kernel", 1.0}, {"allocation", "uniform"}});
+  ASSERT_TRUE(policy->Observation().value_norms);
+  policy_testing::FakeLayer f = policy_testing::MakeLayer(
+      0, 4, 2, n, n - 4, [](int32_t, int32_t, int32_t) { return 0.0; });
+  std::vector<float> norms(2 * n, 1.0f);
+  const std::vector<std::vector<int32_t>> heavy = {{2, 7, 11, 19, 23, 30, 31, 38, 44, 47, 52, 58},
+                                                   {1, 5, 13, 17, 26, 29, 35, 40, 41, 49, 53, 57}};
+  for (int32_t g = 0; g < 2; ++g) {
+    for (int32_t j : heavy[g]) norms[g * n + j] = 4.0f;
+  }
+  ObservationAttention view = f.View();
+  view.value_norms = norms;
+  ASSERT_TRUE(policy->ObserveLayer(view).ok());
+  absl::StatusOr<KeepPlan> plan = policy->Plan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->layers[0].kept(), 16);  // 4 window + 12 scored
+  for (int32_t g = 0; g < 2; ++g) {
+    for (int32_t j : heavy[g]) EXPECT_TRUE(Contains(plan->layers[0].heads[g], j)) << g << " " << j;
+  }
+  // Without value norms the observation is refused, not misread.
+  auto again = Make("composite", 0.25, c, {{"value_norm", "true"}, {"window", 4.0}});
+  EXPECT_FALSE(again->ObserveLayer(f.View()).ok());
+}
+
 TEST(CompositePolicy, BadOptionsNameTheField) {
   const PolicyContext c = Context(2, 2, 1, 50, {});
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
@@ -188,6 +219,18 @@ TEST(CompositePolicy, WinnowKvIsItsPresetAndTakesOverrides) {
       CreatePolicy("winnowkv", PolicyConfig(0.5, {{"windw", 8.0}}), c);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("winnowkv"), std::string::npos) << bad.status();
+}
+
+TEST(CompositePolicy, WinnowKvDocsAsksForEveryRowAndTheValueNorms) {
+  const PolicyContext c = Context(2, 2, 1, 200, {});
+  auto docs = Make("winnowkv_docs", 0.5, c);
+  EXPECT_EQ(docs->name(), "winnowkv_docs");
+  EXPECT_EQ(docs->Observation().window_begin, 168);  // 32 rows (30 sinks fit beside them)
+  EXPECT_TRUE(docs->Observation().accumulate_all_rows);
+  EXPECT_TRUE(docs->Observation().value_norms);
+  auto without = Make("winnowkv_docs", 0.5, c, {{"value_norm", "false"}, {"scorer", "window"}});
+  EXPECT_FALSE(without->Observation().value_norms);
+  EXPECT_FALSE(without->Observation().accumulate_all_rows);
 }
 
 }  // namespace
