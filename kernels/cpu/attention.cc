@@ -55,15 +55,61 @@ void WeightedRowSum(const float* s, const float* rows, int32_t n, int32_t head_d
 #endif
 }
 
+// Σ x[j] for j < n in double, in 8 interleaved lanes (a serial sum waits on each add), lane k
+// taking the terms j ≡ k (mod 8) of the whole groups of 8, then c_k = lane k + lane k + 4 added
+// as (c0 + c1) + (c2 + c3), then the tail in order. One arithmetic with or without AVX2.
+double SumAsDouble(const float* x, int32_t n) {
+  int32_t j = 0;
+  double sum;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  for (; j + 8 <= n; j += 8) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm_loadu_ps(x + j)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm_loadu_ps(x + j + 4)));
+  }
+  double c[4];
+  _mm256_storeu_pd(c, _mm256_add_pd(lo, hi));
+  sum = (c[0] + c[1]) + (c[2] + c[3]);
+#else
+  double lane[8] = {};
+  for (; j + 8 <= n; j += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += x[j + k];
+  }
+  double c[4];
+  for (int k = 0; k < 4; ++k) c[k] = lane[k] + lane[k + 4];
+  sum = (c[0] + c[1]) + (c[2] + c[3]);
+#endif
+  for (; j < n; ++j) sum += x[j];
+  return sum;
+}
+
+// max of x[0, n), n >= 1, in 8 lanes (std::max_element waits on each compare; a max is exact in
+// any order).
+float MaxOf(const float* x, int32_t n) {
+  int32_t j = 0;
+  float best = x[0];
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n >= 8) {
+    __m256 m = _mm256_loadu_ps(x);
+    for (j = 8; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    best = *std::max_element(lanes, lanes + 8);
+  }
+#endif
+  for (; j < n; ++j) best = std::max(best, x[j]);
+  return best;
+}
+
 // Query tokens of one sequence that share each K/V block's conversion to float32 (dense path).
 constexpr int32_t kTokenTile = 8;
 
 // Attention of `count` consecutive new tokens (token0 ..) of one sequence, each for the query
 // heads that share `kv_head` (a GQA group). Two passes over the visible keys: scores and their
 // max, then exp-weights applied to V. Each key and value block is converted to float32 once for
-// all the tokens and heads (into `rows`, block_size x head_dim floats, unused for f32). `slots`
-// (sparse path, count = 1) lists the visible slots; when null, slots [0, visible) are. Every
-// output is the same sum in the same order whatever the dtype, the tile or the loop nesting, so
+// all the tokens and heads (into `rows`, max(block_size, 8) x head_dim floats, unused for
+// f32). `slots` (sparse path, count = 1) lists the visible slots; when null, slots [0, visible)
+// are. Every output is the same sum in the same order whatever the dtype, the tile or the loop nesting, so
 // a token's result depends only on its own inputs. `scores` holds count x group x (visible of
 // the last token) floats.
 void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0,
@@ -85,12 +131,25 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
   auto output = [&](int32_t t, int32_t g) { return out + t * q_stride + int64_t{g} * head_dim; };
 
   if (slots != nullptr) {
-    for (int32_t j = 0; j < max_visible; ++j) {
-      const int32_t slot = (*slots)[j];
-      const float* key = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
-                                slot % kv.block_size, rows);
+    // Eight keys at a time, each converted into its own row of `rows`, so that every dot is the
+    // dense path's arithmetic (ScaledDots8 needs a multiple of 8 dimensions; Dot otherwise).
+    const int32_t tile = head_dim % 8 == 0 ? 8 : 1;
+    for (int32_t j = 0; j < max_visible; j += tile) {
+      const int32_t n = std::min(tile, max_visible - j);
+      const float* keys[8];
+      for (int32_t k = 0; k < tile; ++k) {
+        const int32_t slot = (*slots)[j + std::min(k, n - 1)];
+        keys[k] = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
+                         slot % kv.block_size, rows + int64_t{k} * head_dim);
+      }
       for (int32_t g = 0; g < group; ++g) {
-        score_row(0, g)[j] = Dot(query(0, g), key, head_dim) * scale;
+        float dots[8];
+        if (tile == 8) {
+          ScaledDots8(query(0, g), keys, head_dim, scale, dots);
+        } else {
+          dots[0] = Dot(query(0, g), keys[0], head_dim) * scale;
+        }
+        std::copy(dots, dots + n, score_row(0, g) + j);
       }
     }
   } else {
@@ -101,10 +160,7 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
       for (int32_t t = 0; t < count; ++t) {
         const int32_t nt = std::min(n, visible_of(t) - start);
         for (int32_t g = 0; g < group; ++g) {
-          float* s = score_row(t, g) + start;
-          for (int32_t j = 0; j < nt; ++j) {
-            s[j] = Dot(query(t, g), keys + static_cast<int64_t>(j) * head_dim, head_dim) * scale;
-          }
+          ScaledDots(query(t, g), keys, nt, head_dim, scale, score_row(t, g) + start);
         }
       }
     }
@@ -115,11 +171,9 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
     const int32_t visible = visible_of(t);
     for (int32_t g = 0; g < group; ++g) {
       float* s = score_row(t, g);
-      const float max_score = *std::max_element(s, s + visible);
+      const float max_score = MaxOf(s, visible);
       vec::ExpShifted(s, visible, max_score);
-      double sum = 0.0;
-      for (int32_t j = 0; j < visible; ++j) sum += s[j];
-      const float inv_sum = static_cast<float>(1.0 / sum);
+      const float inv_sum = static_cast<float>(1.0 / SumAsDouble(s, visible));
       for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
       std::fill(output(t, g), output(t, g) + head_dim, 0.0f);
     }
@@ -184,7 +238,7 @@ void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> se
     thread_local std::vector<float> scores;
     thread_local std::vector<int32_t> slots;
     thread_local std::vector<float> rows;
-    rows.resize(static_cast<size_t>(kv.block_size) * kv.head_dim);
+    rows.resize(static_cast<size_t>(std::max(kv.block_size, 8)) * kv.head_dim);
     for (int64_t lane = begin; lane < end; ++lane) {
       for (int64_t i = lane; i < num_items; i += stride) {
         const WorkItem& item = items[i];

@@ -25,9 +25,7 @@ void Logits(const PagedKvView& kv, const int32_t* block_table, int32_t kv_head, 
   for (int32_t start = 0; start < n; start += kv.block_size) {
     const int32_t m = std::min(kv.block_size, n - start);
     const float* keys = kv.Rows(kv.Keys(block_table[start / kv.block_size], kv_head), m, scratch);
-    for (int32_t j = 0; j < m; ++j) {
-      out[start + j] = Dot(q, keys + static_cast<int64_t>(j) * d, d) * scale;
-    }
+    ScaledDots(q, keys, m, d, scale, out + start);
   }
 }
 
@@ -108,9 +106,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
           const float* q = in.q + r * row_floats + int64_t{h} * d;
           const float row_lse = lse[int64_t{h} * in.num_rows + r];
           // One block's logits, then one vectorised exp over them.
-          for (int32_t j = 0; j < limit; ++j) {
-            block_probs[j] = Dot(q, keys + static_cast<int64_t>(j) * d, d) * in.scale;
-          }
+          ScaledDots(q, keys, limit, d, in.scale, block_probs.data());
           vec::ExpShifted(block_probs.data(), limit, row_lse);
           for (int32_t j = 0; j < limit; ++j) col[j] += block_probs[j];
         }

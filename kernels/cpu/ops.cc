@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/vec.h"
+
 namespace winnow::kernels {
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -13,10 +15,23 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
+// The exp is vec's polynomial (ExpVec8 and its bit-identical ExpScalar for the tail): libm's
+// scalar expf made this 7% of a prefill. Its clamp keeps exp(-g) finite, so g / (1 + exp(-g))
+// still goes to 0 and g at the ends.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = vec::ExpVec8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + vec::ExpScalar(-g)) * up[i];
   }
 }
 

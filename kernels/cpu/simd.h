@@ -2,6 +2,8 @@
 // for a given length, so results never depend on which caller or batch they come from.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -39,6 +41,59 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 #endif
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// scale * (q . keys[i]) into out[i] for i < 8, d a multiple of 8. Lane l of each dot sums
+// q[l + 8m] * k[l + 8m] over m in order, one fused multiply-add a term; the lanes are then added
+// as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). The 8 dots are reduced together (the
+// horizontal sums cost as much as the products when done one dot at a time), and every dot has
+// that one arithmetic whatever its position among the 8 or the keys beside it.
+inline void ScaledDots8(const float* q, const float* const keys[8], int64_t d, float scale,
+                        float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qc = _mm256_loadu_ps(q + c);
+    for (int k = 0; k < 8; ++k) acc[k] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[k] + c), acc[k]);
+  }
+  // hadd pairs neighbouring lanes within each 128-bit half; two rounds give, per key, the sums of
+  // lanes 0-3 (low half) and 4-7 (high half), which the last add combines.
+  const __m256 q0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+                                      _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 q4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+                                      _mm256_hadd_ps(acc[6], acc[7]));
+  const __m256 low = _mm256_permute2f128_ps(q0123, q4567, 0x20);
+  const __m256 high = _mm256_permute2f128_ps(q0123, q4567, 0x31);
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_add_ps(low, high), _mm256_set1_ps(scale)));
+#else
+  for (int k = 0; k < 8; ++k) {
+    float lane[8] = {};
+    for (int64_t c = 0; c < d; c += 8) {
+      for (int l = 0; l < 8; ++l) lane[l] = std::fma(q[c + l], keys[k][c + l], lane[l]);
+    }
+    out[k] = (((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+              ((lane[4] + lane[5]) + (lane[6] + lane[7]))) * scale;
+  }
+#endif
+}
+
+// scale * (q . k_j) into out[j] for the n rows k_j of `keys` (row-major, d floats apart). With
+// d a multiple of 8 every dot is ScaledDots8's, however n is split; otherwise Dot's.
+inline void ScaledDots(const float* q, const float* keys, int64_t n, int64_t d, float scale,
+                       float* out) {
+  if (d % 8 != 0) {
+    for (int64_t j = 0; j < n; ++j) out[j] = Dot(q, keys + j * d, d) * scale;
+    return;
+  }
+  for (int64_t j = 0; j < n; j += 8) {
+    const float* rows[8];
+    // Past the last key the row is repeated; its results are dropped.
+    for (int k = 0; k < 8; ++k) rows[k] = keys + std::min(j + k, n - 1) * d;
+    float dots[8];
+    ScaledDots8(q, rows, d, scale, dots);
+    std::copy(dots, dots + std::min<int64_t>(8, n - j), out + j);
+  }
 }
 
 // y[i] += alpha * x[i].

@@ -1,9 +1,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/vec.h"
 
 namespace winnow::kernels::vec {
@@ -36,6 +39,49 @@ TEST(ExpTest, VectorAndScalarAgreeBitForBit) {
   for (size_t i = 0; i < x.size(); ++i) expected[i] = ExpScalar(x[i] - 0.25f);
   ExpShifted(x.data(), static_cast<int64_t>(x.size()), 0.25f);
   EXPECT_EQ(std::memcmp(x.data(), expected.data(), x.size() * sizeof(float)), 0);
+}
+
+// A dot's bits do not depend on how many keys share its ScaledDots call or where it sits among
+// them (attention's batch and chunking invariance rests on this), and it is the dot within float
+// rounding.
+TEST(ScaledDotsTest, EachDotIsTheSameAloneOrAmongOthersAndNearTheExactDot) {
+  constexpr int64_t kDim = 64, kKeys = 21;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> q(kDim), keys(kKeys * kDim);
+  for (float& v : q) v = normal(rng);
+  for (float& v : keys) v = normal(rng);
+  std::vector<float> all(kKeys);
+  winnow::kernels::ScaledDots(q.data(), keys.data(), kKeys, kDim, 0.125f, all.data());
+  for (int64_t j = 0; j < kKeys; ++j) {
+    float alone;
+    winnow::kernels::ScaledDots(q.data(), keys.data() + j * kDim, 1, kDim, 0.125f, &alone);
+    EXPECT_EQ(alone, all[j]) << "key " << j;
+    std::vector<float> tail(kKeys - j);
+    winnow::kernels::ScaledDots(q.data(), keys.data() + j * kDim, kKeys - j, kDim, 0.125f,
+                                tail.data());
+    EXPECT_EQ(tail[0], all[j]) << "key " << j << " first of a call";
+    double exact = 0.0;
+    for (int64_t c = 0; c < kDim; ++c) exact += double{q[c]} * keys[j * kDim + c];
+    EXPECT_NEAR(all[j], 0.125 * exact, 1e-5) << "key " << j;
+  }
+}
+
+// SiluMul's polynomial exp: within float rounding of g * sigmoid(g) * up, finite at the ends,
+// and the vector body and scalar tail agree wherever a value sits.
+TEST(SiluMulTest, MatchesLibmAndIgnoresPosition) {
+  std::vector<float> gate = Inputs(), up(gate.size());
+  for (size_t i = 0; i < up.size(); ++i) up[i] = 0.5f + static_cast<float>(i % 7);
+  std::vector<float> out(gate.size());
+  winnow::kernels::SiluMul(gate.data(), up.data(), static_cast<int64_t>(gate.size()), out.data());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    const double want = g / (1.0 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-30) << "g = " << g;
+    float alone;
+    winnow::kernels::SiluMul(&gate[i], &up[i], 1, &alone);
+    EXPECT_EQ(alone, out[i]) << "g = " << g;
+  }
 }
 
 }  // namespace
