@@ -55,9 +55,9 @@ void WeightedRowSum(const float* s, const float* rows, int32_t n, int32_t head_d
 #endif
 }
 
-// Σ x[j] for j < n in double, in 8 interleaved lanes (a serial sum waits on each add), lane k
-// taking the terms j ≡ k (mod 8) of the whole groups of 8, then c_k = lane k + lane k + 4 added
-// as (c0 + c1) + (c2 + c3), then the tail in order. One arithmetic with or without AVX2.
+// Σ x[j] for j < n in double, in 8 interleaved lanes (a serial sum waits on each add): lane k
+// takes the terms j ≡ k (mod 8) of the whole groups of 8, then c_k = lane_k + lane_(k+4) are
+// added as (c0 + c1) + (c2 + c3), then the tail in order. One arithmetic with or without AVX2.
 double SumAsDouble(const float* x, int32_t n) {
   int32_t j = 0;
   double sum;
@@ -109,9 +109,9 @@ constexpr int32_t kTokenTile = 8;
 // max, then exp-weights applied to V. Each key and value block is converted to float32 once for
 // all the tokens and heads (into `rows`, max(block_size, 8) x head_dim floats, unused for
 // f32). `slots` (sparse path, count = 1) lists the visible slots; when null, slots [0, visible)
-// are. Every output is the same sum in the same order whatever the dtype, the tile or the loop nesting, so
-// a token's result depends only on its own inputs. `scores` holds count x group x (visible of
-// the last token) floats.
+// are. Every output is the same sum in the same order whatever the dtype, the tile or the loop
+// nesting, so a token's result depends only on its own inputs. `scores` holds count x group x
+// (visible of the last token) floats.
 void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0,
                   int32_t count, int32_t kv_head, int32_t group, int32_t num_heads,
                   const float* q, int64_t q_stride, float scale, float* out,
