@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -52,12 +52,12 @@ class SignalWatcher {
 
   // Blocks until at least `n` signals have arrived or `timeout` passes.
   bool WaitFor(int n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return count_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+    return mu_.AwaitWithTimeout(reached, timeout);
   }
   int count() {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     return count_;
   }
 
@@ -69,7 +69,7 @@ class SignalWatcher {
       if (sig < 0) continue;  // EAGAIN (timeout) or EINTR
       int n;
       {
-        absl::MutexLock lock(&mu_);
+        base::MutexLock lock(&mu_);
         n = ++count_;
       }
       LogEvent(spdlog::level::warn, "signal received",
@@ -81,7 +81,7 @@ class SignalWatcher {
   sigset_t set_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  absl::Mutex mu_;
+  base::Mutex mu_;
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 
 namespace winnow::server {
 
@@ -121,7 +121,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     if (!id.ok()) return Reject(id.status());
     bool cancel_now;
     {
-      absl::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       engine_ = engine;
       engine_id_ = *id;
       submitted_ = true;
@@ -132,7 +132,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 
   // RequestSink: engine thread.
   void OnTokens(const scheduler::TokenEvent& event) override {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     if (finish_called_) return;
     for (int32_t id : event.token_ids) pending_.add_token_ids(id);
     pending_.mutable_text()->append(event.text);
@@ -151,7 +151,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   }
 
   void OnFinish(const scheduler::FinishEvent& event) override {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     engine_finished_ = true;
     if (finish_called_) return;
     pending_.set_finish_reason(ToProto(event.reason));
@@ -176,7 +176,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     uint64_t cancel_id = 0;
     bool cancel = false;
     {
-      absl::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       writing_ = false;
       if (ok) {
         PumpLocked();
@@ -192,7 +192,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     uint64_t cancel_id = 0;
     bool cancel;
     {
-      absl::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       cancel = ClientGoneLocked(&cancel_id);
     }
     // Outside mu_: Cancel takes the engine's lock, under which the engine may call our sink.
@@ -202,7 +202,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   void OnDone() override {
     std::shared_ptr<GenerateStream> self;
     {
-      absl::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       self = std::move(self_);
     }
     // `self` may be the last reference; this object dies at the end of this scope.
@@ -214,7 +214,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     if (state_->metrics != nullptr) {
       state_->metrics->OnRejected(absl::StatusCodeToString(status.code()));
     }
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     finish_called_ = true;
     Finish(ToGrpcStatus(status));
   }
@@ -249,7 +249,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 
   ServingState* state_;
   std::string request_id_;
-  absl::Mutex mu_;
+  base::Mutex mu_;
   std::shared_ptr<GenerateStream> self_ ABSL_GUARDED_BY(mu_);
   scheduler::Engine* engine_ = nullptr;  // set with submitted_
   uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -12,8 +12,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "base/cli.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -137,30 +137,31 @@ class StreamSink : public scheduler::RequestSink {
   };
 
   void OnTokens(const scheduler::TokenEvent& event) override {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     if (!first_token_) first_token_ = Clock::now();
     pending_.token_ids.insert(pending_.token_ids.end(), event.token_ids.begin(),
                               event.token_ids.end());
     pending_.text += event.text;
   }
   void OnFinish(const scheduler::FinishEvent& event) override {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     finished_at_ = Clock::now();
     pending_.finish = event;
   }
 
   // Blocks until something arrived; takes it.
   Batch Next() {
-    absl::MutexLock lock(&mu_, absl::Condition(this, &StreamSink::HasPending));
+    base::MutexLock lock(&mu_);
+    mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return HasPending(); });
     return std::exchange(pending_, Batch{});
   }
   // When the first token and the finish arrived (valid after the finish was taken).
   std::optional<Clock::time_point> first_token() {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     return first_token_;
   }
   Clock::time_point finished_at() {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     return finished_at_;
   }
 
@@ -169,7 +170,7 @@ class StreamSink : public scheduler::RequestSink {
     return !pending_.token_ids.empty() || !pending_.text.empty() || pending_.finish.has_value();
   }
 
-  absl::Mutex mu_;
+  base::Mutex mu_;
   Batch pending_ ABSL_GUARDED_BY(mu_);
   std::optional<Clock::time_point> first_token_ ABSL_GUARDED_BY(mu_);
   Clock::time_point finished_at_ ABSL_GUARDED_BY(mu_);

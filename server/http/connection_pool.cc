@@ -18,7 +18,7 @@ Result Accepted(bool accepted) {
 }  // namespace
 
 ConnectionPool::EnqueueResult ConnectionPool::enqueue(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   // Not reached in practice: httplib stops accepting before it shuts the queue down. Where
   // enqueue returns bool, false makes httplib close the connection.
   const bool accepted = !stopping_;
@@ -36,12 +36,12 @@ void ConnectionPool::Work() {
   for (;;) {
     std::function<void()> fn;
     {
-      absl::MutexLock lock(&mu_);
+      base::MutexLock lock(&mu_);
       ++idle_;
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stopping_ || head_ < queue_.size();
       };
-      mu_.Await(absl::Condition(&ready));
+      mu_.Await(ready);
       --idle_;
       if (head_ == queue_.size()) return;  // stopping, nothing left
       fn = std::move(queue_[head_++]);
@@ -57,7 +57,7 @@ void ConnectionPool::Work() {
 void ConnectionPool::shutdown() {
   std::vector<std::thread> threads;
   {
-    absl::MutexLock lock(&mu_);
+    base::MutexLock lock(&mu_);
     stopping_ = true;
     threads.swap(threads_);
   }

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "httplib.h"
 
 namespace winnow::server::http {
@@ -35,7 +35,7 @@ class ConnectionPool final : public httplib::TaskQueue {
   void Work();
 
   const size_t max_threads_;
-  absl::Mutex mu_;
+  base::Mutex mu_;
   std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);  // FIFO via head_
   size_t head_ ABSL_GUARDED_BY(mu_) = 0;
   size_t idle_ ABSL_GUARDED_BY(mu_) = 0;

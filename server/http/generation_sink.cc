@@ -5,7 +5,7 @@
 namespace winnow::server::http {
 
 void GenerationSink::OnTokens(const scheduler::TokenEvent& event) {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   pending_.token_ids.insert(pending_.token_ids.end(), event.token_ids.begin(),
                             event.token_ids.end());
   pending_.text += event.text;
@@ -14,15 +14,15 @@ void GenerationSink::OnTokens(const scheduler::TokenEvent& event) {
 }
 
 void GenerationSink::OnFinish(const scheduler::FinishEvent& event) {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   pending_.finish = event;
   finished_ = true;
 }
 
 GenerationBatch GenerationSink::Take(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !pending_.empty(); };
-  if (!finished_) mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (!finished_) mu_.AwaitWithTimeout(ready, timeout);
   GenerationBatch out = std::move(pending_);
   pending_ = GenerationBatch();
   return out;

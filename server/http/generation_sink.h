@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "scheduler/request.h"
 
 namespace winnow::server::http {
@@ -34,7 +34,7 @@ class GenerationSink final : public scheduler::RequestSink {
   GenerationBatch Take(absl::Duration timeout);
 
  private:
-  absl::Mutex mu_;
+  base::Mutex mu_;
   GenerationBatch pending_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };

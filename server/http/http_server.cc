@@ -164,12 +164,12 @@ bool HttpServer::Refuse(const httplib::Request& req, httplib::Response& res) {
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::SetModelName(const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   model_name_ = name;
 }
 
 std::string HttpServer::ModelName() {
-  absl::MutexLock lock(&mu_);
+  base::MutexLock lock(&mu_);
   return model_name_;
 }
 

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/security.h"
@@ -65,7 +65,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int32_t port_ = -1;
-  absl::Mutex mu_;
+  base::Mutex mu_;
   std::string model_name_ ABSL_GUARDED_BY(mu_);
 };
 
