@@ -132,24 +132,17 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
 
   if (slots != nullptr) {
     // Eight keys at a time, each converted into its own row of `rows`, so that every dot is the
-    // dense path's arithmetic (ScaledDots8 needs a multiple of 8 dimensions; Dot otherwise).
-    const int32_t tile = head_dim % 8 == 0 ? 8 : 1;
-    for (int32_t j = 0; j < max_visible; j += tile) {
-      const int32_t n = std::min(tile, max_visible - j);
+    // dense path's arithmetic.
+    for (int32_t j = 0; j < max_visible; j += 8) {
+      const int32_t n = std::min(8, max_visible - j);
       const float* keys[8];
-      for (int32_t k = 0; k < tile; ++k) {
-        const int32_t slot = (*slots)[j + std::min(k, n - 1)];
+      for (int32_t k = 0; k < n; ++k) {
+        const int32_t slot = (*slots)[j + k];
         keys[k] = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
                          slot % kv.block_size, rows + int64_t{k} * head_dim);
       }
       for (int32_t g = 0; g < group; ++g) {
-        float dots[8];
-        if (tile == 8) {
-          ScaledDots8(query(0, g), keys, head_dim, scale, dots);
-        } else {
-          dots[0] = Dot(query(0, g), keys[0], head_dim) * scale;
-        }
-        std::copy(dots, dots + n, score_row(0, g) + j);
+        ScaledDotsUpTo8(query(0, g), keys, n, head_dim, scale, score_row(0, g) + j);
       }
     }
   } else {

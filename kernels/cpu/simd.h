@@ -78,21 +78,30 @@ inline void ScaledDots8(const float* q, const float* const keys[8], int64_t d, f
 #endif
 }
 
-// scale * (q . k_j) into out[j] for the n rows k_j of `keys` (row-major, d floats apart). With
-// d a multiple of 8 every dot is ScaledDots8's, however n is split; otherwise Dot's.
-inline void ScaledDots(const float* q, const float* keys, int64_t n, int64_t d, float scale,
-                       float* out) {
+// scale * (q . keys[i]) into out[i] for i < n <= 8: ScaledDots8's arithmetic when d is a
+// multiple of 8, Dot's otherwise, so a dot never depends on n or on the keys beside it.
+inline void ScaledDotsUpTo8(const float* q, const float* const* keys, int n, int64_t d,
+                            float scale, float* out) {
   if (d % 8 != 0) {
-    for (int64_t j = 0; j < n; ++j) out[j] = Dot(q, keys + j * d, d) * scale;
+    for (int k = 0; k < n; ++k) out[k] = Dot(q, keys[k], d) * scale;
     return;
   }
+  const float* rows[8];
+  // Past the last key the row is repeated; its results are dropped.
+  for (int k = 0; k < 8; ++k) rows[k] = keys[std::min(k, n - 1)];
+  float dots[8];
+  ScaledDots8(q, rows, d, scale, dots);
+  std::copy(dots, dots + n, out);
+}
+
+// scale * (q . k_j) into out[j] for the n rows k_j of `keys` (row-major, d floats apart).
+inline void ScaledDots(const float* q, const float* keys, int64_t n, int64_t d, float scale,
+                       float* out) {
   for (int64_t j = 0; j < n; j += 8) {
+    const int m = static_cast<int>(std::min<int64_t>(8, n - j));
     const float* rows[8];
-    // Past the last key the row is repeated; its results are dropped.
-    for (int k = 0; k < 8; ++k) rows[k] = keys + std::min(j + k, n - 1) * d;
-    float dots[8];
-    ScaledDots8(q, rows, d, scale, dots);
-    std::copy(dots, dots + std::min<int64_t>(8, n - j), out + j);
+    for (int k = 0; k < m; ++k) rows[k] = keys + (j + k) * d;
+    ScaledDotsUpTo8(q, rows, m, d, scale, out + j);
   }
 }
 
