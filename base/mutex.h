@@ -20,9 +20,13 @@ namespace winnow::base {
 class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  // Wakes the waiters before releasing: once mu_ is free, the next owner may destroy this
+  // Mutex (an object that holds one is often freed by the last thread to lock it), so
+  // nothing here may touch cv_ after the unlock. A live daemon under TSan caught the reverse
+  // order (docs/reliability.md).
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    mu_.unlock();
     cv_.notify_all();
+    mu_.unlock();
   }
 
   // Releases the lock until `cond()` holds (evaluated with the lock held), then returns with
