@@ -28,6 +28,12 @@ winnow_stubs.use_source_tree()
 from winnow_client import WinnowClient, pb2  # noqa: E402,F401
 
 
+# How many times slower the daemon under test runs than a release build: `make test-tsan` sets
+# it for its ThreadSanitizer daemon. Tests scale the time they give the daemon's own work (a
+# drain timeout that must let every accepted request finish) by it.
+TIME_SCALE = float(os.environ.get("WINNOW_TEST_TIME_SCALE", "1"))
+
+
 def binary_path() -> pathlib.Path:
     return pathlib.Path(os.environ.get("WINNOW_BIN", REPO / "build" / "winnow"))
 

@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from daemon_harness import Daemon, WinnowClient, binary_path, model_path, pb2
+from daemon_harness import TIME_SCALE, Daemon, WinnowClient, binary_path, model_path, pb2
 
 
 
@@ -407,7 +407,8 @@ def _wait_for(predicate, timeout=60.0, what="condition"):
 def test_full_queue_is_refused_and_sigterm_finishes_every_accepted_request():
     # Two run and three wait: the queue is full. SIGTERM then must finish all five, the three
     # that never started included, within the drain timeout.
-    d = Daemon("--drain-timeout", "60", "--max-seqs", "2", "--max-queue", "3")
+    drain = 60 * TIME_SCALE
+    d = Daemon("--drain-timeout", str(int(drain)), "--max-seqs", "2", "--max-queue", "3")
     try:
         # Requests not yet admitted count against the queue, so the two long ones go first.
         lengths = [128, 128, 24, 24, 24]
@@ -447,12 +448,12 @@ def test_full_queue_is_refused_and_sigterm_finishes_every_accepted_request():
         st = d.client.server_status()
         assert st.draining and st.waiting > 0, "nothing was left waiting when the drain began"
         for t in threads:
-            t.join(120)
+            t.join(2 * drain)
         for (status, msgs), max_tokens in zip(results, lengths):
             assert status == "ok"
             assert msgs[-1].finish_reason == pb2.FINISH_REASON_LENGTH
             assert sum(len(m.token_ids) for m in msgs) == max_tokens
-        assert d.wait_exit(60) == 0
+        assert d.wait_exit(drain) == 0
         assert "stopped drained=true" in d.logs()
     finally:
         d.stop()
