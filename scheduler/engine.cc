@@ -147,7 +147,8 @@ struct Engine::Impl {
   bool Idle() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return live.empty(); }
 
   void Run();
-  // Moves submitted sequences in and returns the cancels; false once shutting down.
+  // Moves submitted sequences in (also when shutting down, so that Run cancels them) and
+  // returns the cancels; false once shutting down.
   bool TakeSubmitted(std::vector<uint64_t>* to_cancel);
   void ExpireAndCancel(const std::vector<uint64_t>& to_cancel);
   // Plans and runs one iteration; false when nothing could be scheduled.
@@ -391,21 +392,24 @@ void Engine::Impl::Run() {
 
 bool Engine::Impl::TakeSubmitted(std::vector<uint64_t>* to_cancel) {
   std::deque<std::unique_ptr<Sequence>> arrived;
+  bool stop;
   {
     base::MutexLock lock(&mu);
     if (seqs.empty()) mu.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
-    if (stopping) return false;
+    stop = stopping;
     // Until the next Publish these count as waiting, so Submit's queue-full check and
     // Snapshot never lose sight of them in between.
     published.waiting += static_cast<int32_t>(inbox.size());
     arrived.swap(inbox);
     to_cancel->swap(cancels);
   }
+  // Taken even when stopping: Run then cancels them with the rest, so every accepted request
+  // gets its terminal event.
   for (std::unique_ptr<Sequence>& s : arrived) {
     if (observer) observer->OnRequestQueued(s->id, s->prompt_len);
     seqs.push_back(std::move(s));
   }
-  return true;
+  return !stop;
 }
 
 void Engine::Impl::ExpireAndCancel(const std::vector<uint64_t>& to_cancel) {

@@ -378,6 +378,25 @@ TEST_F(EngineTest, DrainRejectsNewWorkAndFinishesInFlight) {
   EXPECT_EQ(a->tokens().size(), 6u);
 }
 
+// A request submitted while the engine thread is inside a forward waits in the inbox until the
+// next iteration; a Shutdown in between must still give it its one terminal event.
+TEST_F(EngineTest, ShutdownCancelsRequestsNotYetTakenFromTheInbox) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  auto a = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(200, 11), 1000), a).ok());
+  ASSERT_TRUE(a->WaitTokens(2));
+  // The engine thread is now decoding `a`: `b` lands in the inbox, and Shutdown follows at
+  // once, before the next iteration takes it.
+  auto b = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(Greedy(Prompt(10, 12), 1000), b).ok());
+  engine->Shutdown();
+  EXPECT_EQ(b->finish_calls(), 1);
+  EXPECT_EQ(b->finish().reason, FinishReason::kCancelled);
+  EXPECT_EQ(b->finish().status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a->finish().reason, FinishReason::kCancelled);
+  EXPECT_EQ(engine->Snapshot().waiting, 0);
+}
+
 TEST_F(EngineTest, ShutdownCancelsRemaining) {
   std::unique_ptr<Engine> engine = MakeEngine({});
   auto a = std::make_shared<CollectingSink>();
