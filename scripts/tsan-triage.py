@@ -6,9 +6,10 @@ them (their own mutexes, the executor that hands a call from one gRPC thread to 
 invisible, and a daemon under TSan reports hundreds of races on gRPC's own objects. A
 suppressions file cannot separate those from winnow's: their top frame is often
 `operator delete` or a libstdc++ template, and winnow's frames sit below gRPC's in most of them.
-This script looks at each of the two accesses of a report instead, past the sanitizer
-runtime and libstdc++: a report counts as winnow's when either access's first remaining
-frame is in winnow's own sources. Everything else is counted as the libraries'.
+This script looks at each of the two accesses of a report instead (the first stack of a report
+without accesses, such as a lock-order inversion), past the sanitizer runtime and libstdc++: a
+report counts as winnow's when such a stack's first remaining frame is in winnow's own sources.
+Everything else is counted as the libraries'.
 
     scripts/tsan-triage.py DIR      # the daemon ran with TSAN_OPTIONS=log_path=DIR/report
 Exit status 1 when any report is winnow's (each is printed), 0 otherwise.
@@ -43,10 +44,12 @@ def is_winnows(location):
 
 
 def owner(report):
-    """The winnow frame a report's accesses start in, or None when both start in a library."""
+    """The winnow frame a report's stacks start in, or None when they start in a library."""
     sections = re.split(r"\n  (?=\S)", report)
-    accesses = [s for s in sections if ACCESS.match(s)][:2]
-    for section in accesses:
+    stacks = [s for s in sections if ACCESS.match(s)][:2]
+    if not stacks:  # a lock-order inversion, a leaked thread, ...: judged by its first stack
+        stacks = [s for s in sections if FRAME.search(s)][:1]
+    for section in stacks:
         frame = first_frame(section)
         if frame and is_winnows(frame[1]):
             return f"{frame[0]} {frame[1][len(REPO):]}"
