@@ -19,8 +19,9 @@ import re
 import sys
 
 REPO = str(pathlib.Path(__file__).resolve().parent.parent) + "/"
-# Frames that are neither side of the question: the sanitizer runtime and the C++ library.
-SKIP = ("libtsan", "sanitizer", "/usr/include/c++/", "libstdc++")
+# Frames that are neither side of the question: the sanitizer runtime and the C++ library (its
+# headers under /usr/include/c++/, its thread wrappers under /usr/include/<triplet>/c++/).
+SKIP = ("libtsan", "sanitizer", "/c++/", "libstdc++")
 ACCESS = re.compile(r"(Previous )?(atomic )?(read|write)", re.IGNORECASE)
 FRAME = re.compile(r"#\d+ (\S+) (\S+)")
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
+#include "base/tsan.h"
 
 namespace winnow::server {
 
@@ -96,6 +97,9 @@ absl::Time ToAbslDeadline(std::chrono::system_clock::time_point deadline) {
 
 // One Generate call: the gRPC reactor and the engine's sink in one object, so that the engine's
 // shared_ptr keeps it alive after gRPC is done with it (late events are dropped).
+// gRPC runs each reaction after the call that led to it (returning the reactor, StartWrite,
+// Finish), often on another thread, ordered inside gRPC where TSan cannot see it; the
+// HappensBefore / HappensAfter pairs below state that order (base/tsan.h).
 class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
                              public scheduler::RequestSink {
  public:
@@ -173,6 +177,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 
   // gRPC reactions.
   void OnWriteDone(bool ok) override {
+    base::HappensAfter(this);
     uint64_t cancel_id = 0;
     bool cancel = false;
     {
@@ -189,6 +194,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   }
 
   void OnCancel() override {
+    base::HappensAfter(this);
     uint64_t cancel_id = 0;
     bool cancel;
     {
@@ -200,6 +206,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   }
 
   void OnDone() override {
+    base::HappensAfter(this);
     std::shared_ptr<GenerateStream> self;
     {
       base::MutexLock lock(&mu_);
@@ -216,6 +223,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     }
     base::MutexLock lock(&mu_);
     finish_called_ = true;
+    base::HappensBefore(this);
     Finish(ToGrpcStatus(status));
   }
 
@@ -224,6 +232,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     client_gone_ = true;
     if (!finish_called_) {
       finish_called_ = true;
+      base::HappensBefore(this);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
     }
     if (!submitted_ || engine_finished_ || cancel_sent_) return false;
@@ -240,9 +249,11 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
       has_pending_ = false;
       in_flight_.set_request_id(request_id_);
       writing_ = true;
+      base::HappensBefore(this);
       StartWrite(&in_flight_);
     } else if (final_status_.has_value()) {
       finish_called_ = true;
+      base::HappensBefore(this);
       Finish(*final_status_);
     }
   }
@@ -287,6 +298,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
   auto stream = std::make_shared<GenerateStream>(state_);
   GenerateStream* raw = stream.get();
   raw->Start(std::move(stream), context, *request);
+  base::HappensBefore(raw);
   return raw;
 }
 
