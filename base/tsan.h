@@ -7,34 +7,20 @@
 // that ordering. Both compile to nothing without -fsanitize=thread.
 #pragma once
 
-#if defined(__SANITIZE_THREAD__)
-#define WINNOW_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define WINNOW_TSAN 1
-#endif
-#endif
+#include "absl/base/config.h"
 
-#ifdef WINNOW_TSAN
+#ifdef ABSL_HAVE_THREAD_SANITIZER
 #include <sanitizer/tsan_interface.h>
 #endif
 
 namespace winnow::base {
 
-inline void HappensBefore(const void* p) {
-#ifdef WINNOW_TSAN
-  __tsan_release(const_cast<void*>(p));
+#ifdef ABSL_HAVE_THREAD_SANITIZER
+inline void HappensBefore(const void* p) { __tsan_release(const_cast<void*>(p)); }
+inline void HappensAfter(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
 #else
-  (void)p;
+inline void HappensBefore(const void*) {}
+inline void HappensAfter(const void*) {}
 #endif
-}
-
-inline void HappensAfter(const void* p) {
-#ifdef WINNOW_TSAN
-  __tsan_acquire(const_cast<void*>(p));
-#else
-  (void)p;
-#endif
-}
 
 }  // namespace winnow::base

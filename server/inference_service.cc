@@ -222,18 +222,14 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
       state_->metrics->OnRejected(absl::StatusCodeToString(status.code()));
     }
     base::MutexLock lock(&mu_);
-    finish_called_ = true;
-    base::HappensBefore(this);
-    Finish(ToGrpcStatus(status));
+    FinishLocked(ToGrpcStatus(status));
   }
 
   // Returns true when the engine request should be cancelled (by the caller, outside mu_).
   bool ClientGoneLocked(uint64_t* id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     client_gone_ = true;
     if (!finish_called_) {
-      finish_called_ = true;
-      base::HappensBefore(this);
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
     }
     if (!submitted_ || engine_finished_ || cancel_sent_) return false;
     cancel_sent_ = true;
@@ -252,10 +248,14 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
       base::HappensBefore(this);
       StartWrite(&in_flight_);
     } else if (final_status_.has_value()) {
-      finish_called_ = true;
-      base::HappensBefore(this);
-      Finish(*final_status_);
+      FinishLocked(*final_status_);
     }
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finish_called_ = true;
+    base::HappensBefore(this);
+    Finish(status);
   }
 
   ServingState* state_;
