@@ -158,7 +158,7 @@ absl::StatusOr<cache::SequenceKv> CloneKv(const cache::SequenceKv& src, cache::B
     const std::span<const int32_t> to = dst.block_table(l);
     const int32_t blocks = (src.num_slots(l) + src.block_size() - 1) / src.block_size();
     for (int32_t b = 0; b < blocks; ++b) {
-      pool.CopyBlock(from[b], to[b]);
+      if (absl::Status st = pool.CopyBlock(from[b], to[b]); !st.ok()) return st;
     }
     dst.AppendSlots(l, src.num_slots(l));
   }

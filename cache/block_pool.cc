@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_device.h"
 
 #include <cstdio>
 
@@ -117,13 +118,15 @@ void BlockPool::ClearKey(int32_t block) {
   if (m.refs == 0) --num_cached_free_;
 }
 
-void BlockPool::CopyBlock(int32_t from, int32_t to) {
+absl::Status BlockPool::CopyBlock(int32_t from, int32_t to) {
+  if (device_ != nullptr) return device_->CopyBlock(from, to);
   if (arena_ == nullptr) {
     std::fprintf(stderr, "CopyBlock on a KV pool whose data is not on the host\n");
     std::abort();
   }
   const int64_t bytes = layout_.bytes_per_block();
   std::memcpy(arena_ + to * bytes, arena_ + from * bytes, bytes);
+  return absl::OkStatus();
 }
 
 float* BlockPool::F32(std::byte* p) {

@@ -16,6 +16,8 @@
 
 namespace winnow::cache {
 
+class KvDevice;
+
 // Geometry of a block. Inside a block the layout is
 //   K[kv_head][slot][row] followed by V[kv_head][slot][row],
 // a row being one token's head_dim values for one KV head, stored as `dtype`
@@ -52,7 +54,8 @@ class BlockPool {
   // Allocates the arena; ResourceExhausted when the memory cannot be had. Without
   // `host_arena` the pool only keeps the books (free list, references, prefix index) for data
   // that lives elsewhere, the CUDA worker's device arena (model/cuda_model.h); Row, WriteRow,
-  // ReadRow, Keys, Values, CopyBlock and View's data must then not be used.
+  // ReadRow, Keys, Values and View's data must then not be used, and CopyBlock needs an
+  // attached device.
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(const KvLayout& layout,
                                                            int32_t num_blocks,
                                                            bool host_arena = true);
@@ -114,8 +117,15 @@ class BlockPool {
   // place); any other dtype aborts, as it has no float storage to point at.
   float* Keys(int32_t block, int32_t kv_head) { return F32(Row(block, kv_head, 0, false)); }
   float* Values(int32_t block, int32_t kv_head) { return F32(Row(block, kv_head, 0, true)); }
-  // Copies a whole block's K and V (bit for bit: any dtype).
-  void CopyBlock(int32_t from, int32_t to);
+  // Copies a whole block's K and V (bit for bit: any dtype), on the attached device when the
+  // data lives there. Fails only with a device's error.
+  absl::Status CopyBlock(int32_t from, int32_t to);
+  // --- Data off the host (cache/kv_device.h). ---
+  // Attaches the device that holds this pool's K/V data (a pool without a host arena); it must
+  // outlive the pool's use. Null detaches it.
+  void AttachDevice(KvDevice* device) { device_ = device; }
+  // The attached device, or null when the data is in the host arena (or nowhere yet).
+  KvDevice* device() const { return device_; }
   // The arena as the kernels read it.
   kernels::PagedKvView View() const { return layout_.View(arena_); }
 
@@ -142,6 +152,7 @@ class BlockPool {
   KvLayout layout_;
   int32_t num_blocks_;
   std::byte* arena_;
+  KvDevice* device_ = nullptr;
   std::vector<Meta> meta_;
   // Free queue, a doubly linked list through meta_: never-cached blocks at the front (reused
   // first), cached ones appended at the back as they are freed (so the front-most cached block

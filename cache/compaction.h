@@ -22,7 +22,9 @@ struct CompactionStats {
 // Validates the plan against `kv` (InvalidArgument, nothing changed, when it is malformed),
 // then compacts. Each head's kept rows are gathered into a scratch buffer first and written
 // back front to back, so any valid plan (including merges) is safe in place; only the kept
-// rows are copied, bit for bit (merged entries are float means).
+// rows are copied, bit for bit (merged entries are float means). When the pool's data lives on
+// a device (cache/kv_device.h) the rows move there; a device error is returned as it is, with
+// the layers before it already compacted.
 absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, SequenceKv& kv,
                                               BlockPool& pool);
 

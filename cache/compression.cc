@@ -5,12 +5,36 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "cache/kv_device.h"
 #include "kernels/cpu/attention_scores.h"
 
 namespace winnow::cache {
 namespace {
 
-kernels::PagedKvView ViewOf(const BlockPool& pool) { return pool.View(); }
+// The scoring kernels, where the pool's data is: on its device, or on the host's threads.
+absl::Status Probabilities(const BlockPool& pool, const kernels::ScoreInput& in, float* probs,
+                           float* log_normalizer, kernels::ThreadPool& threads) {
+  if (KvDevice* device = pool.device()) {
+    return device->AttentionProbabilities(in, probs, log_normalizer);
+  }
+  kernels::AttentionProbabilities(pool.View(), in, probs, log_normalizer, threads);
+  return absl::OkStatus();
+}
+
+absl::Status ColumnSums(const BlockPool& pool, const kernels::ScoreInput& in, float* sums,
+                        kernels::ThreadPool& threads) {
+  if (KvDevice* device = pool.device()) return device->AccumulateAttentionColumns(in, sums);
+  kernels::AccumulateAttentionColumns(pool.View(), in, sums, threads);
+  return absl::OkStatus();
+}
+
+absl::Status ValueNorms(const BlockPool& pool, std::span<const int32_t> table, int32_t num_slots,
+                        float* norms) {
+  if (KvDevice* device = pool.device()) return device->ValueNorms(table, num_slots, norms);
+  kernels::ValueNorms(pool.View(), table.data(), num_slots, norms);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -83,7 +107,12 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
   // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched.
   std::vector<float> chunk(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
-  kernels::AccumulateAttentionColumns(ViewOf(pool), in, chunk.data(), threads);
+  // Called from inside the forward, which has no way to take an error: the first one is kept
+  // for AfterPrefillChunk to return.
+  if (absl::Status s = ColumnSums(pool, in, chunk.data(), threads); !s.ok()) {
+    capture_status_.Update(s);
+    return;
+  }
   std::vector<float>& sums = column_sums_[layer];
   const int32_t n = std::min(in.num_slots, num_tokens_);
   for (int32_t h = 0; h < dims_.num_heads; ++h) {
@@ -101,6 +130,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
 
 absl::Status CompressionSession::AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
                                                    kernels::ThreadPool& threads) {
+  if (!capture_status_.ok()) return capture_status_;
   const int32_t rows = capture_.num_rows();
   if (rows == 0) return absl::OkStatus();
   if (static_cast<int32_t>(capture_.per_layer.size()) != dims_.num_layers) {
@@ -141,7 +171,6 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   slots_.Clear();
   slots_.AppendRange(0, num_tokens_);
 
-  const kernels::PagedKvView view = ViewOf(pool);
   const int32_t rows = static_cast<int32_t>(window_positions_.size());
   std::vector<int32_t> visible(rows);
   for (int32_t r = 0; r < rows; ++r) visible[r] = window_positions_[r] + 1;
@@ -167,7 +196,8 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
       in.visible = visible.data();
       in.num_heads = dims_.num_heads;
       in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
-      kernels::AttentionProbabilities(view, in, probs.data(), log_normalizer.data(), threads);
+      WINNOW_RETURN_IF_ERROR(
+          Probabilities(pool, in, probs.data(), log_normalizer.data(), threads));
       attention.probs = probs;
       attention.log_normalizer = log_normalizer;
     }
@@ -175,7 +205,8 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     std::vector<float> value_norms;
     if (observe_.value_norms) {
       value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
-      kernels::ValueNorms(view, kv.block_table(l).data(), num_tokens_, value_norms.data());
+      WINNOW_RETURN_IF_ERROR(
+          ValueNorms(pool, kv.block_table(l), num_tokens_, value_norms.data()));
       attention.value_norms = value_norms;
     }
     if (absl::Status s = policy_->ObserveLayer(attention); !s.ok()) return s;
@@ -192,7 +223,8 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
-                                            " returned a bad plan: ", applied.status().message()));
+                                            "'s plan could not be applied: ",
+                                            applied.status().message()));
   }
   slots_.Apply(*plan);
   stats_.kept_per_layer.resize(dims_.num_layers);
@@ -234,7 +266,7 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
   absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
-                                            " returned a bad decode plan: ",
+                                            "'s decode plan could not be applied: ",
                                             applied.status().message()));
   }
   slots_.Apply(*plan);

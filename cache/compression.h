@@ -104,6 +104,7 @@ class CompressionSession {
   bool compressed_ = false;
 
   QueryCapture capture_;
+  absl::Status capture_status_;  // the first error of a layer_done hook
   std::vector<std::vector<float>> window_rows_;  // [layer] rows x num_heads x head_dim
   std::vector<int32_t> window_positions_;
   std::vector<std::vector<float>> column_sums_;  // [layer] num_heads x num_tokens

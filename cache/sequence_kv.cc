@@ -111,14 +111,19 @@ int32_t SequenceKv::BlocksFreedByRelease(const BlockPool& pool) const {
   return num_blocks_held() - SharedBlocks(pool);
 }
 
-bool SequenceKv::MakePrivate(BlockPool& pool) {
+absl::Status SequenceKv::MakePrivate(BlockPool& pool) {
   std::vector<int32_t> copies;
-  if (!pool.Allocate(SharedBlocks(pool), &copies)) return false;
+  if (!pool.Allocate(SharedBlocks(pool), &copies)) {
+    return absl::ResourceExhaustedError(
+        "no free KV block to copy the shared prompt prefix before compression");
+  }
   size_t next = 0;
+  absl::Status status;
   for (Layer& layer : layers_) {
     for (int32_t& b : layer.blocks) {
       if (pool.references(b) > 1) {
-        pool.CopyBlock(b, copies[next]);
+        // The table takes the copy even if it failed, so that every block is still returned.
+        status.Update(pool.CopyBlock(b, copies[next]));
         pool.Free({&b, 1});
         b = copies[next++];
       } else {
@@ -126,7 +131,7 @@ bool SequenceKv::MakePrivate(BlockPool& pool) {
       }
     }
   }
-  return true;
+  return status;
 }
 
 }  // namespace winnow::cache

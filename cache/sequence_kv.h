@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cache/block_pool.h"
 
 namespace winnow::cache {
@@ -61,8 +62,9 @@ class SequenceKv {
   int32_t BlocksFreedByRelease(const BlockPool& pool) const;
   // Before the cache is rewritten in place (compaction): copies every shared block into a block
   // of its own and forgets the content key of the blocks it owns alone, so the cached prefix
-  // stays intact for others. False (nothing changed) when the pool has too few free blocks.
-  bool MakePrivate(BlockPool& pool);
+  // stays intact for others. ResourceExhausted (nothing changed) when the pool has too few free
+  // blocks; a device's error when a copy fails (the cache is then unusable).
+  absl::Status MakePrivate(BlockPool& pool);
 
  private:
   int32_t block_size_;

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "cache/query_capture.h"
+#include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "kernels/cuda/cuda_check.h"
@@ -62,31 +64,12 @@ absl::StatusOr<Buf<float>> UploadFloat(const GgufFile& file, const std::string& 
   return Buf<float>::FromHost(host);
 }
 
-// Grows `buffer` to hold at least `count` elements (contents are not kept).
-template <typename T>
-absl::Status Reserve(Buf<T>& buffer, int64_t count) {
-  if (buffer.size() >= count) return absl::OkStatus();
-  WINNOW_ASSIGN_OR_RETURN(buffer, Buf<T>::Allocate(std::max(count, 2 * buffer.size())));
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::Status CopyIn(Buf<T>& buffer, const std::vector<T>& host, cudaStream_t stream) {
-  WINNOW_RETURN_IF_ERROR(Reserve(buffer, std::max<int64_t>(1, host.size())));
-  if (host.empty()) return absl::OkStatus();
-  // From pageable memory the call returns once `host` has been read, so it may change after.
-  return kc::CudaStatus(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
-                                        cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync inputs");
-}
-
 absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
   for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].capture != nullptr || batch[e].attention_probs != nullptr ||
-        batch[e].selector != nullptr) {
+    if (batch[e].selector != nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "batch entry ", e, ": the CUDA forward has no compression hooks (query capture, "
-          "attention probabilities, attention selection) yet"));
+          "batch entry ", e, ": attention selection (TokenSelect) does not run on the CUDA "
+          "forward"));
     }
   }
   return absl::OkStatus();
@@ -269,6 +252,7 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   attention.dtype = layout.dtype;
   attention.num_blocks = pool.num_blocks();
   WINNOW_ASSIGN_OR_RETURN(w->attention, kc::PagedAttention::Create(attention));
+  kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_);
   weights_ = std::move(w);
   scratch_ = std::make_unique<Scratch>();
   return absl::OkStatus();
@@ -348,44 +332,48 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   WINNOW_RETURN_IF_ERROR(kc::EmbeddingGather(
       weights_->token_embd.data(), c.vocab_size, c.hidden_size, s.tokens.data(),
       s.embedding_rows.data(), s.embeddings.data(), in.rows, s.x.data(), stream_));
-  for (int32_t l = 0; l < c.num_layers; ++l) WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in, pool));
+  }
   return Logits(in, out);
 }
+
+cache::KvDevice& CudaModel::kv_device() { return *kv_device_; }
 
 absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   Scratch& s = *scratch_;
-  WINNOW_RETURN_IF_ERROR(Reserve(s.x, rows * c.hidden_size));
-  for (Buf<Bf16>* b : {&s.xn, &s.proj}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * c.hidden_size));
-  for (Buf<Bf16>* b : {&s.q, &s.attn}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * q_dim));
-  for (Buf<Bf16>* b : {&s.k, &s.v}) WINNOW_RETURN_IF_ERROR(Reserve(*b, rows * kv_dim));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.gate_up, rows * 2 * c.ffn_size));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.act, rows * c.ffn_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.x, rows * c.hidden_size));
+  for (Buf<Bf16>* b : {&s.xn, &s.proj}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * c.hidden_size));
+  for (Buf<Bf16>* b : {&s.q, &s.attn}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * q_dim));
+  for (Buf<Bf16>* b : {&s.k, &s.v}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * kv_dim));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.gate_up, rows * 2 * c.ffn_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.act, rows * c.ffn_size));
   for (Buf<int32_t>* b : {&s.tokens, &s.embedding_rows, &s.positions}) {
-    WINNOW_RETURN_IF_ERROR(Reserve(*b, rows));
+    WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows));
   }
-  WINNOW_RETURN_IF_ERROR(Reserve(s.slots, rows * c.num_layers));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.embeddings, rows * c.hidden_size));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.logits_rows, logits_rows));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.final_rows, logits_rows * c.hidden_size));
-  WINNOW_RETURN_IF_ERROR(Reserve(s.logits, logits_rows * c.vocab_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.slots, rows * c.num_layers));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.embeddings, rows * c.hidden_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.logits_rows, logits_rows));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.final_rows, logits_rows * c.hidden_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.logits, logits_rows * c.vocab_size));
   if (s.logits_host.size() < logits_rows * c.vocab_size) {
     WINNOW_ASSIGN_OR_RETURN(s.logits_host, kc::PinnedBuffer<float>::Allocate(s.logits.size()));
   }
-  return Reserve(s.log_norm, logits_rows);
+  return kc::Reserve(s.log_norm, logits_rows);
 }
 
 absl::Status CudaModel::Upload(const HostInputs& in) {
   WINNOW_RETURN_IF_ERROR(ReserveActivations(in.rows, static_cast<int64_t>(in.logits_rows.size())));
   Scratch& s = *scratch_;
-  WINNOW_RETURN_IF_ERROR(CopyIn(s.tokens, in.tokens, stream_));
-  WINNOW_RETURN_IF_ERROR(CopyIn(s.embedding_rows, in.embedding_rows, stream_));
-  WINNOW_RETURN_IF_ERROR(CopyIn(s.embeddings, in.embeddings, stream_));
-  WINNOW_RETURN_IF_ERROR(CopyIn(s.positions, in.positions, stream_));
-  WINNOW_RETURN_IF_ERROR(CopyIn(s.slots, in.slots, stream_));
-  return CopyIn(s.logits_rows, in.logits_rows, stream_);
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(s.tokens, in.tokens, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(s.embedding_rows, in.embedding_rows, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(s.embeddings, in.embeddings, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(s.positions, in.positions, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(s.slots, in.slots, stream_));
+  return kc::UploadAsync(s.logits_rows, in.logits_rows, stream_);
 }
 
 absl::Status CudaModel::Linear(const void* w, int64_t n, int64_t k, const void* x, int64_t m,
@@ -403,7 +391,7 @@ absl::Status CudaModel::Linear(const void* w, int64_t n, int64_t k, const void* 
 }
 
 absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
-                                 const HostInputs& in) {
+                                 const HostInputs& in, const cache::BlockPool& pool) {
   const ModelConfig& c = model_.config();
   const DeviceLayer& L = weights_->layers[l];
   Scratch& s = *scratch_;
@@ -441,6 +429,8 @@ absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
     seqs[e] = {batch[e].kv->block_table(l).data(), batch[e].kv->num_slots(l), n,
                in.first_row[e]};
   }
+  WINNOW_RETURN_IF_ERROR(CaptureQueries(l, batch, in, pool));
+  WINNOW_RETURN_IF_ERROR(AttentionProbabilities(l, batch, in));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   WINNOW_RETURN_IF_ERROR(weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(),
                                                   scale, s.attn.data(), stream_));
@@ -454,6 +444,76 @@ absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
                                      int64_t{c.ffn_size}, 2 * int64_t{c.ffn_size}, s.act.data(),
                                      stream_));
   return Linear(L.w_down.data(), hidden, c.ffn_size, s.act.data(), rows, s.proj.data());
+}
+
+absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> batch,
+                                       const HostInputs& in, const cache::BlockPool& pool) {
+  const ModelConfig& c = model_.config();
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  std::vector<Bf16> rows_bf16;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    cache::QueryCapture* capture = batch[e].capture;
+    if (capture == nullptr) continue;
+    capture->per_layer.resize(c.num_layers);
+    const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
+    const int32_t first = std::clamp(capture->first_position - batch[e].start_position, 0, n);
+    if (first < n) {
+      // Model::CaptureQueries's rows (post-RoPE, positions >= first_position), here the bf16
+      // values the attention reads, widened to float.
+      const int64_t count = int64_t{n - first} * q_dim;
+      rows_bf16.resize(count);
+      WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          rows_bf16.data(), scratch_->q.data() + (in.first_row[e] + first) * q_dim,
+          count * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_));
+      WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      std::vector<float>& rows = capture->per_layer[l];
+      const size_t old = rows.size();
+      rows.resize(old + count);
+      kernels::DecodeKv(kernels::KvDtype::kBF16, reinterpret_cast<std::byte*>(rows_bf16.data()),
+                        count, rows.data() + old);
+      if (l == 0) {
+        for (int32_t i = first; i < n; ++i) capture->positions.push_back(batch[e].start_position + i);
+      }
+    }
+    if (capture->layer_done) capture->layer_done(l, *batch[e].kv, pool, model_.threads());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::AttentionProbabilities(int32_t l, std::span<const BatchEntry> batch,
+                                               const HostInputs& in) {
+  const ModelConfig& c = model_.config();
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  std::vector<float> by_head;
+  std::vector<int32_t> visible;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].attention_probs == nullptr) continue;
+    const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
+    const int32_t slots = batch[e].kv->num_slots(l);  // the new tokens' included
+    visible.resize(n);
+    for (int32_t i = 0; i < n; ++i) visible[i] = slots - n + i + 1;
+    kernels::ScoreInput score;
+    score.block_table = batch[e].kv->block_table(l).data();
+    score.num_slots = slots;
+    score.num_rows = n;
+    score.visible = visible.data();
+    score.num_heads = c.num_heads;
+    score.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    by_head.resize(int64_t{n} * c.num_heads * slots);
+    WINNOW_RETURN_IF_ERROR(kv_device_->DeviceQueryProbabilities(
+        scratch_->q.data() + in.first_row[e] * q_dim, score, by_head.data()));
+    // The kernel's [h][i][j] into Model::Forward's [i][h][j].
+    batch[e].attention_probs->resize(c.num_layers);
+    std::vector<float>& probs = (*batch[e].attention_probs)[l];
+    probs.resize(by_head.size());
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      for (int32_t i = 0; i < n; ++i) {
+        std::copy_n(by_head.data() + (int64_t{h} * n + i) * slots, slots,
+                    probs.data() + (int64_t{i} * c.num_heads + h) * slots);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
+#include "model/cuda_kv_device.h"
 #include "model/model.h"
 
 namespace winnow::model {
@@ -45,12 +46,17 @@ class CudaModel {
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 
-  // Model::Forward on the GPU, over `pool`'s block tables and this model's device arena. The
-  // decode-time hooks (query capture, attention probabilities, attention selection) are not on
-  // the GPU yet: a batch entry that asks for one is FailedPrecondition. Not thread-safe: one
-  // engine thread owns it.
+  // Model::Forward on the GPU, over `pool`'s block tables and this model's device arena, with
+  // the compression hooks: query capture (the post-RoPE rows are copied to the host, as bf16
+  // values in float) and a decode token's attention probabilities. Attention selection
+  // (TokenSelect) is not on the GPU: an entry with a selector is FailedPrecondition. Not
+  // thread-safe: one engine thread owns it.
   absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                        ForwardOutput* out);
+
+  // The device arena as the cache's compaction and scoring see it (cache/kv_device.h); the
+  // worker attaches it to the pool.
+  cache::KvDevice& kv_device();
 
   int32_t device() const { return device_; }
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -67,7 +73,12 @@ class CudaModel {
   absl::Status ReserveActivations(int64_t rows, int64_t logits_rows);
   absl::Status Upload(const HostInputs& in);
   absl::Status RunLayer(int32_t layer, std::span<const BatchEntry> batch,
-                        const HostInputs& in);
+                        const HostInputs& in, const cache::BlockPool& pool);
+  // The compression hooks of `layer` (its K/V are in the arena, its queries in Scratch::q).
+  absl::Status CaptureQueries(int32_t layer, std::span<const BatchEntry> batch,
+                              const HostInputs& in, const cache::BlockPool& pool);
+  absl::Status AttentionProbabilities(int32_t layer, std::span<const BatchEntry> batch,
+                                      const HostInputs& in);
   absl::Status Logits(const HostInputs& in, ForwardOutput* out);
   // y[m x n] = x[m x k] * w^T on the stream (bf16 in, bf16 or float32 out).
   absl::Status Linear(const void* w, int64_t n, int64_t k, const void* x, int64_t m, void* y,
@@ -78,6 +89,7 @@ class CudaModel {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<CudaKvDevice> kv_device_;
   int64_t weight_bytes_ = 0;
   int64_t arena_bytes_ = 0;
 };

@@ -112,7 +112,7 @@ class Model {
 
   // The forward's worker threads, for engine-thread kernels between forwards (scoring for the
   // compression policies). Not to be used while a Forward runs.
-  kernels::ThreadPool& threads() { return *pool_; }
+  kernels::ThreadPool& threads() const { return *pool_; }
 
   // What every forward (this one and the CUDA one, model/cuda_model.h) requires of a batch:
   // a pool of this model's geometry, token ids in the vocabulary, embedding rows that match,

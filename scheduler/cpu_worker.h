@@ -5,7 +5,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "cache/block_pool.h"
 #include "model/model.h"
 #include "scheduler/worker.h"
@@ -20,10 +19,6 @@ class CpuWorker : public Worker {
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
 
  private:
-  // After the forward of `chunk`: prefill capture bookkeeping, compression once the prompt is
-  // complete, or decode-time eviction.
-  absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk);
-
   model::Model& model_;
   cache::BlockPool& pool_;
   // Reused across iterations: a batch's logits (rows x vocabulary floats, 65 MB for 128 rows

@@ -5,11 +5,23 @@
 
 namespace winnow::scheduler {
 
+CudaWorker::CudaWorker(model::Model& model, cache::BlockPool& pool,
+                       std::unique_ptr<model::CudaModel> cuda)
+    : model_(model), pool_(pool), cuda_(std::move(cuda)) {
+  pool_.AttachDevice(&cuda_->kv_device());
+}
+
+CudaWorker::~CudaWorker() { pool_.AttachDevice(nullptr); }
+
 absl::Status CudaWorker::Admits(const GenerationRequest& request) const {
-  if (!request.compression.enabled()) return absl::OkStatus();
+  // TokenSelect is the one policy with an attention selector (CompressionPolicy::selector),
+  // which restricts each decode token's attention to selected slots: FlashInfer's paged
+  // attention has no per-row slot list, so it runs on the CPU worker only.
+  if (request.compression.policy != "tokenselect") return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "compression.policy '", request.compression.policy, "': KV compression does not run on the CUDA worker (cuda:",
-      cuda_->device(), ") yet; send no policy, or serve with --device cpu"));
+      "compression.policy 'tokenselect': its per-token attention selection does not run on the "
+      "CUDA worker (cuda:", cuda_->device(), "); choose another policy, or serve with "
+      "--device cpu"));
 }
 
 WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
@@ -22,6 +34,7 @@ WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
+  RunCompressions(chunks, pool_, model_.threads(), result.chunks);
   SampleChunks(chunks, out_, model_.threads(), result.chunks);
   return result;
 }

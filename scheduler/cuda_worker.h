@@ -1,7 +1,8 @@
-// The CUDA worker: the whole forward on one GPU (model/cuda_model.h), then sampling on the
-// host from the copied logits with each sequence's sampler, exactly as the CPU worker samples.
-// KV compression does not run on the GPU yet: requests that ask for it are refused at Submit
-// (Admits), so none reaches Execute.
+// The CUDA worker: the whole forward on one GPU (model/cuda_model.h), the compression hooks with
+// their scoring and compaction on the GPU (the pool's attached device, model/cuda_kv_device.h;
+// the policies themselves decide on the host), then sampling on the host from the copied
+// logits with each sequence's sampler, exactly as the CPU worker samples. TokenSelect is
+// refused at Submit (Admits).
 #pragma once
 
 #include <memory>
@@ -17,12 +18,13 @@ namespace winnow::scheduler {
 class CudaWorker : public Worker {
  public:
   // The model and the pool (which keeps the books of cuda's device arena) must outlive it.
+  // Attaches the CUDA model's device arena to `pool` until the worker is destroyed.
   CudaWorker(model::Model& model, cache::BlockPool& pool,
-             std::unique_ptr<model::CudaModel> cuda)
-      : model_(model), pool_(pool), cuda_(std::move(cuda)) {}
+             std::unique_ptr<model::CudaModel> cuda);
+  ~CudaWorker() override;
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
-  // FailedPrecondition naming compression.policy for a request with a compression policy.
+  // FailedPrecondition naming compression.policy for TokenSelect.
   absl::Status Admits(const GenerationRequest& request) const override;
 
  private:

@@ -54,7 +54,7 @@ struct EngineOptions {
   // to float32 as it reads them.
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
   // Where the forward runs. On cuda the KV data lives in the GPU's arena (the pool here keeps
-  // only its books) and must be bf16; requests with a compression policy are refused.
+  // only its books) and must be bf16; TokenSelect requests are refused (CudaWorker::Admits).
   Device device;
   // Empty: the device's worker (MakeWorker, scheduler/device.h). Otherwise this makes the
   // worker, over the pool built for `device`: the fault-injection tests wrap the CPU worker in

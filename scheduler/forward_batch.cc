@@ -44,6 +44,53 @@ absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, siz
   return chunk.seq->sampler.Sample(out.Row(row), log_norm);
 }
 
+namespace {
+
+// One chunk's compression hooks (see RunCompressions); the event when a compaction ran.
+absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk,
+                                                               cache::BlockPool& pool,
+                                                               kernels::ThreadPool& threads) {
+  Sequence& s = *chunk.seq;
+  cache::CompressionSession& c = *s.compression;
+  if (c.compressed()) {
+    // A decode step: the token at `start` has its K/V written; the policy may evict.
+    const int32_t blocks_before = s.kv.num_blocks_held();
+    int64_t slots_before = 0;
+    for (int32_t l = 0; l < s.kv.num_layers(); ++l) slots_before += s.kv.num_slots(l);
+    absl::StatusOr<cache::CompactionStats> st = c.AfterDecodeStep(chunk.start, s.kv, pool);
+    if (!st.ok()) return st.status();
+    if (st->layers_changed == 0) return std::nullopt;
+    return CompressionEvent{s.id, c.policy_name(), /*prefill=*/false, slots_before,
+                            slots_before - st->slots_removed,
+                            blocks_before - s.kv.num_blocks_held()};
+  }
+  if (absl::Status st = c.AfterPrefillChunk(s.kv, pool, threads); !st.ok()) return st;
+  if (!chunk.samples) return std::nullopt;  // more of the prompt to come
+  // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
+  // first (admission reserved room for the copies), so the others keep their prefix intact.
+  if (absl::Status st = s.kv.MakePrivate(pool); !st.ok()) return st;
+  absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool, threads);
+  if (!st.ok()) return st.status();
+  return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
+                          c.stats().slots_after, st->blocks_freed};
+}
+
+}  // namespace
+
+void RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
+                     kernels::ThreadPool& threads, std::span<ChunkResult> results) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].seq->compression == nullptr) continue;
+    absl::StatusOr<std::optional<CompressionEvent>> event =
+        RunCompression(chunks[i], pool, threads);
+    if (!event.ok()) {
+      results[i].status = event.status();
+      continue;
+    }
+    results[i].compression = *event;
+  }
+}
+
 void SampleChunks(std::span<const ScheduledChunk> chunks, const model::ForwardOutput& out,
                   kernels::ThreadPool& threads, std::span<ChunkResult> results) {
   threads.ParallelFor(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {

@@ -6,6 +6,8 @@
 #
 # 1. winnow_cuda_tests (kernel tests; the whole-model tests too when MODEL is given)
 # 2. winnow generate --device cuda against --device cpu on MODEL (greedy, same tokens expected)
+# 3. tests/python/test_cuda_daemon.py against the bundle's daemon on MODEL, when python3 has
+#    grpcio, grpcio-tools, protobuf and pytest (a GPU image may need them carried as wheels)
 set -uo pipefail
 bundle=${1:?usage: gpu-check.sh BUNDLE_DIR OUT_DIR [MODEL]}
 out=${2:?usage: gpu-check.sh BUNDLE_DIR OUT_DIR [MODEL]}
@@ -37,4 +39,14 @@ if [[ -n "$model" ]]; then
   else
     echo "generate: tokens differ"; cat "$out/generate_cpu.json" "$out/generate_cuda.json"
   fi
+fi
+
+if [[ -n "$model" ]] && python3 -c 'import grpc, grpc_tools, google.protobuf, pytest' 2>/dev/null; then
+  echo "== tests/python/test_cuda_daemon.py"
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  WINNOW_BIN="$bundle/bin/winnow" WINNOW_MODEL="$model" WINNOW_STUBS_DIR="${TMPDIR:-/tmp}/winnow-stubs" \
+    python3 -m pytest -q -p no:cacheprovider "$repo/tests/python/test_cuda_daemon.py" \
+    >"$out/cuda_daemon.log" 2>&1
+  echo "exit $?"
+  tail -15 "$out/cuda_daemon.log"
 fi

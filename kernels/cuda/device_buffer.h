@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_check.h"
@@ -81,6 +82,33 @@ class DeviceBuffer {
   T* data_ = nullptr;
   int64_t size_ = 0;
 };
+
+// Grows `buffer` to hold at least `count` elements (at least doubling, so a growing batch
+// reallocates rarely); the contents are not kept.
+template <typename T>
+absl::Status Reserve(DeviceBuffer<T>& buffer, int64_t count) {
+  if (buffer.size() >= count) return absl::OkStatus();
+  absl::StatusOr<DeviceBuffer<T>> grown = DeviceBuffer<T>::Allocate(
+      count > 2 * buffer.size() ? count : 2 * buffer.size());
+  if (!grown.ok()) return grown.status();
+  buffer = *std::move(grown);
+  return absl::OkStatus();
+}
+
+// Copies `host` into the front of `buffer` (grown as needed) in `stream`'s order. From pageable
+// memory the call returns once `host` has been read, so the caller may change it after.
+template <typename T>
+absl::Status UploadAsync(DeviceBuffer<T>& buffer, const std::vector<T>& host,
+                         cudaStream_t stream) {
+  if (absl::Status s = Reserve(buffer, host.empty() ? 1 : static_cast<int64_t>(host.size()));
+      !s.ok()) {
+    return s;
+  }
+  if (host.empty()) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
+                                    cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync host->device");
+}
 
 // An owned allocation of page-locked host memory (cudaMallocHost): copies from it to the device
 // are truly asynchronous, so the host must not overwrite what a pending copy has yet to read.

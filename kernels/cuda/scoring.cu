@@ -205,6 +205,23 @@ absl::Status CheckScoreInput(const char* op, const DevicePagedKv& kv,
   return absl::OkStatus();
 }
 
+// grid (ceil(num_slots / kWarps), num_kv_heads): warp w of block b takes slot b * kWarps + w.
+template <typename KvT>
+__global__ void ValueNormsKernel(DevicePagedKv kv, const int32_t* table, int32_t num_slots,
+                                 float* norms) {
+  const int32_t j = blockIdx.x * kWarps + threadIdx.x / kWarp;
+  const int32_t g = blockIdx.y;
+  if (j >= num_slots) return;
+  const KvT* v = detail::KvRow<KvT>(kv, table[j / kv.block_size], g, j % kv.block_size, true);
+  float partial = 0.0f;
+  for (int32_t c = threadIdx.x % kWarp; c < kv.head_dim; c += kWarp) {
+    const float x = ToFloat(v[c]);
+    partial += x * x;
+  }
+  const float sum = detail::WarpSum(partial);
+  if (threadIdx.x % kWarp == 0) norms[int64_t{g} * num_slots + j] = sqrtf(sum);
+}
+
 // Calls fn(KvT{}) with the storage type of the pool's dtype.
 template <typename Fn>
 void WithKvType(KvDtype dtype, Fn&& fn) {
@@ -285,6 +302,24 @@ absl::Status TokenSelectVote(const DevicePagedKv& kv, const int32_t* block_table
                                                           log_normalizer, vote);
   });
   return LastLaunchStatus("LogNormalizerKernel/VoteKernel");
+}
+
+absl::Status ValueNorms(const DevicePagedKv& kv, const int32_t* block_table, int32_t num_slots,
+                        float* norms, cudaStream_t stream) {
+  if (absl::Status s = CheckDevicePagedKv(kv); !s.ok()) return s;
+  if (num_slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ValueNorms: num_slots is ", num_slots));
+  }
+  if (block_table == nullptr || norms == nullptr) {
+    return absl::InvalidArgumentError("ValueNorms: block_table and norms are required");
+  }
+  if (num_slots == 0) return absl::OkStatus();
+  const dim3 grid((num_slots + kWarps - 1) / kWarps, kv.num_kv_heads);
+  WithKvType(kv.dtype, [&](auto tag) {
+    ValueNormsKernel<decltype(tag)><<<grid, kThreads, 0, stream>>>(kv, block_table, num_slots,
+                                                                  norms);
+  });
+  return LastLaunchStatus("ValueNormsKernel");
 }
 
 #define WINNOW_INSTANTIATE_SCORING(Q)                                                         \

@@ -63,4 +63,10 @@ absl::Status TokenSelectVote(const DevicePagedKv& kv, const int32_t* block_table
                              bool gqa_mod, float* vote, float* log_normalizer,
                              cudaStream_t stream);
 
+// norms[g * num_slots + j] = ||v_j|| (L2, float32 arithmetic) of KV head g, over the first
+// num_slots slots of one layer's block table (device pointers): kernels::ValueNorms. One warp
+// per (slot, KV head).
+absl::Status ValueNorms(const DevicePagedKv& kv, const int32_t* block_table, int32_t num_slots,
+                        float* norms, cudaStream_t stream);
+
 }  // namespace winnow::kernels::cuda

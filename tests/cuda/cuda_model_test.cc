@@ -19,12 +19,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/compression.h"
 #include "cache/sequence_kv.h"
 #include "model/cuda_model.h"
 #include "kernels/cuda/device.h"
@@ -85,6 +87,7 @@ class CudaModelTest : public testing::CudaTest {
     auto cuda = CudaModel::Create(*model_, *gpu_pool_, 0);
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = *std::move(cuda);
+    gpu_pool_->AttachDevice(&cuda_->kv_device());  // as the CUDA worker does
   }
 
   ForwardFn Cpu() {
@@ -128,6 +131,73 @@ class CudaModelTest : public testing::CudaTest {
     kv.Release(pool);
     EXPECT_EQ(pool.num_used(), 0);
     return run;
+  }
+
+  // A compressed run: prefill in chunks with `policy`'s session capturing, compression after
+  // the prompt, then greedy decode steps with the session's hooks (cache/compression.h's engine
+  // protocol, as the workers follow it).
+  struct CompressedRun {
+    std::vector<int32_t> tokens;
+    cache::policies::SlotPositions slots;  // after the last step
+    cache::CompressionStats stats;
+  };
+  CompressedRun GenerateCompressed(const ForwardFn& forward, cache::BlockPool& pool,
+                                   const std::vector<int32_t>& prompt, const std::string& policy,
+                                   double budget, int32_t chunk, int32_t steps) {
+    const ModelConfig& c = model_->config();
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    cache::policies::PolicyContext context;
+    context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlock};
+    context.layout.num_tokens = n;
+    auto session = *cache::CompressionSession::Create(
+        policy, cache::policies::PolicyConfig(budget, {}), context);
+    CompressedRun run;
+    cache::SequenceKv kv(c.num_layers, kBlock);
+    std::vector<int32_t> seq = prompt;
+    for (int32_t start = 0; start < n + steps - 1;) {
+      const int32_t count = start < n ? std::min(chunk, n - start) : 1;
+      EXPECT_TRUE(kv.Reserve(pool, count));
+      const bool prefill = start < n;
+      const bool last = start + count >= n;
+      BatchEntry e{&kv, std::span<const int32_t>(seq).subspan(start, count), {}, start,
+                   last ? LogitsMode::kLast : LogitsMode::kNone};
+      if (prefill) {
+        e.capture = session->PrefillCapture(start, count);
+      } else {
+        e.attention_probs = session->DecodeAttentionBuffer();
+      }
+      ForwardOutput out;
+      absl::Status st = forward({&e, 1}, pool, &out);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) break;
+      if (prefill) {
+        st = session->AfterPrefillChunk(kv, pool, model_->threads());
+        EXPECT_TRUE(st.ok()) << st;
+        if (last) {
+          auto compressed = session->Compress(kv, pool, model_->threads());
+          EXPECT_TRUE(compressed.ok()) << compressed.status();
+        }
+      } else {
+        auto evicted = session->AfterDecodeStep(start, kv, pool);
+        EXPECT_TRUE(evicted.ok()) << evicted.status();
+      }
+      start += count;
+      if (!last) continue;
+      run.tokens.push_back(Argmax(out.Row(0)));
+      seq.push_back(run.tokens.back());
+    }
+    run.slots = session->slot_positions();
+    run.stats = session->stats();
+    kv.Release(pool);
+    EXPECT_EQ(pool.num_used(), 0);
+    return run;
+  }
+
+  // " 1, 2, ..., 60," after a lead: a prompt whose continuation depends on its end.
+  static std::vector<int32_t> CountingPrompt() {
+    std::string text = "Count with me:";
+    for (int i = 1; i <= 60; ++i) text += " " + std::to_string(i) + ",";
+    return Prompt(text);
   }
 
   static inline Model* model_ = nullptr;
@@ -257,14 +327,89 @@ TEST_F(CudaModelTest, GpuMemoryUtilizationLeavesTheRestOfTheFraction) {
       << none.status();
 }
 
+// The fraction of (layer, KV head) kept positions that two runs share.
+double SharedKeptFraction(const cache::policies::SlotPositions& a,
+                          const cache::policies::SlotPositions& b) {
+  int64_t shared = 0, total = 0;
+  for (int32_t l = 0; l < a.num_layers(); ++l) {
+    for (int32_t h = 0; h < a.num_kv_heads(); ++h) {
+      std::span<const int32_t> x = a.Positions(l, h), y = b.Positions(l, h);
+      std::vector<int32_t> common;
+      std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(common));
+      shared += static_cast<int64_t>(common.size());
+      total += static_cast<int64_t>(x.size());
+    }
+  }
+  return total == 0 ? 1.0 : static_cast<double>(shared) / static_cast<double>(total);
+}
+
+int32_t SameTokensFromTheStart(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  int32_t i = 0;
+  while (i < static_cast<int32_t>(std::min(a.size(), b.size())) && a[i] == b[i]) ++i;
+  return i;
+}
+
+TEST_F(CudaModelTest, StreamingLlmKeepsTheCpusSlotsAndTokens) {
+  // A policy whose choice depends on positions only: the GPU must keep exactly the CPU's slots
+  // in every (layer, head), and then decode the same greedy tokens from the compacted cache.
+  const std::vector<int32_t> prompt = CountingPrompt();
+  const CompressedRun want =
+      GenerateCompressed(Cpu(), *cpu_pool_, prompt, "streaming_llm", 0.25, 64, kSteps);
+  const CompressedRun got =
+      GenerateCompressed(Gpu(), *gpu_pool_, prompt, "streaming_llm", 0.25, 64, kSteps);
+  EXPECT_GT(got.stats.blocks_freed, 0);
+  EXPECT_EQ(got.stats.blocks_freed, want.stats.blocks_freed);
+  EXPECT_EQ(got.stats.kept_per_layer, want.stats.kept_per_layer);
+  EXPECT_EQ(SharedKeptFraction(got.slots, want.slots), 1.0);
+  EXPECT_EQ(got.tokens, want.tokens);
+}
+
+TEST_F(CudaModelTest, ScoringPoliciesKeepTheCpusSlotsUpToNearTies) {
+  // Scores computed from bf16 queries on the GPU and float queries on the CPU differ by
+  // rounding, so a slot at the edge of the kept set may flip: most kept slots must agree, and
+  // every run must compact, decode and give its blocks back. snapkv: window scores; h2o:
+  // column sums of every prompt row and decode-time eviction from each step's attention;
+  // elastic_cache: merges (MergeLayer) and its decode-time fixed point; winnowkv_docs: value
+  // norms (ValueNorms).
+  const std::vector<int32_t> prompt = CountingPrompt();
+  struct Case {
+    std::string policy;
+    double min_shared;
+  };
+  for (const Case& c : {Case{"snapkv", 0.9}, Case{"h2o", 0.85}, Case{"elastic_cache", 0.85},
+                        Case{"winnowkv_docs", 0.85}}) {
+    SCOPED_TRACE(c.policy);
+    const CompressedRun want =
+        GenerateCompressed(Cpu(), *cpu_pool_, prompt, c.policy, 0.25, 48, kSteps);
+    const CompressedRun got =
+        GenerateCompressed(Gpu(), *gpu_pool_, prompt, c.policy, 0.25, 48, kSteps);
+    const double shared = SharedKeptFraction(got.slots, want.slots);
+    const int32_t same = SameTokensFromTheStart(got.tokens, want.tokens);
+    std::printf("  measured %s: %.4f of kept slots shared with the CPU, %d of %d greedy tokens "
+                "equal from the start, %d blocks freed (CPU %d)\n",
+                c.policy.c_str(), shared, same, kSteps, got.stats.blocks_freed,
+                want.stats.blocks_freed);
+    EXPECT_GT(got.stats.blocks_freed, 0);
+    EXPECT_EQ(got.stats.kept_per_layer, want.stats.kept_per_layer);
+    EXPECT_GE(shared, c.min_shared);
+    // The first token comes from the full cache, before anything was evicted.
+    EXPECT_GE(same, 1);
+  }
+}
+
 TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
-  // Compression hooks are CPU-only for now: asking for one is an error, not a silent skip.
+  // TokenSelect's attention selection is CPU-only: asking for it is an error, not a silent skip.
+  struct NoSelection : cache::AttentionSelector {
+    bool Select(int32_t, std::span<const float>, int32_t, int32_t, const cache::SequenceKv&,
+                const cache::BlockPool&, std::vector<int32_t>*) override {
+      return false;
+    }
+  } selector;
   cache::SequenceKv kv(model_->config().num_layers, kBlock);
   ASSERT_TRUE(kv.Reserve(*gpu_pool_, 1));
   const int32_t token = 1;
-  std::vector<std::vector<float>> probs;
   BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, 0, LogitsMode::kLast};
-  e.attention_probs = &probs;
+  e.selector = &selector;
   ForwardOutput out;
   absl::Status st = cuda_->Forward({&e, 1}, *gpu_pool_, &out);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;

@@ -1,6 +1,7 @@
 """The daemon on the CUDA worker (`winnow serve --device cuda`), against the same daemon on the
 CPU worker: the same greedy tokens up to near ties, batching that does not change them (up to
-near ties), the KV pool sized by --gpu-memory-utilization, compression refused at admission,
+near ties), the KV pool sized by --gpu-memory-utilization, compression on the GPU (streaming_llm
+like the CPU worker, the scoring policies freeing blocks), TokenSelect refused at admission,
 every block back at the end.
 
 Skipped, saying why, when this build has no CUDA or no GPU is visible (CI machines have
@@ -111,10 +112,60 @@ def test_concurrent_requests_get_the_tokens_they_get_alone(gpu):
     gpu.wait_pool_free()
 
 
-def test_a_compression_policy_is_refused_at_admission(gpu):
+# A prompt long enough for compression to free whole blocks; its continuation depends on its end.
+LONG_PROMPT = "Count with me:" + "".join(f" {i}," for i in range(1, 121))
+COMPRESSION = {"policy": "streaming_llm", "budget": 0.25}
+
+
+def _compressed(daemon: Daemon) -> tuple[tuple[list[int], list], object]:
+    ids, logprobs, final = [], [], None
+    for msg in daemon.client.generate(LONG_PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                      logprobs=True, top_logprobs=2, compression=COMPRESSION,
+                                      timeout=120):
+        ids.extend(msg.token_ids)
+        logprobs.extend(msg.logprobs)
+        if msg.finish_reason:
+            final = msg
+    assert len(ids) == MAX_TOKENS
+    return (ids, logprobs), final.usage
+
+
+@pytest.fixture(scope="module")
+def cpu_compressed() -> tuple[tuple[list[int], list], object]:
+    with Daemon("--device", "cpu") as cpu:
+        return _compressed(cpu)
+
+
+def test_compression_runs_on_the_gpu_like_on_the_cpu(gpu, cpu_compressed):
+    # streaming_llm keeps positions, not scores: the same slots per layer as the CPU worker,
+    # the same blocks freed, and the same greedy tokens from the compacted cache (up to near
+    # ties). Compaction frees device blocks at once: every block is back at the end.
+    got, usage = _compressed(gpu)
+    want, want_usage = cpu_compressed
+    assert usage.kv_blocks_freed_by_compression > 0
+    assert usage.kv_blocks_freed_by_compression == want_usage.kv_blocks_freed_by_compression
+    assert list(usage.kv_tokens_kept_per_layer) == list(want_usage.kv_tokens_kept_per_layer)
+    _assert_same_or_near_tie(got, want, LONG_PROMPT)
+    gpu.wait_pool_free()
+
+
+@pytest.mark.parametrize("policy", ["snapkv", "h2o", "elastic_cache", "winnowkv_docs"])
+def test_scoring_policies_run_on_the_gpu_and_free_blocks(gpu, policy):
+    ids, final = [], None
+    for msg in gpu.client.generate(LONG_PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                   compression={"policy": policy, "budget": 0.25}, timeout=120):
+        ids.extend(msg.token_ids)
+        if msg.finish_reason:
+            final = msg
+    assert len(ids) == MAX_TOKENS
+    assert final.usage.kv_blocks_freed_by_compression > 0, final.usage
+    gpu.wait_pool_free()
+
+
+def test_tokenselect_is_refused_at_admission(gpu):
     with pytest.raises(grpc.RpcError) as err:
         list(gpu.client.generate(PROMPTS[0], max_tokens=4,
-                                 compression={"policy": "snapkv", "budget": 0.5}))
+                                 compression={"policy": "tokenselect", "budget": 0.5}))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "compression.policy" in err.value.details()
+    assert "compression.policy 'tokenselect'" in err.value.details()
     gpu.wait_pool_free()

@@ -149,7 +149,7 @@ TEST(SequenceKvTest, MakePrivateCopiesSharedBlocksAndLeavesTheOriginalIntact) {
   }
   EXPECT_EQ(sharer.SharedBlocks(*pool), 3);
   EXPECT_EQ(sharer.BlocksFreedByRelease(*pool), 0);
-  ASSERT_TRUE(sharer.MakePrivate(*pool));
+  ASSERT_TRUE(sharer.MakePrivate(*pool).ok());
   for (int l = 0; l < 3; ++l) {
     const int32_t mine = sharer.block_table(l)[0];
     EXPECT_NE(mine, owner.block_table(l)[0]);
@@ -160,7 +160,7 @@ TEST(SequenceKvTest, MakePrivateCopiesSharedBlocksAndLeavesTheOriginalIntact) {
   }
   EXPECT_EQ(sharer.SharedBlocks(*pool), 0);
   // Blocks it owns alone lose their key instead: their contents are about to change.
-  ASSERT_TRUE(owner.MakePrivate(*pool));
+  ASSERT_TRUE(owner.MakePrivate(*pool).ok());
   EXPECT_EQ(pool->FindCached(100), -1);
   owner.Release(*pool);
   sharer.Release(*pool);

@@ -327,7 +327,7 @@ TEST_P(KvDtypeKernelTest, CompactionCopiesRowsBitForBitAndMergesInFloat) {
   ASSERT_TRUE(kv.Reserve(pool, kSlots));
   kv.AppendSlots(0, kSlots);
   for (int32_t b = 0; b < static_cast<int32_t>(p.table.size()); ++b) {
-    pool.CopyBlock(p.table[b], kv.block_table(0)[b]);  // CopyBlock: bit for bit
+    ASSERT_TRUE(pool.CopyBlock(p.table[b], kv.block_table(0)[b]).ok());  // bit for bit
   }
   const int64_t row_bytes = pool.layout().row_bytes();
   auto bytes_of = [&](int32_t g, int32_t slot, bool values) {

@@ -119,7 +119,7 @@ class Harness {
     ASSERT_EQ(c.start, s.num_computed);
     for (int32_t l = 0; l < kLayers; ++l) s.kv.AppendSlots(l, c.count);  // as the forward does
     if (s.awaits_compression() && c.samples) {  // as the worker does
-      ASSERT_TRUE(s.kv.MakePrivate(*pool_));
+      ASSERT_TRUE(s.kv.MakePrivate(*pool_).ok());
       ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, threads_).ok());
     }
     scheduler_->OnChunkComputed(c);

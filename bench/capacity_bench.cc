@@ -1,0 +1,233 @@
+// Capacity of the engine with and without KV compression, in process, on synthetic weights of a
+// real shape (bench/synthetic_gguf.h), so that it runs from a bare checkout on any GPU machine
+// (docs/benchmarks.md, "GPU: capacity"):
+//
+//   capacity_bench [--shape=llama3-8b|smollm2-135m] [--gguf=PATH] [--device=cuda|cpu]
+//                  [--prompt_tokens=4096] [--output_tokens=128] [--requests=32] [--fit=4]
+//                  [--policies=none,snapkv,winnowkv] [--budget=0.1]
+//
+// One engine whose KV pool holds exactly --fit requests uncompressed (prompt + output, every
+// layer). For each policy in turn the same burst of --requests requests (distinct random
+// prompts, greedy, --output_tokens with ignore_eos) is submitted at once, and the engine is
+// polled every millisecond: the most requests running at once (admitted, holding KV), the
+// time-weighted mean while any was in flight, output tokens per second over the burst's wall
+// time, blocks freed by compression, preemptions. Prefix caching is off so that no run reuses
+// another's prompts. The synthetic weights make the tokens meaningless, which capacity does not
+// care about: every request runs the same number of steps. Prints a table; never asserts on
+// time.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/cli.h"
+#include "bench/bench_util.h"
+#include "bench/synthetic_gguf.h"
+#include "model/model.h"
+#include "scheduler/device.h"
+#include "scheduler/engine.h"
+
+namespace winnow {
+namespace {
+
+struct Options {
+  std::string shape = "llama3-8b";
+  std::string gguf;
+  std::string device = "cuda";
+  int32_t prompt_tokens = 4096;
+  int32_t output_tokens = 128;
+  int32_t requests = 32;
+  int32_t fit = 4;
+  std::vector<std::string> policies = {"none", "snapkv", "winnowkv"};
+  double budget = 0.1;
+  int32_t max_batched_tokens = 8192;
+  int32_t max_seqs = 128;
+};
+
+void Check(const absl::Status& st, const char* what) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "capacity_bench: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+// Counts what one burst's requests return; OnFinish runs on the engine thread.
+class BurstSink : public scheduler::RequestSink {
+ public:
+  explicit BurstSink(std::atomic<int>* finished) : finished_(finished) {}
+  void OnTokens(const scheduler::TokenEvent& event) override {
+    tokens += static_cast<int64_t>(event.token_ids.size());
+  }
+  void OnFinish(const scheduler::FinishEvent& event) override {
+    usage = event.usage;
+    status = event.status;
+    finished_->fetch_add(1);
+  }
+
+  int64_t tokens = 0;
+  scheduler::Usage usage;
+  absl::Status status;
+
+ private:
+  std::atomic<int>* finished_;
+};
+
+struct BurstResult {
+  int32_t peak_running = 0;
+  double mean_running = 0;
+  double seconds = 0;
+  int64_t output_tokens = 0;
+  int64_t blocks_freed = 0;
+  int64_t preemptions = 0;
+  int32_t failed = 0;
+};
+
+BurstResult RunBurst(scheduler::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                     const Options& opt, const std::string& policy) {
+  std::atomic<int> finished{0};
+  std::vector<std::shared_ptr<BurstSink>> sinks;
+  const int64_t preemptions_before = engine.Snapshot().preemptions_total;
+  const double t0 = bench::Now(false);
+  for (const std::vector<int32_t>& prompt : prompts) {
+    scheduler::GenerationRequest r;
+    r.prompt_tokens = prompt;
+    r.max_tokens = opt.output_tokens;
+    r.ignore_eos = true;
+    if (policy != "none") {
+      r.compression.policy = policy;
+      r.compression.budget = opt.budget;
+    }
+    sinks.push_back(std::make_shared<BurstSink>(&finished));
+    Check(engine.Submit(std::move(r), sinks.back()).status(), "Submit");
+  }
+  BurstResult result;
+  double running_time = 0, last = t0;
+  int32_t running = 0;
+  while (finished.load() < static_cast<int>(prompts.size())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const double now = bench::Now(false);
+    running_time += running * (now - last);
+    last = now;
+    running = engine.Snapshot().running;
+    result.peak_running = std::max(result.peak_running, running);
+  }
+  result.seconds = bench::Now(false) - t0;
+  result.mean_running = running_time / result.seconds;
+  result.preemptions = engine.Snapshot().preemptions_total - preemptions_before;
+  for (const std::shared_ptr<BurstSink>& s : sinks) {
+    result.output_tokens += s->tokens;
+    result.blocks_freed += s->usage.kv_blocks_freed_by_compression;
+    if (!s->status.ok()) {
+      if (result.failed++ == 0) {
+        std::fprintf(stderr, "  %s failed: %s\n", policy.c_str(), s->status.ToString().c_str());
+      }
+    }
+  }
+  return result;
+}
+
+int Run(const Options& opt) {
+  bench::SyntheticShape shape;
+  Check(bench::ShapeByName(opt.shape, &shape), "--shape");
+  absl::StatusOr<scheduler::Device> device = scheduler::ParseDevice(opt.device);
+  Check(device.status(), "--device");
+  const std::string path =
+      opt.gguf.empty() ? "/tmp/winnow-synthetic-" + opt.shape + ".gguf" : opt.gguf;
+  if (!std::filesystem::exists(path)) {
+    const double t0 = bench::Now(false);
+    Check(bench::WriteSyntheticGguf(shape, path), "writing the synthetic GGUF");
+    std::printf("wrote %s in %.1f s\n", path.c_str(), bench::Now(false) - t0);
+  }
+  auto model = model::Model::Load(path, {.num_threads = 0});
+  Check(model.status(), "Model::Load");
+
+  scheduler::EngineOptions eo;
+  eo.device = *device;
+  absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(*device, std::nullopt);
+  Check(dtype.status(), "KV dtype");
+  eo.kv_cache_dtype = *dtype;
+  eo.max_batched_tokens = opt.max_batched_tokens;
+  eo.max_seqs = opt.max_seqs;
+  eo.max_queue = opt.requests;
+  eo.enable_prefix_caching = false;
+  const int32_t per_layer = (opt.prompt_tokens + opt.output_tokens + eo.block_size - 1) /
+                            eo.block_size;
+  eo.kv_blocks = opt.fit * per_layer * shape.layers;
+  auto engine = scheduler::Engine::Create(model->get(), eo);
+  Check(engine.status(), "Engine::Create");
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(3, shape.vocab - 1);
+  std::vector<std::vector<int32_t>> prompts(opt.requests);
+  for (std::vector<int32_t>& p : prompts) {
+    p.resize(opt.prompt_tokens);
+    for (int32_t& t : p) t = token(rng);
+  }
+  const scheduler::EngineLimits& limits = (*engine)->limits();
+  std::printf("%s, shape %s; KV pool %d blocks (%.2f GiB, %d requests of %d + %d tokens "
+              "uncompressed); %d requests per burst, budget %.2f\n",
+              limits.device.c_str(), opt.shape.c_str(), limits.kv_blocks_total,
+              limits.kv_bytes_per_token * static_cast<double>(limits.kv_blocks_total) * eo.block_size /
+                  shape.layers / (1 << 30),
+              opt.fit, opt.prompt_tokens, opt.output_tokens, opt.requests, opt.budget);
+  std::printf("| policy | peak running | mean running | wall s | output tok/s | vs none | "
+              "blocks freed | preemptions | failed |\n| --- | --- | --- | --- | --- | --- | "
+              "--- | --- | --- |\n");
+  double none_rate = 0;
+  for (const std::string& policy : opt.policies) {
+    const BurstResult r = RunBurst(**engine, prompts, opt, policy);
+    const double rate = r.output_tokens / r.seconds;
+    if (policy == "none") none_rate = rate;
+    char ratio[16] = "-";
+    if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
+    std::printf("| %s | %d | %.1f | %.2f | %.0f | %s | %lld | %lld | %d |\n", policy.c_str(),
+                r.peak_running, r.mean_running, r.seconds, rate, ratio,
+                static_cast<long long>(r.blocks_freed), static_cast<long long>(r.preemptions),
+                r.failed);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
+  CLI::App app("Engine capacity with and without KV compression on synthetic weights: requests "
+               "running at once and output tokens/s in a pool that fits --fit uncompressed.",
+               "capacity_bench");
+  base::ConfigureApp(app);
+  app.add_option("--shape", opt->shape, "llama3-8b or smollm2-135m");
+  app.add_option("--gguf", opt->gguf,
+                 "synthetic GGUF path, written first if missing (default: "
+                 "/tmp/winnow-synthetic-<shape>.gguf)");
+  app.add_option("--device", opt->device, "cuda, cuda:N or cpu");
+  app.add_option("--prompt_tokens", opt->prompt_tokens, "tokens per prompt")
+      ->check(base::AtLeast(1));
+  app.add_option("--output_tokens", opt->output_tokens, "tokens generated per request")
+      ->check(base::AtLeast(1));
+  app.add_option("--requests", opt->requests, "requests per burst")->check(base::AtLeast(1));
+  app.add_option("--fit", opt->fit, "requests the KV pool holds uncompressed")
+      ->check(base::AtLeast(1));
+  app.add_option("--policies", opt->policies, "comma-separated; none = no compression")
+      ->delimiter(',');
+  app.add_option("--budget", opt->budget, "compression budget of every policy");
+  app.add_option("--max_batched_tokens", opt->max_batched_tokens, "tokens per forward")
+      ->check(base::AtLeast(1));
+  app.add_option("--max_seqs", opt->max_seqs, "sequences holding KV at once")
+      ->check(base::AtLeast(1));
+  return base::ParseCommandLine(app, argc, argv);
+}
+
+}  // namespace
+}  // namespace winnow
+
+int main(int argc, char** argv) {
+  winnow::Options opt;
+  if (std::optional<int> exit = winnow::ParseOptions(argc, argv, &opt)) return *exit;
+  return winnow::Run(opt);
+}

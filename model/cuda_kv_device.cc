@@ -1,0 +1,151 @@
+#include "model/cuda_kv_device.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/compaction.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/scoring.h"
+
+namespace winnow::model {
+
+namespace kc = kernels::cuda;
+
+namespace {
+
+std::vector<int32_t> ToVector(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
+
+// Copies `count` device floats into host memory, in the stream's order (waited for by Sync).
+absl::Status Download(const float* device, int64_t count, float* host, cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  return kc::CudaStatus(cudaMemcpyAsync(host, device, count * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream),
+                        "cudaMemcpyAsync device->host");
+}
+
+}  // namespace
+
+absl::Status CudaKvDevice::Sync() {
+  return kc::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (KV device)");
+}
+
+absl::Status CudaKvDevice::CopyBlock(int32_t from, int32_t to) {
+  const int64_t bytes = kv_.bytes_per_block;
+  return kc::CudaStatus(cudaMemcpyAsync(kv_.arena + to * bytes, kv_.arena + from * bytes, bytes,
+                                        cudaMemcpyDeviceToDevice, stream_),
+                        "cudaMemcpyAsync CopyBlock");
+}
+
+absl::Status CudaKvDevice::CompactLayer(std::span<const int32_t> table,
+                                        const cache::policies::LayerKeep& keep) {
+  const int32_t kept = keep.kept();
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(table_, ToVector(table), stream_));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(scratch_, kc::CompactionScratchBytes(kv_, kept)));
+  if (keep.merge.empty()) {
+    std::vector<int32_t> slots;
+    slots.reserve(static_cast<size_t>(kv_.num_kv_heads) * kept);
+    for (const std::vector<int32_t>& head : keep.heads) {
+      slots.insert(slots.end(), head.begin(), head.end());
+    }
+    WINNOW_RETURN_IF_ERROR(kc::UploadAsync(slots_, slots, stream_));
+    return kc::CompactLayer(kv_, table_.data(), table_.data(), slots_.data(), kept,
+                            scratch_.data(), stream_);
+  }
+  // Merge groups as offsets into one source list; a head without merges is groups of one.
+  std::vector<int32_t> offsets = {0};
+  std::vector<int32_t> sources;
+  for (int32_t h = 0; h < kv_.num_kv_heads; ++h) {
+    const bool merged = !keep.merge[h].empty();
+    for (int32_t i = 0; i < kept; ++i) {
+      if (merged) {
+        sources.insert(sources.end(), keep.merge[h][i].begin(), keep.merge[h][i].end());
+      } else {
+        sources.push_back(keep.heads[h][i]);
+      }
+      offsets.push_back(static_cast<int32_t>(sources.size()));
+    }
+  }
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(offsets_, offsets, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(slots_, sources, stream_));
+  return kc::MergeLayer(kv_, table_.data(), offsets_.data(), slots_.data(), kept,
+                        scratch_.data(), stream_);
+}
+
+absl::Status CudaKvDevice::UploadScoreInput(const kernels::ScoreInput& in) {
+  const int32_t blocks = (in.num_slots + kv_.block_size - 1) / kv_.block_size;
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(
+      table_, std::vector<int32_t>(in.block_table, in.block_table + blocks), stream_));
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(
+      visible_, std::vector<int32_t>(in.visible, in.visible + in.num_rows), stream_));
+  const int64_t rows = int64_t{in.num_heads} * in.num_rows;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(probs_, std::max<int64_t>(1, rows * in.num_slots)));
+  return kc::Reserve(lse_, std::max<int64_t>(1, rows));
+}
+
+absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
+                                                  float* log_normalizer) {
+  if (in.num_rows == 0) return absl::OkStatus();
+  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
+  WINNOW_RETURN_IF_ERROR(
+      kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
+  kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
+                                visible_.data(), in.num_heads, in.scale};
+  WINNOW_RETURN_IF_ERROR(
+      kc::AttentionProbabilities(kv_, d, probs_.data(), lse_.data(), stream_));
+  const int64_t rows = int64_t{in.num_heads} * in.num_rows;
+  WINNOW_RETURN_IF_ERROR(Download(probs_.data(), rows * in.num_slots, probs, stream_));
+  if (log_normalizer != nullptr) {
+    WINNOW_RETURN_IF_ERROR(Download(lse_.data(), rows, log_normalizer, stream_));
+  }
+  return Sync();
+}
+
+absl::Status CudaKvDevice::DeviceQueryProbabilities(const __nv_bfloat16* q,
+                                                    const kernels::ScoreInput& in,
+                                                    float* probs) {
+  if (in.num_rows == 0) return absl::OkStatus();
+  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots, q, in.num_rows,
+                                        visible_.data(), in.num_heads, in.scale};
+  WINNOW_RETURN_IF_ERROR(
+      kc::AttentionProbabilities(kv_, d, probs_.data(), lse_.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Download(
+      probs_.data(), int64_t{in.num_heads} * in.num_rows * in.num_slots, probs, stream_));
+  return Sync();
+}
+
+absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput& in,
+                                                      float* column_sums) {
+  if (in.num_rows == 0) return absl::OkStatus();
+  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
+  WINNOW_RETURN_IF_ERROR(
+      kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
+  const int64_t sums = int64_t{in.num_heads} * in.num_slots;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, sums));
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sums_.data(), 0, sums * sizeof(float), stream_));
+  kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
+                                visible_.data(), in.num_heads, in.scale};
+  WINNOW_RETURN_IF_ERROR(
+      kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+  std::vector<float> chunk(sums);
+  WINNOW_RETURN_IF_ERROR(Download(sums_.data(), sums, chunk.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Sync());
+  for (int64_t i = 0; i < sums; ++i) column_sums[i] += chunk[i];
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvDevice::ValueNorms(std::span<const int32_t> table, int32_t num_slots,
+                                      float* norms) {
+  if (num_slots == 0) return absl::OkStatus();
+  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(table_, ToVector(table), stream_));
+  const int64_t count = int64_t{kv_.num_kv_heads} * num_slots;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, count));
+  WINNOW_RETURN_IF_ERROR(kc::ValueNorms(kv_, table_.data(), num_slots, sums_.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Download(sums_.data(), count, norms, stream_));
+  return Sync();
+}
+
+}  // namespace winnow::model

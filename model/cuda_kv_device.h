@@ -1,0 +1,65 @@
+// The CUDA worker's device arena as the cache sees it (cache/kv_device.h): MakePrivate's block
+// copies, compaction (kernels/cuda/compaction.h) and the compression scoring
+// (kernels/cuda/scoring.h) run on the GPU, on the forward's stream, over the arena the forward
+// writes. The host sends block tables, query rows and slot lists, and gets back only what the
+// policies read: probabilities, column sums, value norms. Not thread-safe: the engine thread
+// owns it, as it owns the CudaModel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cache/kv_device.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/paged_kv.h"
+
+namespace winnow::model {
+
+class CudaKvDevice : public cache::KvDevice {
+ public:
+  // `kv` describes the arena (device memory that outlives this object); work is queued on
+  // `stream`.
+  CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream)
+      : kv_(kv), stream_(stream) {}
+
+  absl::Status CopyBlock(int32_t from, int32_t to) override;
+  absl::Status CompactLayer(std::span<const int32_t> table,
+                            const cache::policies::LayerKeep& keep) override;
+  absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
+                                      float* log_normalizer) override;
+  absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in,
+                                          float* column_sums) override;
+  absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
+                          float* norms) override;
+
+  // AttentionProbabilities of query rows already on the device (num_rows x num_heads x
+  // head_dim bf16, `in.q` is ignored): each decode token's attention for the policies that
+  // evict during decode (H2O's decode cap), without a round trip of the query.
+  absl::Status DeviceQueryProbabilities(const __nv_bfloat16* q, const kernels::ScoreInput& in,
+                                        float* probs);
+
+ private:
+  template <typename T>
+  using Buf = kernels::cuda::DeviceBuffer<T>;
+
+  // Uploads the table and `visible` of `in` into table_ / visible_ (the q pointer is the
+  // caller's), and sizes probs_ / lse_ for its rows.
+  absl::Status UploadScoreInput(const kernels::ScoreInput& in);
+  // Waits for the queued work, so that downloads into host memory are complete.
+  absl::Status Sync();
+
+  kernels::cuda::DevicePagedKv kv_;
+  cudaStream_t stream_;
+  // Grown on demand and reused: the transient of one call.
+  Buf<int32_t> table_, visible_, slots_, offsets_;
+  Buf<float> q_, probs_, lse_, sums_;
+  Buf<std::byte> scratch_;
+};
+
+}  // namespace winnow::model

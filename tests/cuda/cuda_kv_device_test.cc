@@ -1,0 +1,176 @@
+// model/cuda_kv_device.h against the host pool: the same cache operations (MakePrivate's block
+// copies, ApplyKeepPlan with and without merges, the compression scoring) run once on a host
+// BlockPool and once on a books-only pool with the CUDA device attached, over the same block
+// ids and the same starting bytes. Moves must match byte for byte; scores within the scoring
+// kernels' tolerance (tests/cuda/scoring_test.cc).
+#include "model/cuda_kv_device.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "cache/compaction.h"
+#include "cache/sequence_kv.h"
+#include "kernels/cpu/attention_scores.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/kernel_test_util.h"
+
+namespace winnow::model {
+namespace {
+
+using ::winnow::testing::Download;
+using ::winnow::testing::ExpectClose;
+using ::winnow::testing::RandomNormal;
+using ::winnow::testing::Upload;
+using kernels::KvDtype;
+
+constexpr int32_t kLayers = 2;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kHeads = 6;
+constexpr int32_t kDim = 64;
+constexpr int32_t kBlock = 4;
+constexpr int32_t kBlocks = 24;
+constexpr int32_t kSlots = 23;
+
+class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
+                         public ::testing::WithParamInterface<KvDtype> {
+ protected:
+  void SetUp() override {
+    ::winnow::testing::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    const cache::KvLayout layout{kLayers, kKvHeads, kDim, kBlock, GetParam()};
+    host_ = *cache::BlockPool::Create(layout, kBlocks);
+    books_ = *cache::BlockPool::Create(layout, kBlocks, /*host_arena=*/false);
+    const std::vector<float> values =
+        RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 17);
+    int64_t next = 0;
+    for (int32_t b = 0; b < kBlocks; ++b) {
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        for (int32_t s = 0; s < kBlock; ++s) {
+          for (bool v : {false, true}) {
+            host_->WriteRow(b, h, s, v, values.data() + next);
+            next += kDim;
+          }
+        }
+      }
+    }
+    arena_ = Upload(HostArena());
+    device_ = std::make_unique<CudaKvDevice>(
+        kernels::cuda::DevicePagedKvFor(layout.View(nullptr), arena_.data()), nullptr);
+    books_->AttachDevice(device_.get());
+    // The same reservations on both pools give the same block ids.
+    for (cache::BlockPool* pool : {host_.get(), books_.get()}) {
+      kvs_.emplace_back(kLayers, kBlock);
+      ASSERT_TRUE(kvs_.back().Reserve(*pool, kSlots));
+      for (int32_t l = 0; l < kLayers; ++l) kvs_.back().AppendSlots(l, kSlots);
+    }
+    ASSERT_EQ(std::vector<int32_t>(kvs_[0].block_table(1).begin(), kvs_[0].block_table(1).end()),
+              std::vector<int32_t>(kvs_[1].block_table(1).begin(), kvs_[1].block_table(1).end()));
+  }
+  void TearDown() override {
+    if (kvs_.size() == 2) {
+      kvs_[0].Release(*host_);
+      kvs_[1].Release(*books_);
+      EXPECT_EQ(host_->num_used(), books_->num_used());
+    }
+  }
+
+  std::vector<std::byte> HostArena() const {
+    const std::byte* a = host_->View().arena;
+    return std::vector<std::byte>(a, a + int64_t{kBlocks} * host_->layout().bytes_per_block());
+  }
+  void ExpectSameArena() {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(Download(arena_) == HostArena()) << "device arena differs from the host's";
+  }
+
+  std::unique_ptr<cache::BlockPool> host_, books_;
+  kernels::cuda::DeviceBuffer<std::byte> arena_;
+  std::unique_ptr<CudaKvDevice> device_;
+  std::vector<cache::SequenceKv> kvs_;  // [0] on host_, [1] on books_
+};
+
+TEST_P(CudaKvDeviceTest, CopyBlockThroughThePoolCopiesOnTheDevice) {
+  std::vector<int32_t> spare;
+  ASSERT_TRUE(host_->Allocate(1, &spare));
+  ASSERT_TRUE(books_->Allocate(1, &spare));
+  ASSERT_EQ(spare[0], spare[1]);
+  ASSERT_TRUE(host_->CopyBlock(kvs_[0].block_table(0)[2], spare[0]).ok());
+  ASSERT_TRUE(books_->CopyBlock(kvs_[1].block_table(0)[2], spare[1]).ok());
+  ExpectSameArena();
+  host_->Free({&spare[0], 1});
+  books_->Free({&spare[1], 1});
+}
+
+TEST_P(CudaKvDeviceTest, ApplyKeepPlanMovesTheHostsBytes) {
+  cache::policies::KeepPlan plan;
+  plan.layers.resize(kLayers);
+  // Layer 0: head 0 keeps a prefix in place then moves, head 1 moves every entry.
+  plan.layers[0].heads = {{0, 1, 2, 5, 9, 22}, {3, 4, 8, 12, 17, 21}};
+  // Layer 1 untouched.
+  cache::CompactionStats want = *cache::ApplyKeepPlan(plan, kvs_[0], *host_);
+  absl::StatusOr<cache::CompactionStats> got = cache::ApplyKeepPlan(plan, kvs_[1], *books_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->blocks_freed, want.blocks_freed);
+  EXPECT_EQ(books_->num_free(), host_->num_free());
+  EXPECT_EQ(kvs_[1].num_slots(0), 6);
+  ExpectSameArena();
+}
+
+TEST_P(CudaKvDeviceTest, ApplyKeepPlanWithMergesMatchesTheHostsMeans) {
+  cache::policies::KeepPlan plan;
+  plan.layers.resize(kLayers);
+  // Layer 1: head 0 merges groups (one group of one), head 1 only keeps.
+  cache::policies::LayerKeep& keep = plan.layers[1];
+  keep.heads = {{0, 4, 10, 20}, {1, 2, 15, 22}};
+  keep.merge = {{{0, 1, 2, 3}, {4}, {5, 6, 10, 11, 12}, {19, 20, 21, 22}}, {}};
+  ASSERT_TRUE(cache::ApplyKeepPlan(plan, kvs_[0], *host_).ok());
+  absl::StatusOr<cache::CompactionStats> got = cache::ApplyKeepPlan(plan, kvs_[1], *books_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(kvs_[1].num_slots(1), 4);
+  ExpectSameArena();
+}
+
+TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
+  const int32_t rows = 5;
+  const std::vector<float> q = RandomNormal(int64_t{rows} * kHeads * kDim, 5);
+  std::vector<int32_t> visible(rows);
+  for (int32_t r = 0; r < rows; ++r) visible[r] = kSlots - rows + r + 1;
+  kernels::ScoreInput in;
+  in.block_table = kvs_[0].block_table(0).data();
+  in.num_slots = kSlots;
+  in.q = q.data();
+  in.num_rows = rows;
+  in.visible = visible.data();
+  in.num_heads = kHeads;
+  in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  kernels::ThreadPool threads(2);
+
+  const int64_t n = int64_t{kHeads} * rows * kSlots;
+  std::vector<float> want(n), want_lse(kHeads * rows), got(n), got_lse(kHeads * rows);
+  kernels::AttentionProbabilities(host_->View(), in, want.data(), want_lse.data(), threads);
+  ASSERT_TRUE(device_->AttentionProbabilities(in, got.data(), got_lse.data()).ok());
+  ExpectClose(got, want, 2e-4, 1e-6, "probabilities");
+  ExpectClose(got_lse, want_lse, 1e-4, 1e-6, "log-normaliser");
+
+  std::vector<float> want_sums(int64_t{kHeads} * kSlots, 1.0f), got_sums = want_sums;
+  kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
+  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data()).ok());
+  ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums (added to 1)");
+
+  std::vector<float> want_norms(int64_t{kKvHeads} * kSlots), got_norms(want_norms.size());
+  kernels::ValueNorms(host_->View(), in.block_table, kSlots, want_norms.data());
+  ASSERT_TRUE(device_->ValueNorms(kvs_[1].block_table(0), kSlots, got_norms.data()).ok());
+  ExpectClose(got_norms, want_norms, 1e-5, 1e-6, "value norms");
+}
+
+INSTANTIATE_TEST_SUITE_P(DevicePoolDtypes, CudaKvDeviceTest,
+                         ::testing::Values(KvDtype::kF16, KvDtype::kBF16),
+                         [](const ::testing::TestParamInfo<KvDtype>& info) {
+                           return std::string(kernels::KvDtypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace winnow::model
