@@ -10,8 +10,9 @@
 // layer). For each policy in turn the same burst of --requests requests (distinct random
 // prompts, greedy, --output_tokens with ignore_eos) is submitted at once, and the engine is
 // polled every millisecond: the most requests running at once (admitted, holding KV), the
-// time-weighted mean while any was in flight, output tokens per second over the burst's wall
-// time, blocks freed by compression, preemptions. Prefix caching is off so that no run reuses
+// time-weighted mean while any was in flight, the engine thread's seconds in forwards and in
+// the compression hooks, output tokens per second over the burst's wall time, blocks freed by
+// compression, preemptions. Prefix caching is off so that no run reuses
 // another's prompts. The synthetic weights make the tokens meaningless, which capacity does not
 // care about: every request runs the same number of steps. Prints a table; never asserts on
 // time.
@@ -34,6 +35,7 @@
 #include "model/model.h"
 #include "scheduler/device.h"
 #include "scheduler/engine.h"
+#include "scheduler/engine_observer.h"
 
 namespace winnow {
 namespace {
@@ -57,6 +59,18 @@ void Check(const absl::Status& st, const char* what) {
   std::fprintf(stderr, "capacity_bench: %s: %s\n", what, st.ToString().c_str());
   std::exit(1);
 }
+
+// Where the engine thread's time goes: the forwards (GPU work and its waits) and the compression
+// hooks after them (scoring, the policies' decisions, compaction). Runs on the engine thread.
+class TimeObserver : public scheduler::EngineObserver {
+ public:
+  void OnIteration(const scheduler::IterationStats& stats) override {
+    forward_ns += absl::ToInt64Nanoseconds(stats.forward_time);
+    compression_ns += absl::ToInt64Nanoseconds(stats.compression_time);
+  }
+  std::atomic<int64_t> forward_ns{0};
+  std::atomic<int64_t> compression_ns{0};
+};
 
 // Counts what one burst's requests return; OnFinish runs on the engine thread.
 class BurstSink : public scheduler::RequestSink {
@@ -83,15 +97,19 @@ struct BurstResult {
   int32_t peak_running = 0;
   double mean_running = 0;
   double seconds = 0;
+  double forward_seconds = 0;
+  double compression_seconds = 0;
   int64_t output_tokens = 0;
   int64_t blocks_freed = 0;
   int64_t preemptions = 0;
   int32_t failed = 0;
 };
 
-BurstResult RunBurst(scheduler::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                     const Options& opt, const std::string& policy) {
+BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
+                     const std::vector<std::vector<int32_t>>& prompts, const Options& opt,
+                     const std::string& policy) {
   std::atomic<int> finished{0};
+  const int64_t forward_before = times.forward_ns, compression_before = times.compression_ns;
   std::vector<std::shared_ptr<BurstSink>> sinks;
   const int64_t preemptions_before = engine.Snapshot().preemptions_total;
   const double t0 = bench::Now(false);
@@ -121,6 +139,9 @@ BurstResult RunBurst(scheduler::Engine& engine, const std::vector<std::vector<in
   result.seconds = bench::Now(false) - t0;
   result.mean_running = running_time / result.seconds;
   result.preemptions = engine.Snapshot().preemptions_total - preemptions_before;
+  result.forward_seconds = 1e-9 * static_cast<double>(times.forward_ns - forward_before);
+  result.compression_seconds =
+      1e-9 * static_cast<double>(times.compression_ns - compression_before);
   for (const std::shared_ptr<BurstSink>& s : sinks) {
     result.output_tokens += s->tokens;
     result.blocks_freed += s->usage.kv_blocks_freed_by_compression;
@@ -160,7 +181,8 @@ int Run(const Options& opt) {
   const int32_t per_layer = (opt.prompt_tokens + opt.output_tokens + eo.block_size - 1) /
                             eo.block_size;
   eo.kv_blocks = opt.fit * per_layer * shape.layers;
-  auto engine = scheduler::Engine::Create(model->get(), eo);
+  TimeObserver times;
+  auto engine = scheduler::Engine::Create(model->get(), eo, &times);
   Check(engine.status(), "Engine::Create");
 
   std::mt19937 rng(7);
@@ -177,18 +199,19 @@ int Run(const Options& opt) {
               limits.kv_bytes_per_token * static_cast<double>(limits.kv_blocks_total) * eo.block_size /
                   shape.layers / (1 << 30),
               opt.fit, opt.prompt_tokens, opt.output_tokens, opt.requests, opt.budget);
-  std::printf("| policy | peak running | mean running | wall s | output tok/s | vs none | "
-              "blocks freed | preemptions | failed |\n| --- | --- | --- | --- | --- | --- | "
-              "--- | --- | --- |\n");
+  std::printf("| policy | peak running | mean running | wall s | forward s | compression s | "
+              "output tok/s | vs none | blocks freed | preemptions | failed |\n| --- | --- | "
+              "--- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   double none_rate = 0;
   for (const std::string& policy : opt.policies) {
-    const BurstResult r = RunBurst(**engine, prompts, opt, policy);
+    const BurstResult r = RunBurst(**engine, times, prompts, opt, policy);
     const double rate = r.output_tokens / r.seconds;
     if (policy == "none") none_rate = rate;
     char ratio[16] = "-";
     if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
-    std::printf("| %s | %d | %.1f | %.2f | %.0f | %s | %lld | %lld | %d |\n", policy.c_str(),
-                r.peak_running, r.mean_running, r.seconds, rate, ratio,
+    std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.0f | %s | %lld | %lld | %d |\n",
+                policy.c_str(), r.peak_running, r.mean_running, r.seconds, r.forward_seconds,
+                r.compression_seconds, rate, ratio,
                 static_cast<long long>(r.blocks_freed), static_cast<long long>(r.preemptions),
                 r.failed);
     std::fflush(stdout);

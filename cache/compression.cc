@@ -176,6 +176,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   for (int32_t r = 0; r < rows; ++r) visible[r] = window_positions_[r] + 1;
   std::vector<float> probs;
   std::vector<float> log_normalizer;
+  std::vector<float> window_sums;
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     policies::ObservationAttention attention;
     attention.layer = l;
@@ -185,9 +186,6 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     attention.num_slots = num_tokens_;
     attention.row_positions = window_positions_;
     if (rows > 0) {
-      // One layer at a time: the transient is num_heads x rows x num_tokens floats.
-      probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
-      log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
       kernels::ScoreInput in;
       in.block_table = kv.block_table(l).data();
       in.num_slots = num_tokens_;
@@ -196,10 +194,20 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
       in.visible = visible.data();
       in.num_heads = dims_.num_heads;
       in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
-      WINNOW_RETURN_IF_ERROR(
-          Probabilities(pool, in, probs.data(), log_normalizer.data(), threads));
-      attention.probs = probs;
-      attention.log_normalizer = log_normalizer;
+      if (observe_.row_probabilities) {
+        // One layer at a time: the transient is num_heads x rows x num_tokens floats.
+        probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
+        log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
+        WINNOW_RETURN_IF_ERROR(
+            Probabilities(pool, in, probs.data(), log_normalizer.data(), threads));
+        attention.probs = probs;
+        attention.log_normalizer = log_normalizer;
+      } else {
+        // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
+        window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
+        WINNOW_RETURN_IF_ERROR(ColumnSums(pool, in, window_sums.data(), threads));
+        attention.window_sums = window_sums;
+      }
     }
     if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
     std::vector<float> value_norms;

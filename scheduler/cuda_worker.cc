@@ -34,7 +34,9 @@ WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
+  const absl::Time t1 = absl::Now();
   RunCompressions(chunks, pool_, model_.threads(), result.chunks);
+  result.compression_time = absl::Now() - t1;
   SampleChunks(chunks, out_, model_.threads(), result.chunks);
   return result;
 }

@@ -450,6 +450,7 @@ bool Engine::Impl::RunIteration() {
       (c.is_decode() ? stats.decode_tokens : stats.prefill_tokens) += c.count;
     }
     stats.forward_time = out.forward_time;
+    stats.compression_time = out.compression_time;
     observer->OnIteration(stats);
   }
   ApplyResults(plan, out);

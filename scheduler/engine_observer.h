@@ -22,6 +22,9 @@ struct IterationStats {
   int32_t decode_tokens = 0;   // entries of exactly one token that produced a sample
   int32_t preemptions = 0;     // sequences preempted while building this batch
   absl::Duration forward_time;
+  // After the forward: the sequences' compression hooks (scoring, the policies' decisions,
+  // compaction), on the engine thread; zero when no sequence compresses.
+  absl::Duration compression_time;
 };
 
 // Queue and pool state; published after every engine loop turn that changed anything, so the

@@ -30,6 +30,7 @@ struct WorkerOutput {
   absl::Status status;
   std::vector<ChunkResult> chunks;  // parallel to the plan's chunks
   absl::Duration forward_time;
+  absl::Duration compression_time;  // the compression hooks after the forward
 };
 
 class Worker {

@@ -240,6 +240,15 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
                             .Register(r)
                             .Add({}, Buckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                              0.5, 1.0, 2.5, 5.0, 10});
+  compression_seconds_ = &BuildHistogram()
+                              .Name("winnow_iteration_compression_seconds")
+                              .Labels(model)
+                              .Help("Time one engine iteration spent in the compression hooks "
+                                    "after its forward (scoring, policy decisions, compaction); "
+                                    "iterations without compression are not observed.")
+                              .Register(r)
+                              .Add({}, Buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                               0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5});
 }
 
 Metrics::~Metrics() {
@@ -341,6 +350,9 @@ void Metrics::OnIteration(const scheduler::IterationStats& stats) {
   iteration_tokens_->Observe(stats.batch_tokens);
   iteration_sequences_->Observe(stats.batch_seqs);
   iteration_seconds_->Observe(Seconds(stats.forward_time));
+  if (stats.compression_time > absl::ZeroDuration()) {
+    compression_seconds_->Observe(Seconds(stats.compression_time));
+  }
 }
 
 void Metrics::OnSchedulerState(const scheduler::SchedulerState& state) {

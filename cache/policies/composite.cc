@@ -105,6 +105,9 @@ class CompositePolicy : public CompressionPolicy {
   ObservationRequest Observation() const override {
     ObservationRequest request{window_.begin, options_.scorer != Scorer::kWindow};
     request.value_norms = options_.value_norm;
+    // Every scorer sums all window rows; only VL-Cache's sparsity allocation reads them one by
+    // one.
+    request.row_probabilities = options_.allocation == Allocation::kSparsity;
     return request;
   }
 

@@ -171,6 +171,11 @@ struct ObservationRequest {
   bool accumulate_all_rows = false;
   // Also hand over the L2 norm of every prompt token's value vector per (layer, KV head).
   bool value_norms = false;
+  // false: the policy reads the window rows only through their sum (window_sums, or
+  // SumObservedRows over every row), so the machinery computes that sum without materialising
+  // the rows' probabilities (num_heads x rows x num_tokens floats; on a GPU worker they would
+  // cross to the host) and leaves probs and log_normalizer empty.
+  bool row_probabilities = true;
 };
 
 // One layer's observation, handed to ObserveLayer after the last prefill chunk. At that point
@@ -191,6 +196,9 @@ struct ObservationAttention {
   // With accumulate_all_rows: [h * num_slots + j] = sum over every prompt row of its
   // probability on key j. Empty otherwise.
   std::span<const float> column_sums;
+  // Without row_probabilities: [h * num_slots + j] = sum over the observed rows of Prob(h, r,
+  // j), computed without the rows (probs is then empty). Empty otherwise.
+  std::span<const float> window_sums;
   // With value_norms: [kv_head * num_slots + j] = ||v_j||. Empty otherwise.
   std::span<const float> value_norms;
 

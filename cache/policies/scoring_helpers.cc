@@ -41,6 +41,15 @@ std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_
   std::vector<float> out(static_cast<size_t>(attention.num_heads) * n, 0.0f);
   row_begin = std::max(row_begin, 0);
   row_end = std::min(row_end, attention.num_rows);
+  if (attention.probs.empty()) {
+    // The machinery summed every row already (ObservationRequest::row_probabilities false);
+    // a partial or mean sum needs the rows, which such a policy must not ask for.
+    if (row_begin == 0 && row_end == attention.num_rows && !mean &&
+        attention.window_sums.size() == out.size()) {
+      out.assign(attention.window_sums.begin(), attention.window_sums.end());
+    }
+    return out;
+  }
   for (int32_t h = 0; h < attention.num_heads; ++h) {
     float* dst = out.data() + int64_t{h} * n;
     for (int32_t r = row_begin; r < row_end; ++r) {

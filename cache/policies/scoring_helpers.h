@@ -34,7 +34,8 @@ int32_t KeepCount(double budget, int32_t n);
 // Per query head, the sum over observed rows [row_begin, row_end) of their probabilities:
 // out[h * num_slots + j]. With `mean`, each column is divided by the number of those rows
 // that can see key j (causal), so keys inside the window are not penalised for seeing fewer
-// queries.
+// queries. Without row probabilities (ObservationRequest::row_probabilities false) only the
+// plain sum over every row is available (window_sums); anything else is zeros.
 std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_t row_begin,
                                    int32_t row_end, bool mean);
 

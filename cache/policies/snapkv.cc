@@ -23,7 +23,9 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
   std::string name() const override { return name_; }
 
   ObservationRequest Observation() const override {
-    return ObservationRequest{layout().num_tokens - window_, false};
+    ObservationRequest request{layout().num_tokens - window_, false};
+    request.row_probabilities = false;  // SnapKvScores sums every window row
+    return request;
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {

@@ -34,7 +34,9 @@ class XkvPolicy : public CompressionPolicy {
   std::string name() const override { return "xkv"; }
 
   ObservationRequest Observation() const override {
-    return ObservationRequest{layout().num_tokens - window_, false};
+    ObservationRequest request{layout().num_tokens - window_, false};
+    request.row_probabilities = false;  // Select + Merge sums every window row
+    return request;
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {

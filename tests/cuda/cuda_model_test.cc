@@ -138,6 +138,8 @@ class CudaModelTest : public testing::CudaTest {
   // protocol, as the workers follow it).
   struct CompressedRun {
     std::vector<int32_t> tokens;
+    std::vector<int32_t> runner_up;  // per step: the second-highest logit's token
+    std::vector<float> margin;       // per step: top logit - runner-up logit
     cache::policies::SlotPositions slots;  // after the last step
     cache::CompressionStats stats;
   };
@@ -183,7 +185,12 @@ class CudaModelTest : public testing::CudaTest {
       }
       start += count;
       if (!last) continue;
-      run.tokens.push_back(Argmax(out.Row(0)));
+      std::vector<float> row(out.Row(0).begin(), out.Row(0).end());
+      run.tokens.push_back(Argmax(row));
+      const float top = row[run.tokens.back()];
+      row[run.tokens.back()] = -INFINITY;
+      run.runner_up.push_back(Argmax(row));
+      run.margin.push_back(top - row[run.runner_up.back()]);
       seq.push_back(run.tokens.back());
     }
     run.slots = session->slot_positions();
@@ -349,6 +356,23 @@ int32_t SameTokensFromTheStart(const std::vector<int32_t>& a, const std::vector<
   return i;
 }
 
+// Where the GPU's greedy tokens part from the CPU's, the CPU's top two must have been a near
+// tie (logits within kNearTie, i.e. log-probabilities within it) and the GPU must have taken the
+// other one: bf16 rounding may flip a near tie, after which the texts go their own ways. The
+// 4-layer cut of the default model that reaches GPU machines repeats itself with many such
+// ties (its CPU run alone has top-2 margins of 0.01-0.04 nats).
+constexpr float kNearTie = 0.1f;
+
+template <typename Run>
+void ExpectSameUpToANearTie(const Run& got, const Run& want) {
+  const int32_t parted = SameTokensFromTheStart(got.tokens, want.tokens);
+  if (parted == static_cast<int32_t>(want.tokens.size())) return;
+  std::printf("  measured: tokens part at step %d, where the CPU's top-2 margin was %.4f\n",
+              parted, want.margin[parted]);
+  EXPECT_EQ(got.tokens[parted], want.runner_up[parted]) << "step " << parted;
+  EXPECT_LT(want.margin[parted], kNearTie) << "step " << parted << ": not a near tie";
+}
+
 TEST_F(CudaModelTest, StreamingLlmKeepsTheCpusSlotsAndTokens) {
   // A policy whose choice depends on positions only: the GPU must keep exactly the CPU's slots
   // in every (layer, head), and then decode the same greedy tokens from the compacted cache.
@@ -361,13 +385,14 @@ TEST_F(CudaModelTest, StreamingLlmKeepsTheCpusSlotsAndTokens) {
   EXPECT_EQ(got.stats.blocks_freed, want.stats.blocks_freed);
   EXPECT_EQ(got.stats.kept_per_layer, want.stats.kept_per_layer);
   EXPECT_EQ(SharedKeptFraction(got.slots, want.slots), 1.0);
-  EXPECT_EQ(got.tokens, want.tokens);
+  ExpectSameUpToANearTie(got, want);
 }
 
 TEST_F(CudaModelTest, ScoringPoliciesKeepTheCpusSlotsUpToNearTies) {
   // Scores computed from bf16 queries on the GPU and float queries on the CPU differ by
-  // rounding, so a slot at the edge of the kept set may flip: most kept slots must agree, and
-  // every run must compact, decode and give its blocks back. snapkv: window scores; h2o:
+  // rounding, so a slot at the edge of the kept set may flip, and with it a layer's share of a
+  // global budget: most kept slots must agree, the total kept must not change, and every run
+  // must compact, decode and give its blocks back. snapkv: window scores; h2o:
   // column sums of every prompt row and decode-time eviction from each step's attention;
   // elastic_cache: merges (MergeLayer) and its decode-time fixed point; winnowkv_docs: value
   // norms (ValueNorms).
@@ -390,10 +415,9 @@ TEST_F(CudaModelTest, ScoringPoliciesKeepTheCpusSlotsUpToNearTies) {
                 c.policy.c_str(), shared, same, kSteps, got.stats.blocks_freed,
                 want.stats.blocks_freed);
     EXPECT_GT(got.stats.blocks_freed, 0);
-    EXPECT_EQ(got.stats.kept_per_layer, want.stats.kept_per_layer);
+    EXPECT_EQ(got.stats.slots_after, want.stats.slots_after);
     EXPECT_GE(shared, c.min_shared);
-    // The first token comes from the full cache, before anything was evicted.
-    EXPECT_GE(same, 1);
+    ExpectSameUpToANearTie(got, want);
   }
 }
 

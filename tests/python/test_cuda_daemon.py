@@ -44,6 +44,9 @@ pytestmark = pytest.mark.skipif(
 # close (in log-probability): the GPU computes in bf16 (docs/gpu.md: logits within 0.3% RMS of
 # the CPU's), so it may pick the other one of a near tie, after which the texts diverge.
 NEAR_TIE = 0.1
+# The reference is the CPU worker at its most exact: float32 activations (its default, q8, moves
+# log-probabilities by a few hundredths more) and the GPU's KV dtype.
+CPU_REFERENCE = ("--cpu-activations", "f32", "--kv-cache-dtype", "bf16")
 
 
 def _greedy(daemon: Daemon, prompt: str) -> tuple[list[int], list]:
@@ -72,7 +75,7 @@ def _assert_same_or_near_tie(got: tuple[list[int], list], want: tuple[list[int],
 
 @pytest.fixture(scope="module")
 def cpu_tokens() -> dict[str, tuple[list[int], list]]:
-    with Daemon("--device", "cpu") as cpu:
+    with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
         return {p: _greedy(cpu, p) for p in PROMPTS}
 
 
@@ -132,7 +135,7 @@ def _compressed(daemon: Daemon) -> tuple[tuple[list[int], list], object]:
 
 @pytest.fixture(scope="module")
 def cpu_compressed() -> tuple[tuple[list[int], list], object]:
-    with Daemon("--device", "cpu") as cpu:
+    with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
         return _compressed(cpu)
 
 
