@@ -23,8 +23,10 @@ absl::Status Probabilities(const BlockPool& pool, const kernels::ScoreInput& in,
 }
 
 absl::Status ColumnSums(const BlockPool& pool, const kernels::ScoreInput& in, float* sums,
-                        kernels::ThreadPool& threads) {
-  if (KvDevice* device = pool.device()) return device->AccumulateAttentionColumns(in, sums);
+                        kernels::ThreadPool& threads, const void* device_q = nullptr) {
+  if (KvDevice* device = pool.device()) {
+    return device->AccumulateAttentionColumns(in, sums, device_q);
+  }
   kernels::AccumulateAttentionColumns(pool.View(), in, sums, threads);
   return absl::OkStatus();
 }
@@ -73,6 +75,7 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   if (first >= start + count || first >= num_tokens_) return nullptr;
   capture_.Clear();
   capture_.first_position = first;
+  capture_.host_from = std::max(first, observe_.window_begin);
   if (observe_.accumulate_all_rows) {
     // Fold each layer's rows into the column sums as soon as the forward has them, so a long
     // chunk never holds every layer's query rows at once; only window rows stay.
@@ -90,7 +93,10 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
                                          const BlockPool& pool, kernels::ThreadPool& threads) {
   std::vector<float>& rows_q = capture_.per_layer[layer];
   const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
-  const int32_t rows = static_cast<int32_t>(rows_q.size() / row_floats);
+  // A device forward leaves the chunk's rows on the device and gives the host only the window's.
+  const bool on_device = capture_.device_rows != nullptr;
+  const int32_t rows = on_device ? capture_.device_row_count
+                                 : static_cast<int32_t>(rows_q.size() / row_floats);
   if (rows == 0) return;
   // Rows are appended at layer 0 first, so positions already lists this chunk's rows.
   const std::span<const int32_t> positions =
@@ -100,7 +106,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   kernels::ScoreInput in;
   in.block_table = kv.block_table(layer).data();
   in.num_slots = kv.num_slots(layer);
-  in.q = rows_q.data();
+  in.q = on_device ? nullptr : rows_q.data();
   in.num_rows = rows;
   in.visible = visible.data();
   in.num_heads = dims_.num_heads;
@@ -109,7 +115,8 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   std::vector<float> chunk(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
   // Called from inside the forward, which has no way to take an error: the first one is kept
   // for AfterPrefillChunk to return.
-  if (absl::Status s = ColumnSums(pool, in, chunk.data(), threads); !s.ok()) {
+  if (absl::Status s = ColumnSums(pool, in, chunk.data(), threads, capture_.device_rows);
+      !s.ok()) {
     capture_status_.Update(s);
     return;
   }
@@ -120,6 +127,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
       sums[int64_t{h} * num_tokens_ + j] += chunk[int64_t{h} * in.num_slots + j];
     }
   }
+  if (on_device) return;  // the host got the window rows only
   // Keep only the observation-window rows of this layer.
   int32_t before_window = 0;
   while (before_window < rows && positions[before_window] < observe_.window_begin) {

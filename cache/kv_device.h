@@ -32,11 +32,13 @@ class KvDevice {
   virtual absl::Status CompactLayer(std::span<const int32_t> table,
                                     const policies::LayerKeep& keep) = 0;
   // kernels::AttentionProbabilities, kernels::AccumulateAttentionColumns (adds into
-  // column_sums) and kernels::ValueNorms over the device's copy of the data.
+  // column_sums) and kernels::ValueNorms over the device's copy of the data. `device_q`, when
+  // not null, holds the query rows already on the device (QueryCapture::device_rows) and
+  // in.q is not read.
   virtual absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                               float* log_normalizer) = 0;
   virtual absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in,
-                                                  float* column_sums) = 0;
+                                                  float* column_sums, const void* device_q) = 0;
   virtual absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                   float* norms) = 0;
 };

@@ -26,6 +26,15 @@ struct QueryCapture {
   std::function<void(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
                      kernels::ThreadPool& threads)>
       layer_done;
+  // With layer_done: rows at positions before this are consumed by layer_done alone, so a
+  // forward that can offer them in device_rows need not copy them to the host.
+  int32_t host_from = 0;
+  // Set by a forward whose query rows live on a device (the CUDA worker), for the duration of
+  // layer_done: this chunk's captured rows of that layer there (device_row_count rows of
+  // num_heads x head_dim in the pool's KV dtype, in `positions` order); per_layer then received
+  // only the rows at positions >= host_from. Null otherwise.
+  const void* device_rows = nullptr;
+  int32_t device_row_count = 0;
 
   int32_t num_rows() const { return static_cast<int32_t>(positions.size()); }
   void Clear() {

@@ -1,5 +1,7 @@
 #include "model/cuda_kv_device.h"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -13,8 +15,6 @@ namespace winnow::model {
 namespace kc = kernels::cuda;
 
 namespace {
-
-std::vector<int32_t> ToVector(std::span<const int32_t> s) { return {s.begin(), s.end()}; }
 
 // Copies `count` device floats into host memory, in the stream's order (waited for by Sync).
 absl::Status Download(const float* device, int64_t count, float* host, cudaStream_t stream) {
@@ -40,7 +40,7 @@ absl::Status CudaKvDevice::CopyBlock(int32_t from, int32_t to) {
 absl::Status CudaKvDevice::CompactLayer(std::span<const int32_t> table,
                                         const cache::policies::LayerKeep& keep) {
   const int32_t kept = keep.kept();
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(table_, ToVector(table), stream_));
+  WINNOW_RETURN_IF_ERROR(Upload(table, table_));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(scratch_, kc::CompactionScratchBytes(kv_, kept)));
   if (keep.merge.empty()) {
     std::vector<int32_t> slots;
@@ -48,7 +48,7 @@ absl::Status CudaKvDevice::CompactLayer(std::span<const int32_t> table,
     for (const std::vector<int32_t>& head : keep.heads) {
       slots.insert(slots.end(), head.begin(), head.end());
     }
-    WINNOW_RETURN_IF_ERROR(kc::UploadAsync(slots_, slots, stream_));
+    WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(slots), slots_));
     return kc::CompactLayer(kv_, table_.data(), table_.data(), slots_.data(), kept,
                             scratch_.data(), stream_);
   }
@@ -66,18 +66,16 @@ absl::Status CudaKvDevice::CompactLayer(std::span<const int32_t> table,
       offsets.push_back(static_cast<int32_t>(sources.size()));
     }
   }
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(offsets_, offsets, stream_));
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(slots_, sources, stream_));
+  WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(offsets), offsets_));
+  WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(sources), slots_));
   return kc::MergeLayer(kv_, table_.data(), offsets_.data(), slots_.data(), kept,
                         scratch_.data(), stream_);
 }
 
 absl::Status CudaKvDevice::UploadScoreInput(const kernels::ScoreInput& in) {
   const int32_t blocks = (in.num_slots + kv_.block_size - 1) / kv_.block_size;
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(
-      table_, std::vector<int32_t>(in.block_table, in.block_table + blocks), stream_));
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(
-      visible_, std::vector<int32_t>(in.visible, in.visible + in.num_rows), stream_));
+  WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(in.block_table, blocks), table_));
+  WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(in.visible, in.num_rows), visible_));
   const int64_t rows = int64_t{in.num_heads} * in.num_rows;
   WINNOW_RETURN_IF_ERROR(kc::Reserve(probs_, std::max<int64_t>(1, rows * in.num_slots)));
   return kc::Reserve(lse_, std::max<int64_t>(1, rows));
@@ -102,34 +100,30 @@ absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in,
   return Sync();
 }
 
-absl::Status CudaKvDevice::DeviceQueryProbabilities(const __nv_bfloat16* q,
-                                                    const kernels::ScoreInput& in,
-                                                    float* probs) {
-  if (in.num_rows == 0) return absl::OkStatus();
-  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
-  kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots, q, in.num_rows,
-                                        visible_.data(), in.num_heads, in.scale};
-  WINNOW_RETURN_IF_ERROR(
-      kc::AttentionProbabilities(kv_, d, probs_.data(), lse_.data(), stream_));
-  WINNOW_RETURN_IF_ERROR(Download(
-      probs_.data(), int64_t{in.num_heads} * in.num_rows * in.num_slots, probs, stream_));
-  return Sync();
-}
-
 absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput& in,
-                                                      float* column_sums) {
+                                                      float* column_sums,
+                                                      const void* device_q) {
   if (in.num_rows == 0) return absl::OkStatus();
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
-  const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
-  WINNOW_RETURN_IF_ERROR(
-      kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
   const int64_t sums = int64_t{in.num_heads} * in.num_slots;
   WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, sums));
   WINNOW_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sums_.data(), 0, sums * sizeof(float), stream_));
-  kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
-                                visible_.data(), in.num_heads, in.scale};
-  WINNOW_RETURN_IF_ERROR(
-      kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+  if (device_q != nullptr) {
+    // The forward's own rows: bf16, the CUDA worker's activation and KV dtype.
+    kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
+                                          static_cast<const __nv_bfloat16*>(device_q),
+                                          in.num_rows, visible_.data(), in.num_heads, in.scale};
+    WINNOW_RETURN_IF_ERROR(
+        kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+  } else {
+    const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
+    WINNOW_RETURN_IF_ERROR(
+        kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
+    kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
+                                  visible_.data(), in.num_heads, in.scale};
+    WINNOW_RETURN_IF_ERROR(
+        kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+  }
   std::vector<float> chunk(sums);
   WINNOW_RETURN_IF_ERROR(Download(sums_.data(), sums, chunk.data(), stream_));
   WINNOW_RETURN_IF_ERROR(Sync());
@@ -140,7 +134,7 @@ absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput&
 absl::Status CudaKvDevice::ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                       float* norms) {
   if (num_slots == 0) return absl::OkStatus();
-  WINNOW_RETURN_IF_ERROR(kc::UploadAsync(table_, ToVector(table), stream_));
+  WINNOW_RETURN_IF_ERROR(Upload(table, table_));
   const int64_t count = int64_t{kv_.num_kv_heads} * num_slots;
   WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, count));
   WINNOW_RETURN_IF_ERROR(kc::ValueNorms(kv_, table_.data(), num_slots, sums_.data(), stream_));

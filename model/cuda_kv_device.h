@@ -6,7 +6,6 @@
 // owns it, as it owns the CudaModel.
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -33,16 +32,10 @@ class CudaKvDevice : public cache::KvDevice {
                             const cache::policies::LayerKeep& keep) override;
   absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                       float* log_normalizer) override;
-  absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in,
-                                          float* column_sums) override;
+  absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in, float* column_sums,
+                                          const void* device_q) override;
   absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                           float* norms) override;
-
-  // AttentionProbabilities of query rows already on the device (num_rows x num_heads x
-  // head_dim bf16, `in.q` is ignored): each decode token's attention for the policies that
-  // evict during decode (H2O's decode cap), without a round trip of the query.
-  absl::Status DeviceQueryProbabilities(const __nv_bfloat16* q, const kernels::ScoreInput& in,
-                                        float* probs);
 
  private:
   template <typename T>
@@ -51,6 +44,10 @@ class CudaKvDevice : public cache::KvDevice {
   // Uploads the table and `visible` of `in` into table_ / visible_ (the q pointer is the
   // caller's), and sizes probs_ / lse_ for its rows.
   absl::Status UploadScoreInput(const kernels::ScoreInput& in);
+  template <typename T>
+  absl::Status Upload(std::span<const T> host, Buf<T>& dst) {
+    return stager_.Upload(host, dst, stream_);
+  }
   // Waits for the queued work, so that downloads into host memory are complete.
   absl::Status Sync();
 
@@ -60,6 +57,7 @@ class CudaKvDevice : public cache::KvDevice {
   Buf<int32_t> table_, visible_, slots_, offsets_;
   Buf<float> q_, probs_, lse_, sums_;
   Buf<std::byte> scratch_;
+  kernels::cuda::PinnedStager stager_;
 };
 
 }  // namespace winnow::model

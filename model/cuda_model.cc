@@ -20,6 +20,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_kv.h"
+#include "kernels/cuda/scoring.h"
 
 namespace winnow::model {
 
@@ -107,6 +108,12 @@ struct CudaModel::Scratch {
   Buf<int64_t> slots;  // num_layers x rows slot mappings
   Buf<float> embeddings, logits, log_norm;
   kc::PinnedBuffer<float> logits_host;  // ForwardOutput::logits points here
+  // A decode token's attention probabilities (compression policies that evict while decoding):
+  // the page tables and lengths, the probabilities, and their host copy.
+  Buf<int32_t> probs_ints;
+  Buf<float> probs;
+  kc::PinnedBuffer<float> probs_host;
+  kc::PinnedStager stager;
 };
 
 // What the host works out from the batch before anything runs on the device.
@@ -238,6 +245,7 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   weight_bytes_ += w->token_embd.bytes() + w->output.bytes();
 
   const cache::KvLayout& layout = pool.layout();
+  pool_block_size_ = layout.block_size;
   arena_bytes_ = layout.bytes_per_block() * pool.num_blocks();
   WINNOW_ASSIGN_OR_RETURN(w->arena, Buf<std::byte>::Allocate(arena_bytes_));
   WINNOW_CUDA_RETURN_IF_ERROR(cudaMemset(w->arena.data(), 0, arena_bytes_));
@@ -456,14 +464,18 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
     if (capture == nullptr) continue;
     capture->per_layer.resize(c.num_layers);
     const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
-    const int32_t first = std::clamp(capture->first_position - batch[e].start_position, 0, n);
-    if (first < n) {
-      // Model::CaptureQueries's rows (post-RoPE, positions >= first_position), here the bf16
-      // values the attention reads, widened to float.
-      const int64_t count = int64_t{n - first} * q_dim;
+    const int32_t start = batch[e].start_position;
+    const int32_t first = std::clamp(capture->first_position - start, 0, n);
+    // Model::CaptureQueries's rows (post-RoPE, positions >= first_position), here the bf16
+    // values the attention reads, widened to float. A consumer that reads rows on the device
+    // (layer_done) gets only those from host_from copied to the host.
+    const int32_t to_host =
+        capture->layer_done ? std::clamp(capture->host_from - start, first, n) : first;
+    if (to_host < n) {
+      const int64_t count = int64_t{n - to_host} * q_dim;
       rows_bf16.resize(count);
       WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          rows_bf16.data(), scratch_->q.data() + (in.first_row[e] + first) * q_dim,
+          rows_bf16.data(), scratch_->q.data() + (in.first_row[e] + to_host) * q_dim,
           count * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_));
       WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       std::vector<float>& rows = capture->per_layer[l];
@@ -471,11 +483,18 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
       rows.resize(old + count);
       kernels::DecodeKv(kernels::KvDtype::kBF16, reinterpret_cast<std::byte*>(rows_bf16.data()),
                         count, rows.data() + old);
-      if (l == 0) {
-        for (int32_t i = first; i < n; ++i) capture->positions.push_back(batch[e].start_position + i);
-      }
     }
-    if (capture->layer_done) capture->layer_done(l, *batch[e].kv, pool, model_.threads());
+    if (l == 0) {
+      for (int32_t i = first; i < n; ++i) capture->positions.push_back(start + i);
+    }
+    if (capture->layer_done) {
+      capture->device_rows =
+          first < n ? scratch_->q.data() + (in.first_row[e] + first) * q_dim : nullptr;
+      capture->device_row_count = n - first;
+      capture->layer_done(l, *batch[e].kv, pool, model_.threads());
+      capture->device_rows = nullptr;
+      capture->device_row_count = 0;
+    }
   }
   return absl::OkStatus();
 }
@@ -484,32 +503,59 @@ absl::Status CudaModel::AttentionProbabilities(int32_t l, std::span<const BatchE
                                                const HostInputs& in) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  std::vector<float> by_head;
-  std::vector<int32_t> visible;
+  const int32_t block_size = pool_block_size_;
+  // Every entry's page table and visible lengths in one upload, every entry's probabilities
+  // in one buffer and one download: one wait per layer, whatever the batch.
+  struct Pending {
+    size_t entry;
+    int32_t n, slots;
+    int64_t table_at, visible_at, probs_at;
+  };
+  std::vector<Pending> pending;
+  std::vector<int32_t> ints;
+  int64_t floats = 0;
   for (size_t e = 0; e < batch.size(); ++e) {
     if (batch[e].attention_probs == nullptr) continue;
     const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
     const int32_t slots = batch[e].kv->num_slots(l);  // the new tokens' included
-    visible.resize(n);
-    for (int32_t i = 0; i < n; ++i) visible[i] = slots - n + i + 1;
-    kernels::ScoreInput score;
-    score.block_table = batch[e].kv->block_table(l).data();
-    score.num_slots = slots;
-    score.num_rows = n;
-    score.visible = visible.data();
-    score.num_heads = c.num_heads;
-    score.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    by_head.resize(int64_t{n} * c.num_heads * slots);
-    WINNOW_RETURN_IF_ERROR(kv_device_->DeviceQueryProbabilities(
-        scratch_->q.data() + in.first_row[e] * q_dim, score, by_head.data()));
+    const std::span<const int32_t> table = batch[e].kv->block_table(l);
+    Pending p{e, n, slots, static_cast<int64_t>(ints.size()), 0, floats};
+    ints.insert(ints.end(), table.begin(), table.begin() + (slots + block_size - 1) / block_size);
+    p.visible_at = static_cast<int64_t>(ints.size());
+    for (int32_t i = 0; i < n; ++i) ints.push_back(slots - n + i + 1);
+    floats += int64_t{n} * c.num_heads * slots;
+    pending.push_back(p);
+  }
+  if (pending.empty()) return absl::OkStatus();
+  Scratch& s = *scratch_;
+  WINNOW_RETURN_IF_ERROR(s.stager.Upload(std::span<const int32_t>(ints), s.probs_ints, stream_));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.probs, floats));
+  if (s.probs_host.size() < floats) {
+    WINNOW_ASSIGN_OR_RETURN(s.probs_host, kc::PinnedBuffer<float>::Allocate(2 * floats));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (const Pending& p : pending) {
+    kc::DeviceScoreInput<Bf16> d{s.probs_ints.data() + p.table_at, p.slots,
+                                 s.q.data() + in.first_row[p.entry] * q_dim, p.n,
+                                 s.probs_ints.data() + p.visible_at, c.num_heads, scale};
+    WINNOW_RETURN_IF_ERROR(kc::AttentionProbabilities(weights_->kv, d, s.probs.data() + p.probs_at,
+                                                      nullptr, stream_));
+  }
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.probs_host.data(), s.probs.data(),
+                                              floats * sizeof(float), cudaMemcpyDeviceToHost,
+                                              stream_));
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (const Pending& p : pending) {
     // The kernel's [h][i][j] into Model::Forward's [i][h][j].
-    batch[e].attention_probs->resize(c.num_layers);
-    std::vector<float>& probs = (*batch[e].attention_probs)[l];
-    probs.resize(by_head.size());
+    std::vector<std::vector<float>>& per_layer = *batch[p.entry].attention_probs;
+    per_layer.resize(c.num_layers);
+    std::vector<float>& probs = per_layer[l];
+    probs.resize(int64_t{p.n} * c.num_heads * p.slots);
+    const float* by_head = s.probs_host.data() + p.probs_at;
     for (int32_t h = 0; h < c.num_heads; ++h) {
-      for (int32_t i = 0; i < n; ++i) {
-        std::copy_n(by_head.data() + (int64_t{h} * n + i) * slots, slots,
-                    probs.data() + (int64_t{i} * c.num_heads + h) * slots);
+      for (int32_t i = 0; i < p.n; ++i) {
+        std::copy_n(by_head + (int64_t{h} * p.n + i) * p.slots, p.slots,
+                    probs.data() + (int64_t{i} * c.num_heads + h) * p.slots);
       }
     }
   }

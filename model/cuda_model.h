@@ -92,6 +92,7 @@ class CudaModel {
   std::unique_ptr<CudaKvDevice> kv_device_;
   int64_t weight_bytes_ = 0;
   int64_t arena_bytes_ = 0;
+  int32_t pool_block_size_ = 0;
 };
 
 }  // namespace winnow::model

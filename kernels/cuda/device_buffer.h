@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -152,6 +154,45 @@ class PinnedBuffer {
 
   T* data_ = nullptr;
   int64_t size_ = 0;
+};
+
+// Uploads small host arrays (block tables, slot lists) on a stream without waiting for it: a
+// copy from pageable memory makes cudaMemcpyAsync drain the stream first, so each array is
+// first copied into a page-locked staging buffer, back to back, and sent from there. The staged
+// bytes must stay until their copy has run: when the buffer is full the stream is drained and
+// staging starts over (PagedAttention stages its page tables the same way).
+class PinnedStager {
+ public:
+  template <typename T>
+  absl::Status Upload(std::span<const T> host, DeviceBuffer<T>& dst, cudaStream_t stream) {
+    if (absl::Status s = Reserve(dst, host.empty() ? 1 : static_cast<int64_t>(host.size()));
+        !s.ok()) {
+      return s;
+    }
+    if (host.empty()) return absl::OkStatus();
+    const int64_t bytes = static_cast<int64_t>(host.size_bytes());
+    const int64_t aligned = (bytes + 15) / 16 * 16;
+    if (used_ + aligned > staging_.size()) {
+      WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      used_ = 0;
+      if (aligned > staging_.size()) {
+        absl::StatusOr<PinnedBuffer<std::byte>> grown = PinnedBuffer<std::byte>::Allocate(
+            std::max<int64_t>(4 * aligned, int64_t{1} << 20));
+        if (!grown.ok()) return grown.status();
+        staging_ = *std::move(grown);
+      }
+    }
+    std::byte* staged = staging_.data() + used_;
+    std::memcpy(staged, host.data(), bytes);
+    used_ += aligned;
+    return CudaStatus(
+        cudaMemcpyAsync(dst.data(), staged, bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (staged)");
+  }
+
+ private:
+  PinnedBuffer<std::byte> staging_;
+  int64_t used_ = 0;
 };
 
 }  // namespace winnow::kernels::cuda

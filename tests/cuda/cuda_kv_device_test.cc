@@ -157,8 +157,21 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
 
   std::vector<float> want_sums(int64_t{kHeads} * kSlots, 1.0f), got_sums = want_sums;
   kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
-  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data()).ok());
+  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data(), nullptr).ok());
   ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums (added to 1)");
+
+  // Query rows left on the device by the forward (bf16, QueryCapture::device_rows): the CPU
+  // scores the same rounded values.
+  const std::vector<float> q16 = ::winnow::testing::RoundedTo(KvDtype::kBF16, q);
+  auto d_q16 = ::winnow::testing::Upload16<__nv_bfloat16>(q);
+  in.q = q16.data();
+  std::fill(want_sums.begin(), want_sums.end(), 0.0f);
+  std::fill(got_sums.begin(), got_sums.end(), 0.0f);
+  kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
+  in.q = nullptr;
+  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data(), d_q16.data()).ok());
+  ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums of device rows");
+  in.q = q.data();
 
   std::vector<float> want_norms(int64_t{kKvHeads} * kSlots), got_norms(want_norms.size());
   kernels::ValueNorms(host_->View(), in.block_table, kSlots, want_norms.data());
