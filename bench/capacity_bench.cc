@@ -193,11 +193,12 @@ int Run(const Options& opt) {
     for (int32_t& t : p) t = token(rng);
   }
   const scheduler::EngineLimits& limits = (*engine)->limits();
+  // kv_bytes_per_token covers every layer; a block holds one layer's block_size tokens.
+  const double pool_gib = static_cast<double>(limits.kv_bytes_per_token) *
+                          limits.kv_blocks_total * eo.block_size / shape.layers / (1 << 30);
   std::printf("%s, shape %s; KV pool %d blocks (%.2f GiB, %d requests of %d + %d tokens "
               "uncompressed); %d requests per burst, budget %.2f\n",
-              limits.device.c_str(), opt.shape.c_str(), limits.kv_blocks_total,
-              limits.kv_bytes_per_token * static_cast<double>(limits.kv_blocks_total) * eo.block_size /
-                  shape.layers / (1 << 30),
+              limits.device.c_str(), opt.shape.c_str(), limits.kv_blocks_total, pool_gib,
               opt.fit, opt.prompt_tokens, opt.output_tokens, opt.requests, opt.budget);
   std::printf("| policy | peak running | mean running | wall s | forward s | compression s | "
               "output tok/s | vs none | blocks freed | preemptions | failed |\n| --- | --- | "

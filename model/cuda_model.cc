@@ -354,7 +354,9 @@ absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   Scratch& s = *scratch_;
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.x, rows * c.hidden_size));
-  for (Buf<Bf16>* b : {&s.xn, &s.proj}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * c.hidden_size));
+  for (Buf<Bf16>* b : {&s.xn, &s.proj}) {
+    WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * c.hidden_size));
+  }
   for (Buf<Bf16>* b : {&s.q, &s.attn}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * q_dim));
   for (Buf<Bf16>* b : {&s.k, &s.v}) WINNOW_RETURN_IF_ERROR(kc::Reserve(*b, rows * kv_dim));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.gate_up, rows * 2 * c.ffn_size));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bundles what the GPU checks need into one folder, for a GPU machine that has the CUDA driver
 # and cuBLAS but none of winnow's build dependencies (gRPC, Abseil, spdlog, ...):
-#   bin/   stripped winnow, winnow_cuda_tests, gpu_bench and capacity_bench from BUILD (default build/)
+#   bin/   stripped winnow, winnow_cuda_tests, gpu_bench and capacity_bench from BUILD
+#          (default build/)
 #   lib/   the shared libraries they load, except glibc, libstdc++ and cuBLAS (the GPU
 #          machine's own are used: a CUDA image has them)
 # On the GPU machine: LD_LIBRARY_PATH=DIR/lib:<cuBLAS dir> DIR/bin/winnow_cuda_tests

@@ -41,12 +41,13 @@ if [[ -n "$model" ]]; then
   fi
 fi
 
-if [[ -n "$model" ]] && python3 -c 'import grpc, grpc_tools, google.protobuf, pytest' 2>/dev/null; then
+has_py_deps() { python3 -c 'import grpc, grpc_tools, google.protobuf, pytest' 2>/dev/null; }
+if [[ -n "$model" ]] && has_py_deps; then
   echo "== tests/python/test_cuda_daemon.py"
   repo=$(cd "$(dirname "$0")/.." && pwd)
-  WINNOW_BIN="$bundle/bin/winnow" WINNOW_MODEL="$model" WINNOW_STUBS_DIR="${TMPDIR:-/tmp}/winnow-stubs" \
-    python3 -m pytest -q -p no:cacheprovider "$repo/tests/python/test_cuda_daemon.py" \
-    >"$out/cuda_daemon.log" 2>&1
+  WINNOW_BIN="$bundle/bin/winnow" WINNOW_MODEL="$model" \
+    WINNOW_STUBS_DIR="${TMPDIR:-/tmp}/winnow-stubs" python3 -m pytest -q -p no:cacheprovider \
+    "$repo/tests/python/test_cuda_daemon.py" >"$out/cuda_daemon.log" 2>&1
   echo "exit $?"
   tail -15 "$out/cuda_daemon.log"
 fi
