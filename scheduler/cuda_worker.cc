@@ -34,9 +34,7 @@ WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
-  const absl::Time t1 = absl::Now();
-  RunCompressions(chunks, pool_, model_.threads(), result.chunks);
-  result.compression_time = absl::Now() - t1;
+  result.compression_time = RunCompressions(chunks, pool_, model_.threads(), result.chunks);
   SampleChunks(chunks, out_, model_.threads(), result.chunks);
   return result;
 }

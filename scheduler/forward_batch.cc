@@ -77,18 +77,22 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
 
 }  // namespace
 
-void RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                     kernels::ThreadPool& threads, std::span<ChunkResult> results) {
+absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
+                               kernels::ThreadPool& threads, std::span<ChunkResult> results) {
+  absl::Duration spent;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].seq->compression == nullptr) continue;
+    const absl::Time start = absl::Now();
     absl::StatusOr<std::optional<CompressionEvent>> event =
         RunCompression(chunks[i], pool, threads);
+    spent += absl::Now() - start;
     if (!event.ok()) {
       results[i].status = event.status();
       continue;
     }
     results[i].compression = *event;
   }
+  return spent;
 }
 
 void SampleChunks(std::span<const ScheduledChunk> chunks, const model::ForwardOutput& out,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cache/block_pool.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -27,9 +28,10 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
 // bookkeeping, compression once the prompt is complete, or decode-time eviction), wherever the
 // pool's data lives (cache/kv_device.h). Before sampling: the first token comes from the full
 // cache's logits (already computed), and a sequence that finishes on it must not be compressed
-// after its blocks are gone. A failure fails that chunk's sequence only.
-void RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                     kernels::ThreadPool& threads, std::span<ChunkResult> results);
+// after its blocks are gone. A failure fails that chunk's sequence only. Returns the time the
+// hooks took: zero when no chunk's sequence compresses.
+absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
+                               kernels::ThreadPool& threads, std::span<ChunkResult> results);
 
 // Samples chunk `index`'s next token from its logits row in `out`.
 absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,

@@ -88,6 +88,23 @@ def test_string_options_reach_the_policy(daemon):
     assert list(final.usage.kv_tokens_kept_per_layer) == [32] * LAYERS
 
 
+def test_compression_time_is_a_histogram_of_compressing_iterations(daemon):
+    # winnow_iteration_compression_seconds observes only iterations whose hooks ran: a plain
+    # request adds nothing, a compressed one adds at least its prefill compression.
+    def count():
+        return daemon.metric("winnow_iteration_compression_seconds_count") or 0.0
+
+    before = count()
+    daemon.client.generate_text(request=request(token_prompt(64, 3), 2), timeout=60)
+    assert count() == before
+    _, _, final = daemon.client.generate_text(
+        request=request(token_prompt(64, 4), 2, "snapkv", 0.5), timeout=60)
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    assert count() > before
+    assert daemon.metric("winnow_iteration_compression_seconds_sum") > 0
+    daemon.wait_pool_free()
+
+
 def xkv_kept(daemon, seed, category):
     """kv_tokens_kept_per_layer of an xkv request in profile mode (warmup 1, then reuse)."""
     req = request(token_prompt(96, seed), 4, "xkv", 0.5,
