@@ -1,6 +1,7 @@
 // The CUDA forward (model/cuda_model.h) against the CPU forward on the default model
-// (WINNOW_TEST_MODEL), and against itself across batch shapes and prefill chunkings. Skipped,
-// saying why, without a GPU or without the model.
+// (WINNOW_TEST_MODEL), and against itself across batch shapes and prefill chunkings; the KV
+// compression policies run through both (their hooks, scoring and compaction on the GPU through
+// the pool's attached device). Skipped, saying why, without a GPU or without the model.
 //
 // Tolerance. The CPU forward computes in float32 from the GGUF's dequantised weights; the CUDA
 // forward rounds the weights and every activation to bf16 (unit roundoff 2^-8), keeping only the
