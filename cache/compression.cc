@@ -185,6 +185,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   std::vector<float> probs;
   std::vector<float> log_normalizer;
   std::vector<float> window_sums;
+  policy_->UseThreads(&threads);
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     policies::ObservationAttention attention;
     attention.layer = l;
@@ -231,7 +232,6 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
   }
 
-  policy_->UseThreads(&threads);
   absl::StatusOr<policies::KeepPlan> plan = policy_->Plan();
   if (!plan.ok()) return plan.status();
   stats_.prefill_tokens = num_tokens_;

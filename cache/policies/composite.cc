@@ -157,7 +157,8 @@ class CompositePolicy : public CompressionPolicy {
     for (int32_t l = 0; l < layers; ++l) {
       const int32_t keep_count = forced_count() + counts[l];
       if (keep_count >= n) continue;
-      LayerKeep keep = PerHeadTopK(scores_[l], dims().num_kv_heads, n, forced_list_, keep_count);
+      LayerKeep keep =
+          PerHeadTopK(scores_[l], dims().num_kv_heads, n, forced_list_, keep_count, threads());
       if (options_.merge) {
         for (const std::vector<int32_t>& kept : keep.heads) {
           keep.merge.push_back(MergeGroups(kept, n, forced_));
@@ -189,7 +190,7 @@ class CompositePolicy : public CompressionPolicy {
     std::vector<float> raw;
     switch (options_.scorer) {
       case Scorer::kWindow:
-        raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+        raw = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false, threads());
         break;
       case Scorer::kAccumulated:
         raw = AllRowSums(attention);
@@ -197,7 +198,7 @@ class CompositePolicy : public CompressionPolicy {
       case Scorer::kHybrid: {
         raw = AllRowSums(attention);
         const std::vector<float> window =
-            SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false);
+            SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false, threads());
         for (int32_t h = 0; h < heads; ++h) {
           std::span<float> all_rows = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
           std::vector<float> observed(window.begin() + int64_t{h} * n,
@@ -210,11 +211,11 @@ class CompositePolicy : public CompressionPolicy {
       }
     }
     if (options_.value_norm) WeightByValueNorms(attention, raw);
-    for (int32_t h = 0; h < heads; ++h) {
+    ForEachHead(threads(), heads, [&](int32_t h) {
       std::span<float> row = std::span<float>(raw).subspan(int64_t{h} * n, prefix);
       const std::vector<float> pooled = Pool1d(row, options_.kernel, options_.pooling);
       std::copy(pooled.begin(), pooled.end(), row.begin());
-    }
+    });
     return raw;
   }
 

@@ -35,8 +35,19 @@ int32_t KeepCount(double budget, int32_t n) {
   return static_cast<int32_t>(std::clamp<double>(kept, 1.0, n));
 }
 
+void ForEachHead(kernels::ThreadPool* threads, int32_t count,
+                 const std::function<void(int32_t)>& fn) {
+  if (threads == nullptr || count < 2) {
+    for (int32_t h = 0; h < count; ++h) fn(h);
+    return;
+  }
+  threads->ParallelFor(count, 1, [&fn](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) fn(static_cast<int32_t>(h));
+  });
+}
+
 std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_t row_begin,
-                                   int32_t row_end, bool mean) {
+                                   int32_t row_end, bool mean, kernels::ThreadPool* threads) {
   const int32_t n = attention.num_slots;
   std::vector<float> out(static_cast<size_t>(attention.num_heads) * n, 0.0f);
   row_begin = std::max(row_begin, 0);
@@ -50,20 +61,20 @@ std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_
     }
     return out;
   }
-  for (int32_t h = 0; h < attention.num_heads; ++h) {
+  ForEachHead(threads, attention.num_heads, [&](int32_t h) {
     float* dst = out.data() + int64_t{h} * n;
     for (int32_t r = row_begin; r < row_end; ++r) {
       std::span<const float> row = attention.Row(h, r);
       const int32_t visible = std::min(n, attention.row_positions[r] + 1);
       for (int32_t j = 0; j < visible; ++j) dst[j] += row[j];
     }
-    if (!mean) continue;
+    if (!mean) return;
     for (int32_t j = 0; j < n; ++j) {
       int32_t seen_by = 0;
       for (int32_t r = row_begin; r < row_end; ++r) seen_by += attention.row_positions[r] >= j;
       if (seen_by > 0) dst[j] /= static_cast<float>(seen_by);
     }
-  }
+  });
   return out;
 }
 
@@ -170,12 +181,12 @@ std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window) {
 }
 
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
-                      std::span<const int32_t> forced, int32_t k) {
+                      std::span<const int32_t> forced, int32_t k, kernels::ThreadPool* threads) {
   LayerKeep keep;
-  keep.heads.reserve(num_kv_heads);
-  for (int32_t g = 0; g < num_kv_heads; ++g) {
-    keep.heads.push_back(TopKWithForced(kv_scores.subspan(int64_t{g} * n, n), n, forced, k));
-  }
+  keep.heads.resize(num_kv_heads);
+  ForEachHead(threads, num_kv_heads, [&](int32_t g) {
+    keep.heads[g] = TopKWithForced(kv_scores.subspan(int64_t{g} * n, n), n, forced, k);
+  });
   return keep;
 }
 

@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "cache/policies/policy.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache::policies {
 
@@ -37,7 +39,8 @@ int32_t KeepCount(double budget, int32_t n);
 // queries. Without row probabilities (ObservationRequest::row_probabilities false) only the
 // plain sum over every row is available (window_sums); anything else is zeros.
 std::vector<float> SumObservedRows(const ObservationAttention& attention, int32_t row_begin,
-                                   int32_t row_end, bool mean);
+                                   int32_t row_end, bool mean,
+                                   kernels::ThreadPool* threads = nullptr);
 
 // Folds per-query-head score rows ([num_heads][n]) into per-KV-head rows ([num_kv_heads][n]).
 std::vector<float> AggregateGroups(std::span<const float> per_query_head, int32_t num_heads,
@@ -71,9 +74,17 @@ std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
 std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window);
 
 // One layer's keep set when every KV head picks its own top-k by its own score row:
-// kv_scores is [num_kv_heads][n]; forced slots are kept in every head.
+// kv_scores is [num_kv_heads][n]; forced slots are kept in every head. With `threads`, the
+// heads are split over the pool.
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
-                      std::span<const int32_t> forced, int32_t k);
+                      std::span<const int32_t> forced, int32_t k,
+                      kernels::ThreadPool* threads = nullptr);
+
+// fn(h) for every h in [0, count): split over `threads` when it is given (the policy's idle
+// forward pool, CompressionPolicy::threads()), in order on the calling thread otherwise. Each
+// call must write only its own head's outputs.
+void ForEachHead(kernels::ThreadPool* threads, int32_t count,
+                 const std::function<void(int32_t)>& fn);
 
 // One layer's keep set shared by every KV head (layer-level selection).
 LayerKeep SharedTopK(std::span<const float> scores, int32_t num_kv_heads, int32_t n,

@@ -34,14 +34,16 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
     if (keep >= n) return absl::OkStatus();  // this layer keeps everything
     const int32_t prefix = n - window_;
     std::vector<float> scores(static_cast<size_t>(dims().num_kv_heads) * n, 0.0f);
-    const std::vector<float> prefix_scores = SnapKvScores(attention, prefix, options_);
+    const std::vector<float> prefix_scores =
+        SnapKvScores(attention, prefix, options_, threads());
     // Lay the prefix scores out over all n slots; window slots are forced anyway.
     for (int32_t g = 0; g < dims().num_kv_heads; ++g) {
       std::copy_n(prefix_scores.begin() + int64_t{g} * prefix, prefix,
                   scores.begin() + int64_t{g} * n);
     }
     const std::vector<int32_t> window = SinksAndWindow(n, 0, window_);
-    plan_.layers[attention.layer] = PerHeadTopK(scores, dims().num_kv_heads, n, window, keep);
+    plan_.layers[attention.layer] =
+        PerHeadTopK(scores, dims().num_kv_heads, n, window, keep, threads());
     return absl::OkStatus();
   }
 
@@ -84,18 +86,19 @@ absl::StatusOr<SnapKvOptions> ParseSnapKvOptions(const PolicyConfig& config) {
 }
 
 std::vector<float> SnapKvScores(const ObservationAttention& attention, int32_t prefix,
-                                const SnapKvOptions& options) {
+                                const SnapKvOptions& options, kernels::ThreadPool* threads) {
   const int32_t n = attention.num_slots;
   prefix = std::clamp(prefix, 0, n);
   // SnapKV sums the window rows' attention (not a mean) and scores only keys before the window.
-  const std::vector<float> summed = SumObservedRows(attention, 0, attention.num_rows, false);
+  const std::vector<float> summed =
+      SumObservedRows(attention, 0, attention.num_rows, false, threads);
   std::vector<float> pooled(static_cast<size_t>(attention.num_heads) * prefix);
-  for (int32_t h = 0; h < attention.num_heads; ++h) {
+  ForEachHead(threads, attention.num_heads, [&](int32_t h) {
     const std::vector<float> row = Pool1d(
         std::span<const float>(summed).subspan(int64_t{h} * n, prefix), options.kernel,
         options.pooling);
     std::copy(row.begin(), row.end(), pooled.begin() + int64_t{h} * prefix);
-  }
+  });
   return AggregateGroups(pooled, attention.num_heads, attention.num_kv_heads, prefix,
                          options.aggregation);
 }

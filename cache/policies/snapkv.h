@@ -26,7 +26,8 @@ absl::StatusOr<SnapKvOptions> ParseSnapKvOptions(const PolicyConfig& config);
 // Per-KV-head scores of the prefix keys [0, prefix), [num_kv_heads][prefix]: the observed rows'
 // probabilities summed per query head, pooled, then folded into KV heads.
 std::vector<float> SnapKvScores(const ObservationAttention& attention, int32_t prefix,
-                                const SnapKvOptions& options);
+                                const SnapKvOptions& options,
+                                kernels::ThreadPool* threads = nullptr);
 
 // SnapKV with every layer keeping KeepCount(budget, n) slots when `layer_budgets` is empty,
 // else layer l keeping layer_budgets[l] (PyramidKV).

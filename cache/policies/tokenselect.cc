@@ -244,7 +244,10 @@ class TokenSelectPolicy : public CompressionPolicy {
   absl::StatusOr<KeepPlan> Plan() override { return KeepPlan{}; }
 
   AttentionSelector* selector() override { return &selector_; }
-  void UseThreads(kernels::ThreadPool* threads) override { selector_.set_threads(threads); }
+  void UseThreads(kernels::ThreadPool* threads) override {
+    CompressionPolicy::UseThreads(threads);
+    selector_.set_threads(threads);
+  }
 
   // Every token stays resident: the default (budget x prompt) would under-reserve.
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {

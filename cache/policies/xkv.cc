@@ -53,14 +53,15 @@ class XkvPolicy : public CompressionPolicy {
     const int32_t kv_heads = attention.num_kv_heads;
     // Select + Merge: the window rows' attention on the prefix. The paper averages the rows;
     // a sum ranks and normalises identically, so the division is skipped.
-    const std::vector<float> summed = SumObservedRows(attention, 0, attention.num_rows, false);
+    const std::vector<float> summed =
+        SumObservedRows(attention, 0, attention.num_rows, false, threads());
     std::vector<float> pooled(static_cast<size_t>(heads) * prefix_);
-    for (int32_t h = 0; h < heads; ++h) {
+    ForEachHead(threads(), heads, [&](int32_t h) {
       const std::vector<float> row = Pool1d(
           std::span<const float>(summed).subspan(int64_t{h} * n, prefix_), options_.kernel,
           options_.pooling);
       std::copy(row.begin(), row.end(), pooled.begin() + int64_t{h} * prefix_);
-    }
+    });
     // Allocation input w_l: the mean over every query head, normalised to sum 1 (R_l's
     // denominator), so layers compete on the share of their own importance they keep.
     std::vector<float> layer_scores = MeanOverHeads(pooled, heads, prefix_);
@@ -122,8 +123,8 @@ class XkvPolicy : public CompressionPolicy {
     for (int32_t i = 0; i < window_; ++i) window[i] = prefix_ + i;
     for (int32_t l = 0; l < layers; ++l) {
       if (counts[l] >= prefix_) continue;
-      plan.layers[l] =
-          PerHeadTopK(scores_[l], dims().num_kv_heads, n, window, window_ + counts[l]);
+      plan.layers[l] = PerHeadTopK(scores_[l], dims().num_kv_heads, n, window,
+                                   window_ + counts[l], threads());
       std::vector<float>().swap(scores_[l]);
     }
     if (plan.empty()) plan.layers.clear();
