@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/compaction.h"
 #include "kernels/cuda/cuda_check.h"
