@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -159,14 +158,9 @@ int Run(const Options& opt) {
   Check(bench::ShapeByName(opt.shape, &shape), "--shape");
   absl::StatusOr<scheduler::Device> device = scheduler::ParseDevice(opt.device);
   Check(device.status(), "--device");
-  const std::string path =
-      opt.gguf.empty() ? "/tmp/winnow-synthetic-" + opt.shape + ".gguf" : opt.gguf;
-  if (!std::filesystem::exists(path)) {
-    const double t0 = bench::Now(false);
-    Check(bench::WriteSyntheticGguf(shape, path), "writing the synthetic GGUF");
-    std::printf("wrote %s in %.1f s\n", path.c_str(), bench::Now(false) - t0);
-  }
-  auto model = model::Model::Load(path, {.num_threads = 0});
+  absl::StatusOr<std::string> path = bench::EnsureSyntheticGguf(shape, opt.gguf);
+  Check(path.status(), "writing the synthetic GGUF");
+  auto model = model::Model::Load(*path, {.num_threads = 0});
   Check(model.status(), "Model::Load");
 
   scheduler::EngineOptions eo;

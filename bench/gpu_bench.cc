@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -311,14 +310,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
 int Run(const Options& opt) {
   bench::SyntheticShape shape;
   Check(bench::ShapeByName(opt.shape, &shape), "--shape");
-  const std::string path =
-      opt.gguf.empty() ? "/tmp/winnow-synthetic-" + opt.shape + ".gguf" : opt.gguf;
-  if (!std::filesystem::exists(path)) {
-    const double t0 = bench::Now(false);
-    Check(bench::WriteSyntheticGguf(shape, path), "writing the synthetic GGUF");
-    std::printf("wrote %s in %.1f s\n", path.c_str(), bench::Now(false) - t0);
-  }
-  auto model = model::Model::Load(path, {.num_threads = 0});
+  absl::StatusOr<std::string> path = bench::EnsureSyntheticGguf(shape, opt.gguf);
+  Check(path.status(), "writing the synthetic GGUF");
+  auto model = model::Model::Load(*path, {.num_threads = 0});
   Check(model.status(), "Model::Load");
   cudaDeviceProp prop;
   CheckCuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");

@@ -1,8 +1,10 @@
 #include "bench/synthetic_gguf.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -224,6 +226,17 @@ absl::Status WriteSyntheticGguf(const SyntheticShape& s, const std::string& path
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat("writing ", path, " failed"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EnsureSyntheticGguf(const SyntheticShape& shape,
+                                                const std::string& path) {
+  const std::string file = path.empty() ? "/tmp/winnow-synthetic-" + shape.name + ".gguf" : path;
+  if (std::filesystem::exists(file)) return file;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (absl::Status s = WriteSyntheticGguf(shape, file); !s.ok()) return s;
+  std::printf("wrote %s in %.1f s\n", file.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return file;
 }
 
 }  // namespace winnow::bench

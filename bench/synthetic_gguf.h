@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace winnow::bench {
 
@@ -34,5 +35,10 @@ absl::Status ShapeByName(const std::string& name, SyntheticShape* shape);
 // Writes the file (overwriting `path`). Deterministic for a given seed.
 absl::Status WriteSyntheticGguf(const SyntheticShape& shape, const std::string& path,
                                 uint64_t seed = 1);
+
+// The synthetic GGUF the benchmarks load: `path`, or /tmp/winnow-synthetic-<name>.gguf when
+// empty, written first (with a line saying how long it took) when no file is there.
+absl::StatusOr<std::string> EnsureSyntheticGguf(const SyntheticShape& shape,
+                                                const std::string& path);
 
 }  // namespace winnow::bench

@@ -80,15 +80,22 @@ absl::Status CudaKvDevice::UploadScoreInput(const kernels::ScoreInput& in) {
   return kc::Reserve(lse_, std::max<int64_t>(1, rows));
 }
 
+absl::StatusOr<kc::DeviceScoreInput<float>> CudaKvDevice::UploadHostQuery(
+    const kernels::ScoreInput& in) {
+  const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(q_, q_floats));
+  // Pageable: the copy returns once `in.q` has been read (the caller waits for results anyway).
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(q_.data(), in.q, q_floats * sizeof(float),
+                                              cudaMemcpyHostToDevice, stream_));
+  return kc::DeviceScoreInput<float>{table_.data(), in.num_slots, q_.data(), in.num_rows,
+                                     visible_.data(), in.num_heads, in.scale};
+}
+
 absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                                   float* log_normalizer) {
   if (in.num_rows == 0) return absl::OkStatus();
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
-  const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
-  WINNOW_RETURN_IF_ERROR(
-      kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
-  kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
-                                visible_.data(), in.num_heads, in.scale};
+  WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
   WINNOW_RETURN_IF_ERROR(
       kc::AttentionProbabilities(kv_, d, probs_.data(), lse_.data(), stream_));
   const int64_t rows = int64_t{in.num_heads} * in.num_rows;
@@ -115,11 +122,7 @@ absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput&
     WINNOW_RETURN_IF_ERROR(
         kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
   } else {
-    const int64_t q_floats = int64_t{in.num_rows} * in.num_heads * kv_.head_dim;
-    WINNOW_RETURN_IF_ERROR(
-        kc::UploadAsync(q_, std::vector<float>(in.q, in.q + q_floats), stream_));
-    kc::DeviceScoreInput<float> d{table_.data(), in.num_slots, q_.data(), in.num_rows,
-                                  visible_.data(), in.num_heads, in.scale};
+    WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
     WINNOW_RETURN_IF_ERROR(
         kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
   }

@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cache/kv_device.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/paged_kv.h"
+#include "kernels/cuda/scoring.h"
 
 namespace winnow::model {
 
@@ -44,6 +46,9 @@ class CudaKvDevice : public cache::KvDevice {
   // Uploads the table and `visible` of `in` into table_ / visible_ (the q pointer is the
   // caller's), and sizes probs_ / lse_ for its rows.
   absl::Status UploadScoreInput(const kernels::ScoreInput& in);
+  // Uploads in.q (host float rows) into q_; the device input over table_, visible_ and q_.
+  absl::StatusOr<kernels::cuda::DeviceScoreInput<float>> UploadHostQuery(
+      const kernels::ScoreInput& in);
   template <typename T>
   absl::Status Upload(std::span<const T> host, Buf<T>& dst) {
     return stager_.Upload(host, dst, stream_);
