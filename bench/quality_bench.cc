@@ -336,6 +336,7 @@ struct Run {
   std::vector<double> kl;   // forced: per step 1..
   int32_t top1_match = 0;   // forced: steps whose argmax is the reference token
   int32_t steps = 0;
+  int32_t plan_step = 0;    // lookahead: the step after which the prompt plan ran (else 0)
   int64_t slots_after_compress = 0;
   int32_t blocks_freed = 0;
   double compress_seconds = 0;
@@ -386,6 +387,18 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockP
   return run;
 }
 
+// A lookahead policy's prompt plan ran after this decode step: what it kept of the prompt (the
+// lookahead's tokens, kept whole, are not counted) and freed.
+void RecordPromptPlan(Run& r, const cache::CompactionStats& st) {
+  const cache::CompressionStats& c = r.session->stats();
+  r.plan_step = r.steps + 1;
+  const int32_t lookahead = r.session->LookaheadSteps();
+  r.kept_per_layer = c.kept_per_layer;
+  for (int32_t& kept : r.kept_per_layer) kept -= lookahead;
+  r.slots_after_compress = c.slots_after - int64_t{lookahead} * r.kv.num_layers();
+  r.blocks_freed = st.blocks_freed;
+}
+
 // Decodes every run to completion, batched.
 absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Reference& ref,
                         int32_t gen_tokens, std::vector<std::unique_ptr<Run>>& runs) {
@@ -414,9 +427,11 @@ absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Refer
     for (size_t i = 0; i < active.size(); ++i) {
       Run& r = *active[i];
       if (r.session != nullptr) {
+        const bool lookahead = r.session->prompt_plan_pending();
         absl::StatusOr<cache::CompactionStats> st =
             r.session->AfterDecodeStep(r.position, r.kv, pool);
         if (!st.ok()) return st.status();
+        if (lookahead && !r.session->prompt_plan_pending()) RecordPromptPlan(r, *st);
       }
       ++r.position;
       const std::span<const float> row = out.Row(out.first_row[i]);
@@ -443,6 +458,7 @@ json RunJson(const Run& r, const model::Tokenizer& tok, const Reference& ref) {
   j["blocks_freed"] = r.blocks_freed;
   j["compress_seconds"] = r.compress_seconds;
   j["kept_per_layer"] = r.kept_per_layer;
+  j["plan_step"] = r.plan_step;
   if (r.session != nullptr) {
     j["slots_evicted"] = r.session->stats().slots_evicted;
     j["decode_compactions"] = r.session->stats().decode_compactions;

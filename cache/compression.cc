@@ -232,10 +232,21 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
   }
 
+  stats_.prefill_tokens = num_tokens_;
+  if (policy_->LookaheadSteps() > 0) {
+    // The plan waits for the reply's first tokens (AfterDecodeStep).
+    lookahead_left_ = policy_->LookaheadSteps();
+    return CompactionStats{};
+  }
+  return ApplyPromptPlan(kv, pool);
+}
+
+absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& kv,
+                                                                    BlockPool& pool) {
   absl::StatusOr<policies::KeepPlan> plan = policy_->Plan();
   if (!plan.ok()) return plan.status();
-  stats_.prefill_tokens = num_tokens_;
-  stats_.slots_before = int64_t{dims_.num_layers} * num_tokens_;
+  stats_.slots_before = 0;
+  for (int32_t l = 0; l < dims_.num_layers; ++l) stats_.slots_before += kv.num_slots(l);
   absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
@@ -278,6 +289,14 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
   if (policy_->WantsDecodeAttention()) step.attention = decode_attention_;
   absl::StatusOr<policies::KeepPlan> plan = policy_->OnDecodeStep(step);
   if (!plan.ok()) return plan.status();
+  if (lookahead_left_ > 0) {
+    if (!plan->empty()) {
+      return absl::InternalError(
+          absl::StrCat("compression: policy ", name_, " evicted during its lookahead"));
+    }
+    if (--lookahead_left_ > 0) return CompactionStats{};
+    return ApplyPromptPlan(kv, pool);
+  }
   if (plan->empty()) return CompactionStats{};
   absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
   if (!applied.ok()) {

@@ -50,7 +50,11 @@ class CompressionSession {
       const policies::PolicyContext& context);
 
   const std::string& policy_name() const { return name_; }
+  // The prefill's hooks are done (Compress ran): from here on the sequence decodes. The prompt
+  // plan may still be pending (a lookahead policy).
   bool compressed() const { return compressed_; }
+  // A lookahead policy's prompt plan is not applied yet (decode steps left to observe).
+  bool prompt_plan_pending() const { return lookahead_left_ > 0; }
   // The first prompt position whose query row the policy observes: the prefill of positions
   // before it may be skipped (prefix cache) without changing the policy's decisions.
   int32_t FirstObservedPosition() const {
@@ -69,7 +73,9 @@ class CompressionSession {
   absl::Status AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
                                  kernels::ThreadPool& threads);
   // After the chunk that completed the prefill (every layer holds the whole prompt): scores each
-  // layer, asks the policy for its plan and compacts. Returns what was freed.
+  // layer, asks the policy for its plan and compacts. Returns what was freed. With a lookahead
+  // (CompressionPolicy::LookaheadSteps) the plan is asked for and applied by the AfterDecodeStep
+  // of the lookahead's last step instead, and this frees nothing.
   absl::StatusOr<CompactionStats> Compress(SequenceKv& kv, BlockPool& pool,
                                            kernels::ThreadPool& threads);
 
@@ -88,11 +94,14 @@ class CompressionSession {
     return policy_->SteadyStateSlots(prompt_tokens, generated);
   }
   bool EvictsDuringDecode() const { return policy_->EvictsDuringDecode(); }
+  int32_t LookaheadSteps() const { return policy_->LookaheadSteps(); }
 
  private:
   CompressionSession(std::string name, std::unique_ptr<policies::CompressionPolicy> policy,
                      const policies::PolicyContext& context);
   // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
+  // Asks the policy for its prompt plan, compacts, and records the compression's stats.
+  absl::StatusOr<CompactionStats> ApplyPromptPlan(SequenceKv& kv, BlockPool& pool);
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
                        kernels::ThreadPool& threads);
 
@@ -102,6 +111,7 @@ class CompressionSession {
   int32_t num_tokens_ = 0;
   policies::ObservationRequest observe_;
   bool compressed_ = false;
+  int32_t lookahead_left_ = 0;  // decode steps before the prompt plan
 
   QueryCapture capture_;
   absl::Status capture_status_;  // the first error of a layer_done hook

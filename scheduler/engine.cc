@@ -79,8 +79,10 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
         limits.block_size, limits.kv_blocks_total, limits.max_tokens_in_pool));
   }
   if (c == nullptr) return absl::OkStatus();
-  // Each layer rounds up to whole blocks, hence the extra block per layer at steady state.
-  const int64_t peak = layers * CeilDiv(prompt_len, limits.block_size);
+  // Each layer rounds up to whole blocks, hence the extra block per layer at steady state. A
+  // lookahead holds the uncompressed prompt and its first tokens until the plan.
+  const int64_t lookahead = std::min<int64_t>(c->LookaheadSteps(), r.max_tokens - 1);
+  const int64_t peak = layers * CeilDiv(prompt_len + lookahead, limits.block_size);
   const int64_t steady =
       CeilDiv(c->SteadyStateSlots(static_cast<int32_t>(prompt_len), r.max_tokens - 1),
               limits.block_size) +

@@ -43,7 +43,8 @@ struct SchedulerState {
 struct CompressionEvent {
   uint64_t id = 0;
   std::string policy;
-  bool prefill = true;         // false: decode-time eviction
+  bool prefill = true;         // the prompt's compression (after a lookahead too); false:
+                               // decode-time eviction
   int64_t slots_before = 0;    // KV slots summed over layers, before and after
   int64_t slots_after = 0;
   int32_t blocks_freed = 0;    // returned to the pool by this compaction

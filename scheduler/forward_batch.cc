@@ -57,8 +57,14 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
     const int32_t blocks_before = s.kv.num_blocks_held();
     int64_t slots_before = 0;
     for (int32_t l = 0; l < s.kv.num_layers(); ++l) slots_before += s.kv.num_slots(l);
+    const bool lookahead = c.prompt_plan_pending();
     absl::StatusOr<cache::CompactionStats> st = c.AfterDecodeStep(chunk.start, s.kv, pool);
     if (!st.ok()) return st.status();
+    if (lookahead && !c.prompt_plan_pending()) {
+      // The lookahead ended: this was the prompt's compression, reported as such.
+      return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
+                              c.stats().slots_after, st->blocks_freed};
+    }
     if (st->layers_changed == 0) return std::nullopt;
     return CompressionEvent{s.id, c.policy_name(), /*prefill=*/false, slots_before,
                             slots_before - st->slots_removed,
@@ -71,6 +77,7 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
   if (absl::Status st = s.kv.MakePrivate(pool); !st.ok()) return st;
   absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool, threads);
   if (!st.ok()) return st.status();
+  if (c.prompt_plan_pending()) return std::nullopt;  // a lookahead: the plan comes later
   return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
                           c.stats().slots_after, st->blocks_freed};
 }

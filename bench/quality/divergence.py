@@ -37,20 +37,25 @@ POLICIES = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "vl_cache", "aircache
             "elastic_cache", "winnowkv"]
 
 
-def summarise(result: dict, gen_tokens: int) -> dict:
+def summarise(result: dict, gen_tokens: int, kl_from: int = 0) -> dict:
     """{(policy, budget): {"divergence": mean, "per_task": {...}, "kl": mean, "kept": mean}}."""
     cells: dict = {}
     for r in result["runs"]:
         c = cells.setdefault((r["policy"], float(r["budget"])),
-                             {"per_task": {}, "kl": [], "kept": []})
+                             {"per_task": {}, "kl": [], "kl_from": [], "kept": []})
         # A policy whose teacher-forced argmax never differed has no free run: it IS the
         # reference for the whole generation.
         c["per_task"][r["task"]] = r.get("agree_prefix", gen_tokens)
         c["kl"].append(sum(r["kl"]) / len(r["kl"]) if r["kl"] else 0.0)
+        # The same later steps for every policy: a lookahead policy's first steps run on the
+        # full cache, before its plan.
+        later = r["kl"][kl_from:]
+        c["kl_from"].append(sum(later) / len(later) if later else 0.0)
         c["kept"].append(r["retention"])
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     return {k: {"divergence": mean(list(v["per_task"].values())), "per_task": v["per_task"],
-                "kl": mean(v["kl"]), "kept": mean(v["kept"])} for k, v in cells.items()}
+                "kl": mean(v["kl"]), "kl_from": mean(v["kl_from"]),
+                "kept": mean(v["kept"])} for k, v in cells.items()}
 
 
 def table(cells: dict, policies, budgets, key: str, spec: str) -> str:
@@ -75,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--params", default="", help="POLICY:k=v,k=v;POLICY2:k=v (driver syntax)")
+    ap.add_argument("--kl-from", type=int, default=0,
+                    help="also the KL over the teacher-forced steps from this one on (0-based; "
+                         "compares a lookahead policy's steps after its plan with the others')")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args(argv)
 
@@ -93,7 +101,7 @@ def main(argv=None) -> int:
                                            tasks, policies, budgets, args.gen_tokens,
                                            args.threads, args.params)
             wall = time.time() - t0
-            cells = summarise(result, args.gen_tokens)
+            cells = summarise(result, args.gen_tokens, args.kl_from)
             lengths = [t["num_tokens"] for t in result["tasks"]]
             print(f"## {length} documents, {layout} layout: {len(tasks)} prompts of "
                   f"{min(lengths)}-{max(lengths)} tokens, {args.gen_tokens} generated, "
@@ -102,7 +110,10 @@ def main(argv=None) -> int:
             print(table(cells, policies, budgets, "divergence", ".1f") + "\n")
             print("Next-token KL(full || compressed), nats\n")
             print(table(cells, policies, budgets, "kl", ".3f") + "\n")
-            print("KV kept (slots / (layers x prompt))\n")
+            if args.kl_from > 0:
+                print(f"Next-token KL from generated token {args.kl_from + 2} on\n")
+                print(table(cells, policies, budgets, "kl_from", ".3f") + "\n")
+            print("KV kept of the prompt (slots / (layers x prompt))\n")
             print(table(cells, policies, budgets, "kept", ".3f") + "\n")
             for e in result.get("errors", [])[:20]:
                 print(f"error: {e['policy']} on {e['task']}: {e['error']}", file=sys.stderr)

@@ -98,6 +98,7 @@ class CompositePolicy : public CompressionPolicy {
     strength_.assign(layers, 0.0);
     skewness_.assign(layers, 0.0);
     observed_.assign(layers, 0);
+    deferred_.resize(layers);
   }
 
   std::string name() const override { return name_; }
@@ -131,12 +132,41 @@ class CompositePolicy : public CompressionPolicy {
     }
     observed_[attention.layer] = 1;
     if (!compresses_) return absl::OkStatus();
-    const std::vector<float> pooled = PooledScores(attention);
-    const std::vector<float> layer_scores = CandidateLayerScores(pooled, attention.num_heads);
-    RecordAllocationInputs(attention, layer_scores);
-    scores_[attention.layer] = AggregateGroups(pooled, attention.num_heads,
-                                               attention.num_kv_heads, n, options_.aggregation);
+    if (LookaheadSteps() > 0) {
+      Defer(attention);
+      return absl::OkStatus();
+    }
+    ScoreLayer(attention);
     return absl::OkStatus();
+  }
+
+  int32_t LookaheadSteps() const override { return compresses_ ? options_.lookahead : 0; }
+  bool WantsDecodeAttention() const override { return lookahead_seen_ < LookaheadSteps(); }
+
+  // During the lookahead: the reply token's attention joins the observed rows' sums.
+  absl::StatusOr<KeepPlan> OnDecodeStep(const DecodeStep& step) override {
+    if (lookahead_seen_ >= LookaheadSteps()) return KeepPlan{};
+    const int32_t n = layout().num_tokens;
+    const int32_t heads = dims().num_heads;
+    if (static_cast<int32_t>(step.attention.size()) != dims().num_layers) {
+      return absl::InternalError("composite: a lookahead step came without its attention");
+    }
+    for (int32_t l = 0; l < dims().num_layers; ++l) {
+      const int32_t slots = step.slots->num_slots(l);
+      const std::vector<float>& probs = step.attention[l];
+      if (static_cast<int64_t>(probs.size()) != int64_t{heads} * slots || slots < n) {
+        return absl::InternalError(
+            absl::StrCat("composite: lookahead attention of layer ", l, " has the wrong size"));
+      }
+      std::vector<float>& sums = deferred_[l].window_sums;
+      for (int32_t h = 0; h < heads; ++h) {
+        const float* row = probs.data() + int64_t{h} * slots;
+        float* dst = sums.data() + int64_t{h} * n;
+        for (int32_t j = 0; j < n; ++j) dst[j] += row[j];
+      }
+    }
+    ++lookahead_seen_;
+    return KeepPlan{};
   }
 
   absl::StatusOr<KeepPlan> Plan() override {
@@ -150,6 +180,12 @@ class CompositePolicy : public CompressionPolicy {
             absl::StrCat("composite: layer ", l, " was never observed"));
       }
     }
+    if (lookahead_seen_ < LookaheadSteps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "composite: plan asked after ", lookahead_seen_, " of ", LookaheadSteps(),
+          " lookahead steps"));
+    }
+    if (LookaheadSteps() > 0) ScoreDeferredLayers();
     const std::vector<int32_t> counts = Allocate();
     spdlog::debug("composite: {} scored tokens kept per layer [{}] of {}", candidate_budget_,
                   fmt::join(counts, ", "), candidates_.size());
@@ -162,6 +198,13 @@ class CompositePolicy : public CompressionPolicy {
       if (options_.merge) {
         for (const std::vector<int32_t>& kept : keep.heads) {
           keep.merge.push_back(MergeGroups(kept, n, forced_));
+        }
+      }
+      // The lookahead's tokens (slots n.. of an uncompressed layer) are the reply: kept.
+      for (size_t h = 0; h < keep.heads.size(); ++h) {
+        for (int32_t j = n; j < n + lookahead_seen_; ++j) {
+          keep.heads[h].push_back(j);
+          if (options_.merge) keep.merge[h].push_back({j});
         }
       }
       plan.layers[l] = std::move(keep);
@@ -180,6 +223,49 @@ class CompositePolicy : public CompressionPolicy {
 
  private:
   int32_t forced_count() const { return static_cast<int32_t>(forced_list_.size()); }
+
+  // A layer's observation kept for the plan after the lookahead (the window rows only as their
+  // sum, to which the reply's rows are added).
+  struct DeferredLayer {
+    std::vector<float> window_sums;  // [h][slot]
+    std::vector<float> column_sums;  // [h][slot], scorer accumulated/hybrid
+    std::vector<float> value_norms;  // [kv_head][slot], value_norm
+  };
+
+  void Defer(const ObservationAttention& attention) {
+    DeferredLayer& d = deferred_[attention.layer];
+    d.window_sums = SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false, threads());
+    d.column_sums.assign(attention.column_sums.begin(), attention.column_sums.end());
+    d.value_norms.assign(attention.value_norms.begin(), attention.value_norms.end());
+  }
+
+  // The deferred layers scored with the reply's rows added to the window's.
+  void ScoreDeferredLayers() {
+    for (int32_t l = 0; l < dims().num_layers; ++l) {
+      DeferredLayer& d = deferred_[l];
+      ObservationAttention attention;
+      attention.layer = l;
+      attention.num_heads = dims().num_heads;
+      attention.num_kv_heads = dims().num_kv_heads;
+      attention.num_rows = window_.size() + lookahead_seen_;
+      attention.num_slots = layout().num_tokens;
+      attention.window_sums = d.window_sums;
+      attention.column_sums = d.column_sums;
+      attention.value_norms = d.value_norms;
+      ScoreLayer(attention);
+      d = DeferredLayer{};
+    }
+  }
+
+  // One layer's per-KV-head scores for the plan, and its inputs to the layer allocation.
+  void ScoreLayer(const ObservationAttention& attention) {
+    const int32_t n = attention.num_slots;
+    const std::vector<float> pooled = PooledScores(attention);
+    const std::vector<float> layer_scores = CandidateLayerScores(pooled, attention.num_heads);
+    RecordAllocationInputs(attention, layer_scores);
+    scores_[attention.layer] = AggregateGroups(pooled, attention.num_heads,
+                                               attention.num_kv_heads, n, options_.aggregation);
+  }
 
   // Per query head, the scorer's row over every slot, pooled over the keys before the window
   // (the window is kept anyway; pooling across its edge would lend it mass): [h][n].
@@ -338,6 +424,8 @@ class CompositePolicy : public CompressionPolicy {
   std::vector<double> strength_;            // [layer] (allocation=strength_skew)
   std::vector<double> skewness_;            // [layer] (allocation=strength_skew)
   std::vector<char> observed_;              // [layer]
+  std::vector<DeferredLayer> deferred_;     // [layer] (lookahead)
+  int32_t lookahead_seen_ = 0;              // lookahead steps observed so far
 };
 
 template <typename Enum>
@@ -399,6 +487,13 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   if (!merge.ok()) return merge.status();
   absl::StatusOr<bool> value_norm = config.GetBool("value_norm", o.value_norm);
   if (!value_norm.ok()) return value_norm.status();
+  absl::StatusOr<int64_t> lookahead = config.GetInt("lookahead", o.lookahead, 0, 1024);
+  if (!lookahead.ok()) return lookahead.status();
+  if (*lookahead > 0 && *allocation == Allocation::kSparsity) {
+    return absl::InvalidArgumentError(
+        "compression.params.lookahead: not with allocation 'sparsity', which reads the "
+        "observed rows one by one");
+  }
   absl::StatusOr<double> beta = config.GetDouble("beta", o.beta, 1.0, 1e6);
   if (!beta.ok()) return beta.status();
   absl::StatusOr<double> p = config.GetDouble("p", o.p, 0.0, 1.0);
@@ -419,6 +514,7 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   o.evict_text = *evict_text;
   o.merge = *merge;
   o.value_norm = *value_norm;
+  o.lookahead = static_cast<int32_t>(*lookahead);
   o.beta = *beta;
   o.p = *p;
   return o;

@@ -1,7 +1,7 @@
 // A composable eviction policy: one budget allocator over layers x one token scorer x keep or
 // merge, each chosen by an option, so that the papers' ideas can be measured apart and combined
-// (issue 15; docs/compression.md, "composite"). Runs once after the last prefill chunk; no
-// decode-time eviction.
+// (issue 15; docs/compression.md, "composite"). Runs once after the last prefill chunk (or after
+// a lookahead's first reply tokens); no decode-time eviction.
 //
 //   allocation  how the request's slots are split over layers:
 //     uniform        the same count in every layer (SnapKV);
@@ -19,6 +19,9 @@
 //   value_norm  true: each score is multiplied by the L2 norm of the key's value vector (a token
 //               attended to but carrying a small value adds little to the output: VATP).
 //   kernel / pooling / gqa  1-D pooling of each query head's scores, then the fold into KV heads.
+//   lookahead   N > 0: the plan waits for the reply's first N tokens, decoded on the whole
+//               prompt, and their attention joins the observed rows' (CompressionPolicy::
+//               LookaheadSteps); they are kept.
 //   merge       false: evicted tokens are dropped; true: each joins the nearest kept scored
 //               token, whose K and V become the mean of its group (Elastic Cache's merge, with
 //               the sinks, window and kept text absorbing nothing).
@@ -60,6 +63,7 @@ struct CompositeOptions {
   bool evict_text = true;    // with spans: false keeps every text token
   bool merge = false;
   bool value_norm = false;   // weight each key's score by ||v|| of its KV head (VATP)
+  int32_t lookahead = 0;     // decode steps whose attention joins the window's before the plan
   double beta = 20.0;        // pyramid: largest / smallest layer
   double p = 0.01;           // sparsity: the threshold, a fraction of the row max
 };

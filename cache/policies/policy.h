@@ -8,7 +8,8 @@
 //   2. Observation() says which prompt rows to observe;
 //   3. the prompt is prefilled (chunked); then, once per layer in layer order,
 //      ObserveLayer(attention of the observed rows against every cached key of that layer);
-//   4. Plan() -> KeepPlan, applied at once: blocks no longer needed return to the pool;
+//   4. Plan() -> KeepPlan, applied at once: blocks no longer needed return to the pool (with a
+//      lookahead, after the first LookaheadSteps() decode steps instead);
 //   5. per decode step, OnDecodeStep() may return a further plan (decode-time eviction), and
 //      selector() may restrict attention without evicting (TokenSelect).
 //
@@ -292,13 +293,22 @@ class CompressionPolicy {
   // After the last ObserveLayer: what every layer keeps. May return an empty plan (keep all).
   virtual absl::StatusOr<KeepPlan> Plan() = 0;
 
+  // Lookahead: how many decode steps the policy observes before its prompt plan. 0 (the
+  // default): Plan() is asked right after the last ObserveLayer. N > 0: the machinery runs the
+  // first N decode steps on the whole prompt, hands each one's attention to OnDecodeStep (so
+  // WantsDecodeAttention must be true until then) and asks Plan() after the N-th; the plan then
+  // covers the prompt and those N tokens. Their queries are the reply's own, a better guide to
+  // what the rest of the reply reads than the prompt's last rows; the price is holding the
+  // uncompressed prompt N steps longer (admission counts prompt + N as the peak).
+  virtual int32_t LookaheadSteps() const { return 0; }
+
   // Decode-time eviction. When true the machinery computes each decode token's attention
   // probabilities per layer (an extra QK pass) and passes them to OnDecodeStep.
   virtual bool WantsDecodeAttention() const { return false; }
   // Whether OnDecodeStep may ever return a non-empty plan (admission counts on it).
   virtual bool EvictsDuringDecode() const { return false; }
   // After every decode step (K/V of the new token appended). A non-empty plan is applied at
-  // once. Policies should evict in batches (e.g. a block's worth) to amortise the compaction.
+  // once. During a lookahead (LookaheadSteps) it must return an empty plan. Policies should evict in batches (e.g. a block's worth) to amortise the compaction.
   virtual absl::StatusOr<KeepPlan> OnDecodeStep(const DecodeStep& step) { return KeepPlan{}; }
 
   // Decode-time selection without eviction (TokenSelect); null for none. Owned by the policy.

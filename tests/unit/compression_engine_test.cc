@@ -132,6 +132,35 @@ TEST_F(CompressionModelTest, CompressedCacheKeepsGeneratingTheSameContinuation) 
   }
 }
 
+// A lookahead policy decodes its first tokens on the whole prompt (the full cache's logits
+// exactly), then compresses with their attention and frees blocks.
+TEST_F(CompressionModelTest, LookaheadCompressesAfterTheRepliesFirstTokens) {
+  const std::vector<int32_t> prompt = CountingPrompt();
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  const int steps = 8;
+  const int lookahead = 4;
+  const Run full = Generate(prompt, steps, nullptr);
+  std::unique_ptr<CompressionSession> session =
+      Session("winnowkv", 0.5, n, {{"window", 8.0}, {"lookahead", double{lookahead}}});
+  ASSERT_EQ(session->LookaheadSteps(), lookahead);
+  const Run run = Generate(prompt, steps, session.get());
+  EXPECT_EQ(run.blocks_freed, 0);  // nothing at the end of the prefill
+  for (int s = 0; s <= lookahead; ++s) EXPECT_EQ(run.logits[s], full.logits[s]) << s;
+  EXPECT_FALSE(session->prompt_plan_pending());
+  EXPECT_GT(session->stats().blocks_freed, 0);
+  ASSERT_EQ(session->stats().kept_per_layer.size(), static_cast<size_t>(L()));
+  int64_t kept = 0;
+  for (int32_t k : session->stats().kept_per_layer) kept += k;
+  // About half the prompt plus the lookahead's tokens, which are kept.
+  EXPECT_LE(kept, int64_t{L()} * (n / 2 + 1 + lookahead));
+  EXPECT_GT(kept, int64_t{L()} * lookahead);
+  int agree = 0;
+  for (int s = lookahead + 1; s <= steps; ++s) {
+    agree += Argmax(run.logits[s]) == Argmax(full.logits[s]);
+  }
+  EXPECT_GE(agree, steps - lookahead - 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Engine.
 
@@ -301,6 +330,38 @@ TEST_F(CompressionEngineTest, FreedBlocksAdmitAWaitingRequest) {
     }
     EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
   }
+}
+
+// A lookahead request is compressed after its first tokens, reported as its prompt's
+// compression; admission counts prompt + lookahead as its uncompressed peak.
+TEST_F(CompressionEngineTest, LookaheadRequestIsCompressedAfterItsFirstTokens) {
+  Recorder recorder;
+  auto engine = MakeEngine(20, &recorder);  // 320 tokens per layer
+  auto a = std::make_shared<Sink>();
+  scheduler::GenerationRequest r = Request(Prompt(240, 5), 24, "winnowkv", 0.2);
+  r.compression.params = {{"lookahead", 8.0}, {"allocation", std::string("uniform")}};
+  absl::StatusOr<uint64_t> ia = engine->Submit(r, a);
+  ASSERT_TRUE(ia.ok()) << ia.status();
+  ASSERT_TRUE(a->Wait());
+  EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(60)));
+  EXPECT_EQ(recorder.Count(absl::StrCat("compress ", *ia)), 1);
+  EXPECT_EQ(recorder.Count(absl::StrCat("evict ", *ia)), 0);
+  const scheduler::Usage usage = a->finish().usage;
+  ASSERT_EQ(usage.kv_tokens_kept_per_layer.size(), static_cast<size_t>(L()));
+  for (int32_t k : usage.kv_tokens_kept_per_layer) EXPECT_EQ(k, 48 + 8);  // 0.2 x 240 + 8
+  EXPECT_EQ(usage.kv_tokens_evicted, int64_t{L()} * (240 - 48));
+  EXPECT_EQ(usage.completion_tokens, 24);
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+
+  // 320 slots hold the 312-token prompt, not the prompt and 16 lookahead tokens.
+  scheduler::GenerationRequest big = Request(Prompt(312, 6), 64, "winnowkv", 0.2);
+  big.compression.params = {{"lookahead", 16.0}};
+  absl::StatusOr<uint64_t> refused = engine->Submit(big, std::make_shared<Sink>());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  big.compression.params = {{"lookahead", 4.0}};
+  EXPECT_TRUE(engine->Submit(big, std::make_shared<Sink>()).ok());
+  EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(120)));
 }
 
 // Two compressed requests outgrow the pool while decoding: the later one is preempted,

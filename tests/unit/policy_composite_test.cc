@@ -194,6 +194,72 @@ TEST(CompositePolicy, ValueNormWeightsEachKvHeadsScores) {
   EXPECT_FALSE(again->ObserveLayer(f.View()).ok());
 }
 
+// The window rows attend uniformly; the reply's lookahead tokens attend to `heavy`, which the
+// plan after them keeps (and the plan without them does not), with the lookahead's slots.
+TEST(CompositePolicy, LookaheadScoresWithTheRepliesFirstTokens) {
+  const int32_t n = 64;
+  const int32_t lookahead = 3;
+  const PolicyContext c = Context(1, 2, 1, n, {});
+  const std::vector<int32_t> heavy = {3, 9, 17, 20, 33, 40, 41, 50, 51, 52, 55, 59};
+  const PolicyParams params = {{"window", 4.0}, {"sinks", 0.0}, {"kernel", 1.0},
+                               {"allocation", "uniform"}};
+  policy_testing::FakeLayer f = policy_testing::MakeLayer(
+      0, 2, 1, n, n - 4, [](int32_t, int32_t, int32_t) { return 0.0; });
+  auto keeps_heavy = [&](const std::vector<int32_t>& kept) {
+    return std::all_of(heavy.begin(), heavy.end(), [&](int32_t j) { return Contains(kept, j); });
+  };
+
+  auto plain = Make("composite", 0.25, c, params);
+  ASSERT_TRUE(plain->ObserveLayer(f.View()).ok());
+  absl::StatusOr<KeepPlan> plan = plain->Plan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(keeps_heavy(plan->layers[0].heads[0]));
+
+  PolicyParams with = params;
+  with["lookahead"] = double{lookahead};
+  auto policy = Make("composite", 0.25, c, with);
+  EXPECT_EQ(policy->LookaheadSteps(), lookahead);
+  ASSERT_TRUE(policy->ObserveLayer(f.View()).ok());
+  EXPECT_EQ(policy->Plan().status().code(), absl::StatusCode::kFailedPrecondition);
+  SlotPositions slots(1, 1);
+  slots.AppendRange(0, n);
+  for (int32_t t = 0; t < lookahead; ++t) {
+    ASSERT_TRUE(policy->WantsDecodeAttention());
+    slots.AppendRange(n + t, 1);
+    const int32_t num_slots = n + t + 1;
+    std::vector<std::vector<float>> attention(1, std::vector<float>(2 * num_slots, 0.0f));
+    for (int32_t h = 0; h < 2; ++h) {
+      for (int32_t j : heavy) attention[0][h * num_slots + j] = 1.0f / heavy.size();
+    }
+    DecodeStep step;
+    step.position = n + t;
+    step.tokens_seen = n + t + 1;
+    step.slots = &slots;
+    step.attention = attention;
+    absl::StatusOr<KeepPlan> during = policy->OnDecodeStep(step);
+    ASSERT_TRUE(during.ok()) << during.status();
+    EXPECT_TRUE(during->empty());
+  }
+  EXPECT_FALSE(policy->WantsDecodeAttention());
+  plan = policy->Plan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->Validate(c.dims, [&](int32_t) { return n + lookahead; }).ok());
+  const std::vector<int32_t>& kept = plan->layers[0].heads[0];
+  ASSERT_EQ(kept.size(), 16u + lookahead);  // 4 window + 12 scored + the lookahead's
+  EXPECT_TRUE(keeps_heavy(kept));
+  for (int32_t j = n - 4; j < n + lookahead; ++j) EXPECT_TRUE(Contains(kept, j)) << j;
+
+  // Budget 1 compresses nothing, so there is nothing to wait for.
+  EXPECT_EQ(Make("composite", 1.0, c, with)->LookaheadSteps(), 0);
+  // VL-Cache's sparsity reads the rows one by one: not with a lookahead.
+  with["allocation"] = "sparsity";
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
+      CreatePolicy("composite", PolicyConfig(0.25, with), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("compression.params.lookahead"), std::string::npos)
+      << bad.status();
+}
+
 TEST(CompositePolicy, BadOptionsNameTheField) {
   const PolicyContext c = Context(2, 2, 1, 50, {});
   absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
