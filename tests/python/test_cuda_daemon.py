@@ -165,6 +165,28 @@ def test_scoring_policies_run_on_the_gpu_and_free_blocks(gpu, policy):
     gpu.wait_pool_free()
 
 
+def test_lookahead_decodes_on_the_whole_prompt_then_frees_blocks(gpu):
+    # The first lookahead + 1 tokens come from the uncompressed cache, so they are the GPU's own
+    # uncompressed greedy tokens; the plan after them (scored with their attention, computed
+    # on the GPU) frees blocks and keeps the lookahead's tokens.
+    lookahead = 8
+    full = [t for msg in gpu.client.generate(LONG_PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                             timeout=120) for t in msg.token_ids]
+    ids, final = [], None
+    compression = {"policy": "winnowkv_docs", "budget": 0.25, "params": {"lookahead": lookahead}}
+    for msg in gpu.client.generate(LONG_PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                   compression=compression, timeout=120):
+        ids.extend(msg.token_ids)
+        if msg.finish_reason:
+            final = msg
+    assert ids[:lookahead + 1] == full[:lookahead + 1]
+    assert final.usage.kv_blocks_freed_by_compression > 0, final.usage
+    prompt_tokens = final.usage.prompt_tokens
+    for kept in final.usage.kv_tokens_kept_per_layer:
+        assert lookahead < kept < prompt_tokens + lookahead
+    gpu.wait_pool_free()
+
+
 def test_tokenselect_is_refused_at_admission(gpu):
     with pytest.raises(grpc.RpcError) as err:
         list(gpu.client.generate(PROMPTS[0], max_tokens=4,
