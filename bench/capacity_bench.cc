@@ -4,7 +4,7 @@
 //
 //   capacity_bench [--shape=llama3-8b|smollm2-135m] [--gguf=PATH] [--device=cuda|cpu]
 //                  [--prompt_tokens=4096] [--output_tokens=128] [--requests=32] [--fit=4]
-//                  [--policies=none,snapkv,winnowkv] [--budget=0.1]
+//                  [--policies=none,snapkv,winnowkv,winnowkv_docs+lookahead=16] [--budget=0.1]
 //
 // One engine whose KV pool holds exactly --fit requests uncompressed (prompt + output, every
 // layer). For each policy in turn the same burst of --requests requests (distinct random
@@ -118,8 +118,11 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
     r.max_tokens = opt.output_tokens;
     r.ignore_eos = true;
     if (policy != "none") {
-      r.compression.policy = policy;
+      const absl::StatusOr<bench::PolicyEntry> entry = bench::ParsePolicyEntry(policy);
+      Check(entry.status(), "--policies");
+      r.compression.policy = entry->name;
       r.compression.budget = opt.budget;
+      r.compression.params = entry->params;
     }
     sinks.push_back(std::make_shared<BurstSink>(&finished));
     Check(engine.Submit(std::move(r), sinks.back()).status(), "Submit");
@@ -231,7 +234,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
   app.add_option("--requests", opt->requests, "requests per burst")->check(base::AtLeast(1));
   app.add_option("--fit", opt->fit, "requests the KV pool holds uncompressed")
       ->check(base::AtLeast(1));
-  app.add_option("--policies", opt->policies, "comma-separated; none = no compression")
+  app.add_option("--policies", opt->policies,
+                 "comma-separated; none = no compression; name+k=v adds params "
+                 "(winnowkv_docs+lookahead=16)")
       ->delimiter(',');
   app.add_option("--budget", opt->budget, "compression budget of every policy");
   app.add_option("--max_batched_tokens", opt->max_batched_tokens, "tokens per forward")

@@ -52,6 +52,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/cli.h"
+#include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
@@ -299,26 +300,21 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
   return ref;
 }
 
-// A policy entry is a name, optionally with parameters of its own after '+':
-// "vl_cache+kernel=7+pooling=max" runs vl_cache with those parameters (over --params for
-// vl_cache) and is reported under the whole string, so variants sit next to the default.
+// A policy entry (bench::ParsePolicyEntry): "vl_cache+kernel=7+pooling=max" runs vl_cache with
+// those parameters over --params for vl_cache.
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> CreateSession(
     const std::string& entry, double budget, const pol::PolicyContext& context,
     const Options& opt) {
-  const std::vector<std::string> parts = absl::StrSplit(entry, '+');
+  absl::StatusOr<PolicyEntry> parsed = ParsePolicyEntry(entry);
+  if (!parsed.ok()) return parsed.status();
   // Flag text becomes typed as a client would send it: numbers as params, the rest as options.
   pol::PolicyParams params;
-  if (auto it = opt.params.find(parts[0]); it != opt.params.end()) {
+  if (auto it = opt.params.find(parsed->name); it != opt.params.end()) {
     for (const auto& [k, v] : it->second) params[k] = pol::ParsePolicyParam(v);
   }
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const size_t eq = parts[i].find('=');
-    if (eq == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("policy entry ", entry, ": expected k=v"));
-    }
-    params[parts[i].substr(0, eq)] = pol::ParsePolicyParam(parts[i].substr(eq + 1));
-  }
-  return cache::CompressionSession::Create(parts[0], pol::PolicyConfig(budget, params), context);
+  for (const auto& [k, v] : parsed->params) params[k] = v;
+  return cache::CompressionSession::Create(parsed->name, pol::PolicyConfig(budget, params),
+                                          context);
 }
 
 // --------------------------------------------------------------------------------------------
