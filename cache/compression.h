@@ -99,9 +99,9 @@ class CompressionSession {
  private:
   CompressionSession(std::string name, std::unique_ptr<policies::CompressionPolicy> policy,
                      const policies::PolicyContext& context);
-  // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
   // Asks the policy for its prompt plan, compacts, and records the compression's stats.
   absl::StatusOr<CompactionStats> ApplyPromptPlan(SequenceKv& kv, BlockPool& pool);
+  // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
                        kernels::ThreadPool& threads);
 

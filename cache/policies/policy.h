@@ -308,7 +308,8 @@ class CompressionPolicy {
   // Whether OnDecodeStep may ever return a non-empty plan (admission counts on it).
   virtual bool EvictsDuringDecode() const { return false; }
   // After every decode step (K/V of the new token appended). A non-empty plan is applied at
-  // once. During a lookahead (LookaheadSteps) it must return an empty plan. Policies should evict in batches (e.g. a block's worth) to amortise the compaction.
+  // once; during a lookahead (LookaheadSteps) it must return an empty plan. Policies should
+  // evict in batches (e.g. a block's worth) to amortise the compaction.
   virtual absl::StatusOr<KeepPlan> OnDecodeStep(const DecodeStep& step) { return KeepPlan{}; }
 
   // Decode-time selection without eviction (TokenSelect); null for none. Owned by the policy.
