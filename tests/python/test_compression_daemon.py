@@ -211,3 +211,23 @@ def test_composite_and_its_presets_compress_through_the_daemon(daemon):
                                     timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "compression.options.allocation" in err.value.details()
+
+
+def test_a_lookahead_compresses_after_the_replys_first_tokens(daemon):
+    # The first 8 + 1 tokens decode on the whole prompt, so they are the uncompressed reply's;
+    # then the plan keeps 60 of the prompt's 240 tokens (uniform split) plus those 8.
+    prompt = token_prompt(240, 6)
+    _, full, _ = daemon.client.generate_text(request=request(prompt, 12), timeout=60)
+    _, ids, final = daemon.client.generate_text(
+        request=request(prompt, 12, "winnowkv_docs", 0.25, {"lookahead": 8},
+                        {"allocation": "uniform"}), timeout=60)
+    assert ids[:9] == full[:9]
+    assert list(final.usage.kv_tokens_kept_per_layer) == [60 + 8] * LAYERS
+    assert final.usage.kv_blocks_freed_by_compression > 0
+    # VL-Cache's sparsity split reads the observed rows one by one: refused, naming the field.
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(prompt, 4, "composite", 0.25,
+                                                    {"lookahead": 8}, {"allocation": "sparsity"}),
+                                    timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "compression.params.lookahead" in err.value.details()
