@@ -332,7 +332,7 @@ struct Run {
   std::vector<double> kl;   // forced: per step 1..
   int32_t top1_match = 0;   // forced: steps whose argmax is the reference token
   int32_t steps = 0;
-  int32_t plan_step = 0;    // lookahead: the step after which the prompt plan ran (else 0)
+  int32_t plan_step = 0;    // lookahead: steps decoded before the prompt plan (else 0)
   int64_t slots_after_compress = 0;
   int32_t blocks_freed = 0;
   double compress_seconds = 0;
