@@ -359,9 +359,15 @@ TEST_F(CompressionEngineTest, LookaheadRequestIsCompressedAfterItsFirstTokens) {
   absl::StatusOr<uint64_t> refused = engine->Submit(big, std::make_shared<Sink>());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  // With 4 it fits, and compressing after them leaves room for the 64 tokens.
   big.compression.params = {{"lookahead", 4.0}};
-  EXPECT_TRUE(engine->Submit(big, std::make_shared<Sink>()).ok());
-  EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(120)));
+  auto b = std::make_shared<Sink>();
+  ASSERT_TRUE(engine->Submit(big, b).ok());
+  ASSERT_TRUE(b->Wait());
+  EXPECT_EQ(b->finish().reason, scheduler::FinishReason::kLength);
+  EXPECT_EQ(b->finish().usage.completion_tokens, 64);
+  EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(60)));
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
 }
 
 // Two compressed requests outgrow the pool while decoding: the later one is preempted,
