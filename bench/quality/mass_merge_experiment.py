@@ -21,7 +21,9 @@ differ only in what becomes of the evicted tokens:
 
 For each of the short documents of documents.py (plain layout): greedy 32 tokens with the full
 cache, then per variant the first divergence (free run) and the teacher-forced mean KL(full ||
-compressed), as bench/quality/divergence.py measures them. About 4 minutes for 12 documents and
+compressed), as bench/quality/divergence.py measures them. With --lookahead N the selection also
+sees the attention of the full cache's first N reply tokens (the oracle form of composite's
+lookahead: the compressed cache still generates the whole reply). About 4 minutes for 12 documents and
 two variants on 2 cores.
 
     .venv/bin/python bench/quality/mass_merge_experiment.py --variants evict,keepkv --count 12
@@ -46,9 +48,9 @@ WINDOW = 32
 SINK_FRAC = 0.3
 MAX_BIAS = math.log(50.0)  # an anchor the window barely saw would otherwise get a huge bias
 
-# Shared with the attention function: per-layer bias [kv_head, slot] and, during the prefill,
-# the observed attention it records.
-STATE: dict = {"bias": {}, "record": None}
+# Shared with the attention function: per-layer bias [kv_head, slot] and, during a prefill, the
+# observed attention it records over the first `prompt` keys.
+STATE: dict = {"bias": {}, "record": None, "prompt": 0}
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -69,7 +71,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         logits = logits + bias.repeat_interleave(group, 0)[None, :, None, :]
     probs = torch.softmax(logits, -1)
     if STATE["record"] is not None and q_len > 1:
-        STATE["record"][layer] = (probs[0, :, -WINDOW:, :].sum(1), probs[0].sum(1))
+        # The window's rows and, with --lookahead, the reply's first tokens after it.
+        n = STATE["prompt"]
+        rows = WINDOW + k_len - n
+        STATE["record"][layer] = (probs[0, :, -rows:, :n].sum(1), probs[0, :, :, :n].sum(1))
     out = probs @ value.repeat_interleave(group, 1)
     return out.transpose(1, 2).contiguous(), None
 
@@ -149,9 +154,9 @@ def clone(cache):
 
 
 @torch.no_grad()
-def run_document(model, ids, budget, gen_tokens, variants):
+def run_document(model, ids, budget, gen_tokens, variants, lookahead):
     n = len(ids)
-    STATE["bias"], STATE["record"] = {}, {}
+    STATE["bias"], STATE["record"], STATE["prompt"] = {}, {}, n
     out = model(input_ids=torch.tensor([ids]))
     records, STATE["record"] = STATE["record"], None
     full = out.past_key_values
@@ -162,6 +167,12 @@ def run_document(model, ids, budget, gen_tokens, variants):
         logits = step(model, cache, reference[-1], n + i)
         ref_logp.append(torch.log_softmax(logits, -1))
         reference.append(int(logits.argmax()))
+    if lookahead > 0:
+        # Score with the full cache's first reply tokens too (an oracle: the compressed cache
+        # still generates from the prompt's end).
+        STATE["bias"], STATE["record"] = {}, {}
+        model(input_ids=torch.tensor([ids + reference[:lookahead]]))
+        records, STATE["record"] = STATE["record"], None
     results = {}
     for variant in variants:
         compressed = clone(full)
@@ -190,6 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--count", type=int, default=12)
     ap.add_argument("--gen-tokens", type=int, default=32)
+    ap.add_argument("--lookahead", type=int, default=0,
+                    help="also score with the full cache's first N reply tokens (an oracle)")
     args = ap.parse_args(argv)
     path = pathlib.Path(args.model)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -205,7 +218,8 @@ def main(argv=None) -> int:
         task = json.loads(line)
         text = "".join(s["text"] for s in task["segments"])
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        n, results = run_document(model, ids, args.budget, args.gen_tokens, variants)
+        n, results = run_document(model, ids, args.budget, args.gen_tokens, variants,
+                                  args.lookahead)
         for v, (agree, kl) in results.items():
             totals[v][0].append(agree)
             totals[v][1].append(kl)
