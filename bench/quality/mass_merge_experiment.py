@@ -23,8 +23,8 @@ For each of the short documents of documents.py (plain layout): greedy 32 tokens
 cache, then per variant the first divergence (free run) and the teacher-forced mean KL(full ||
 compressed), as bench/quality/divergence.py measures them. With --lookahead N the selection also
 sees the attention of the full cache's first N reply tokens (the oracle form of composite's
-lookahead: the compressed cache still generates the whole reply). About 4 minutes for 12 documents and
-two variants on 2 cores.
+lookahead: the compressed cache still generates the whole reply). On a 2-core VM, 12 documents
+took about 8 minutes with two variants and --lookahead 16, about 10 with all five variants.
 
     .venv/bin/python bench/quality/mass_merge_experiment.py --variants evict,keepkv --count 12
 """

@@ -129,6 +129,17 @@ std::vector<float> Pool1d(std::span<const float> scores, int32_t kernel, Pooling
   return out;
 }
 
+std::vector<float> PoolRowPrefixes(std::span<const float> rows, int32_t num_rows, int32_t n,
+                                   int32_t prefix, int32_t kernel, Pooling pooling,
+                                   kernels::ThreadPool* threads) {
+  std::vector<float> pooled(static_cast<size_t>(num_rows) * prefix);
+  ForEachHead(threads, num_rows, [&](int32_t r) {
+    const std::vector<float> row = Pool1d(rows.subspan(int64_t{r} * n, prefix), kernel, pooling);
+    std::copy(row.begin(), row.end(), pooled.begin() + int64_t{r} * prefix);
+  });
+  return pooled;
+}
+
 void NormalizeSum(std::span<float> scores) {
   double sum = 0.0;
   for (float v : scores) sum += v;

@@ -54,6 +54,12 @@ std::vector<float> MeanOverHeads(std::span<const float> rows, int32_t num_rows, 
 // to the next odd size so the output stays aligned with the input. kernel <= 1: copy.
 std::vector<float> Pool1d(std::span<const float> scores, int32_t kernel, Pooling pooling);
 
+// Pool1d of the first `prefix` scores of every row of `rows` ([num_rows][n]): [num_rows][prefix].
+// With `threads`, the rows are split over the pool.
+std::vector<float> PoolRowPrefixes(std::span<const float> rows, int32_t num_rows, int32_t n,
+                                   int32_t prefix, int32_t kernel, Pooling pooling,
+                                   kernels::ThreadPool* threads = nullptr);
+
 // Scales a non-negative row to sum 1 (all-zero rows stay zero).
 void NormalizeSum(std::span<float> scores);
 

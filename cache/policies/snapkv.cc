@@ -92,13 +92,8 @@ std::vector<float> SnapKvScores(const ObservationAttention& attention, int32_t p
   // SnapKV sums the window rows' attention (not a mean) and scores only keys before the window.
   const std::vector<float> summed =
       SumObservedRows(attention, 0, attention.num_rows, false, threads);
-  std::vector<float> pooled(static_cast<size_t>(attention.num_heads) * prefix);
-  ForEachHead(threads, attention.num_heads, [&](int32_t h) {
-    const std::vector<float> row = Pool1d(
-        std::span<const float>(summed).subspan(int64_t{h} * n, prefix), options.kernel,
-        options.pooling);
-    std::copy(row.begin(), row.end(), pooled.begin() + int64_t{h} * prefix);
-  });
+  const std::vector<float> pooled = PoolRowPrefixes(summed, attention.num_heads, n, prefix,
+                                                    options.kernel, options.pooling, threads);
   return AggregateGroups(pooled, attention.num_heads, attention.num_kv_heads, prefix,
                          options.aggregation);
 }

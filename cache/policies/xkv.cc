@@ -55,13 +55,8 @@ class XkvPolicy : public CompressionPolicy {
     // a sum ranks and normalises identically, so the division is skipped.
     const std::vector<float> summed =
         SumObservedRows(attention, 0, attention.num_rows, false, threads());
-    std::vector<float> pooled(static_cast<size_t>(heads) * prefix_);
-    ForEachHead(threads(), heads, [&](int32_t h) {
-      const std::vector<float> row = Pool1d(
-          std::span<const float>(summed).subspan(int64_t{h} * n, prefix_), options_.kernel,
-          options_.pooling);
-      std::copy(row.begin(), row.end(), pooled.begin() + int64_t{h} * prefix_);
-    });
+    const std::vector<float> pooled = PoolRowPrefixes(summed, heads, n, prefix_, options_.kernel,
+                                                      options_.pooling, threads());
     // Allocation input w_l: the mean over every query head, normalised to sum 1 (R_l's
     // denominator), so layers compete on the share of their own importance they keep.
     std::vector<float> layer_scores = MeanOverHeads(pooled, heads, prefix_);
