@@ -119,8 +119,14 @@ absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput&
     kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
                                           static_cast<const __nv_bfloat16*>(device_q),
                                           in.num_rows, visible_.data(), in.num_heads, in.scale};
-    WINNOW_RETURN_IF_ERROR(
-        kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+    if (gemm_ != nullptr && kv_.dtype == kernels::KvDtype::kBF16) {
+      WINNOW_RETURN_IF_ERROR(tensor_core_sums_.Run(
+          kv_, d, std::span<const int32_t>(in.visible, in.num_rows), sums_.data(), *gemm_,
+          stager_, stream_));
+    } else {
+      WINNOW_RETURN_IF_ERROR(
+          kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
+    }
   } else {
     WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
     WINNOW_RETURN_IF_ERROR(

@@ -16,7 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/kv_device.h"
+#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/paged_kv.h"
 #include "kernels/cuda/scoring.h"
 
@@ -25,9 +27,13 @@ namespace winnow::model {
 class CudaKvDevice : public cache::KvDevice {
  public:
   // `kv` describes the arena (device memory that outlives this object); work is queued on
-  // `stream`.
-  CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream)
-      : kv_(kv), stream_(stream) {}
+  // `stream`. With `gemm` (the forward's, used on the same thread and stream), column sums of
+  // bf16 device rows over a bf16 arena run on tensor cores (kernels/cuda/column_sums.h), for
+  // layers of up to `max_keys` keys within its scratch estimate; without it, on the direct
+  // kernel.
+  CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream,
+               kernels::cuda::Gemm* gemm = nullptr, int32_t max_keys = 0)
+      : kv_(kv), stream_(stream), gemm_(gemm), tensor_core_sums_(max_keys) {}
 
   absl::Status CopyBlock(int32_t from, int32_t to) override;
   absl::Status CompactLayer(std::span<const int32_t> table,
@@ -58,6 +64,8 @@ class CudaKvDevice : public cache::KvDevice {
 
   kernels::cuda::DevicePagedKv kv_;
   cudaStream_t stream_;
+  kernels::cuda::Gemm* gemm_;
+  kernels::cuda::TensorCoreColumnSums tensor_core_sums_;
   // Grown on demand and reused: the transient of one call.
   Buf<int32_t> table_, visible_, slots_, offsets_;
   Buf<float> q_, probs_, lse_, sums_;

@@ -177,14 +177,17 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
   const kc::PagedAttentionConfig attention;
   const int64_t workspaces = kc::Gemm::kWorkspaceBytes + attention.float_workspace_bytes +
                              attention.int_workspace_bytes;
+  // Compression's column sums over up to a prefill chunk's rows at the model's context.
+  const int64_t column_sums = kc::TensorCoreColumnSums::ScratchBytes(
+      c.num_heads, c.num_kv_heads, c.head_dim, c.context_length, limits.max_rows);
   // The driver hands out memory in 2 MiB pages, so each small buffer (a norm's weights, an
   // index array) can cost a page: measured on an H100, a 7-layer model took 81 MiB more than
   // its bytes for its ~80 buffers. Count a page per buffer: weights (8 per layer, 3 more with
-  // biases, 4 besides), the activations (18) and the workspaces (4).
+  // biases, 4 besides), the activations (18), the workspaces (4) and the column sums' (4).
   constexpr int64_t kPage = int64_t{2} << 20;
-  const int64_t buffers = c.num_layers * (8 + (c.qkv_bias ? 3 : 0)) + 4 + 18 + 4;
+  const int64_t buffers = c.num_layers * (8 + (c.qkv_bias ? 3 : 0)) + 4 + 18 + 4 + 4;
   return weights + limits.max_rows * a.per_row + limits.max_logits_rows * a.per_logits_row +
-         workspaces + buffers * kPage;
+         workspaces + column_sums + buffers * kPage;
 }
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
@@ -260,7 +263,7 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   attention.dtype = layout.dtype;
   attention.num_blocks = pool.num_blocks();
   WINNOW_ASSIGN_OR_RETURN(w->attention, kc::PagedAttention::Create(attention));
-  kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_);
+  kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_, w->gemm.get(), c.context_length);
   weights_ = std::move(w);
   scratch_ = std::make_unique<Scratch>();
   return absl::OkStatus();

@@ -34,6 +34,16 @@ absl::Status CheckDimension(int64_t value, const char* name, int64_t min) {
   return absl::OkStatus();
 }
 
+struct LeadingDims {
+  int x, w, y;
+};
+// Validated by ValidateGemmArgs: each fits an int.
+LeadingDims LeadingDimsOf(const GemmArgs& args) {
+  return {static_cast<int>(args.ldx != 0 ? args.ldx : args.k),
+          static_cast<int>(args.ldw != 0 ? args.ldw : args.k),
+          static_cast<int>(args.ldy != 0 ? args.ldy : args.n)};
+}
+
 }  // namespace
 
 const char* GemmTypeName(GemmType type) {
@@ -61,6 +71,15 @@ absl::Status ValidateGemmArgs(const GemmArgs& args) {
   if (absl::Status s = CheckDimension(args.m, "m", 0); !s.ok()) return s;
   if (absl::Status s = CheckDimension(args.n, "n", 1); !s.ok()) return s;
   if (absl::Status s = CheckDimension(args.k, "k", 1); !s.ok()) return s;
+  if (args.ldx != 0) {
+    if (absl::Status s = CheckDimension(args.ldx, "ldx", args.k); !s.ok()) return s;
+  }
+  if (args.ldw != 0) {
+    if (absl::Status s = CheckDimension(args.ldw, "ldw", args.k); !s.ok()) return s;
+  }
+  if (args.ldy != 0) {
+    if (absl::Status s = CheckDimension(args.ldy, "ldy", args.n); !s.ok()) return s;
+  }
   if (args.m > 0 && (args.x == nullptr || args.w == nullptr || args.y == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GEMM ", args.x == nullptr ? "x" : (args.w == nullptr ? "w" : "y"), " is null"));
@@ -86,33 +105,50 @@ Gemm::~Gemm() {
   cudaFree(workspace_);
 }
 
-absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
-  if (absl::Status s = ValidateGemmArgs(args); !s.ok()) return s;
-  if (args.m == 0) return absl::OkStatus();
+absl::Status Gemm::Bind(cudaStream_t stream) {
   // cublasSetStream resets the workspace to cuBLAS's own pool, so set ours after it.
   if (absl::Status s = CublasStatus(cublasSetStream(handle_, stream), "cublasSetStream");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CublasStatus(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes),
-                                    "cublasSetWorkspace");
-      !s.ok()) {
-    return s;
-  }
-  // cuBLAS is column-major: a row-major [r x c] matrix is its column-major transpose. So
-  // Y^T[n x m] = W[n x k] * X^T[k x m], where the row-major W is read as the column-major
-  // [k x n] W^T transposed back (OP_T), and the row-major X is already the column-major X^T.
-  const float alpha = 1.0f;
+  return CublasStatus(cublasSetWorkspace(handle_, workspace_, kWorkspaceBytes),
+                      "cublasSetWorkspace");
+}
+
+// cuBLAS is column-major: a row-major [r x c] matrix is its column-major transpose. So
+// Y^T[n x m] = W[n x k] * X^T[k x m], where the row-major W is read as the column-major
+// [k x n] W^T transposed back (OP_T), and the row-major X is already the column-major X^T.
+absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidateGemmArgs(args); !s.ok()) return s;
+  if (args.m == 0) return absl::OkStatus();
+  if (absl::Status s = Bind(stream); !s.ok()) return s;
+  const LeadingDims ld = LeadingDimsOf(args);
   const float beta = 0.0f;
-  const int m = static_cast<int>(args.n);
-  const int n = static_cast<int>(args.m);
-  const int k = static_cast<int>(args.k);
   return CublasStatus(
-      cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, args.w,
-                   CudaType(args.input), /*lda=*/k, args.x, CudaType(args.input), /*ldb=*/k,
-                   &beta, args.y, CudaType(args.output), /*ldc=*/m, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT),
+      cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(args.n),
+                   static_cast<int>(args.m), static_cast<int>(args.k), &args.alpha, args.w,
+                   CudaType(args.input), ld.w, args.x, CudaType(args.input), ld.x, &beta, args.y,
+                   CudaType(args.output), ld.y, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
+}
+
+absl::Status Gemm::RunBatched(const GemmArgs& args, int32_t batch, cudaStream_t stream) {
+  if (absl::Status s = ValidateGemmArgs(args); !s.ok()) return s;
+  if (batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GEMM batch = ", batch, ": negative"));
+  }
+  if (args.m == 0 || batch == 0) return absl::OkStatus();
+  if (absl::Status s = Bind(stream); !s.ok()) return s;
+  const LeadingDims ld = LeadingDimsOf(args);
+  const float beta = 0.0f;
+  return CublasStatus(
+      cublasGemmBatchedEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(args.n),
+                          static_cast<int>(args.m), static_cast<int>(args.k), &args.alpha,
+                          static_cast<const void* const*>(args.w), CudaType(args.input), ld.w,
+                          static_cast<const void* const*>(args.x), CudaType(args.input), ld.x,
+                          &beta, static_cast<void* const*>(args.y), CudaType(args.output), ld.y,
+                          batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmBatchedEx");
 }
 
 }  // namespace winnow::kernels::cuda

@@ -28,6 +28,12 @@ struct GemmArgs {
   const void* x = nullptr;            // device, row-major [m x k]
   const void* w = nullptr;            // device, row-major [n x k]
   void* y = nullptr;                  // device, row-major [m x n]
+  // Elements between consecutive rows of x, w and y; 0 means packed (k, k and n). A strided x
+  // is how one attention head's rows are read out of the forward's [tokens x heads x dim] Q.
+  int64_t ldx = 0;
+  int64_t ldw = 0;
+  int64_t ldy = 0;
+  float alpha = 1.0f;  // Y = alpha * X * W^T
 };
 
 // InvalidArgument naming the field when `args` describes no GEMM this class runs.
@@ -48,9 +54,15 @@ class Gemm {
 
   // Enqueues Y = X * W^T on `stream` (asynchronous: the result is ready when the stream is).
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
+  // Enqueues `batch` GEMMs of one shape: args.x, args.w and args.y are device arrays of `batch`
+  // device pointers, the i-th GEMM reading x[i] and w[i] and writing y[i]. Inputs may repeat
+  // (GQA's query heads share their KV head's keys); outputs must not overlap.
+  absl::Status RunBatched(const GemmArgs& args, int32_t batch, cudaStream_t stream);
 
  private:
   Gemm(cublasHandle_t handle, void* workspace) : handle_(handle), workspace_(workspace) {}
+  // Points the handle at `stream` and at this object's workspace.
+  absl::Status Bind(cudaStream_t stream);
 
   cublasHandle_t handle_;
   void* workspace_;

@@ -57,8 +57,11 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
       }
     }
     arena_ = Upload(HostArena());
+    gemm_ = *kernels::cuda::Gemm::Create();
+    // With the GEMM, a bf16 arena scores device rows on tensor cores; f16 on the direct kernel.
     device_ = std::make_unique<CudaKvDevice>(
-        kernels::cuda::DevicePagedKvFor(layout.View(nullptr), arena_.data()), nullptr);
+        kernels::cuda::DevicePagedKvFor(layout.View(nullptr), arena_.data()), nullptr,
+        gemm_.get(), kSlots);
     books_->AttachDevice(device_.get());
     // The same reservations on both pools give the same block ids.
     for (cache::BlockPool* pool : {host_.get(), books_.get()}) {
@@ -88,6 +91,7 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
 
   std::unique_ptr<cache::BlockPool> host_, books_;
   kernels::cuda::DeviceBuffer<std::byte> arena_;
+  std::unique_ptr<kernels::cuda::Gemm> gemm_;
   std::unique_ptr<CudaKvDevice> device_;
   std::vector<cache::SequenceKv> kvs_;  // [0] on host_, [1] on books_
 };

@@ -104,6 +104,51 @@ TEST_F(GemmTest, MatchesCpuMatMulForDecodeAndOddShapes) {
   CheckAgainstCpu(GemmType::kBF16, GemmType::kF32, /*m=*/130, /*n=*/1536, /*k=*/576);
 }
 
+TEST_F(GemmTest, BatchedGemmsReadStridedRowsAndSharedInputs) {
+  // Three GEMMs as the column sums issue them (kernels/cuda/column_sums.h): x is one head's
+  // rows out of a [rows x heads x k] tensor, the first two share w, and y = alpha * x * w^T.
+  constexpr int64_t kBatch = 3, m = 5, n = 7, k = 64;
+  constexpr int64_t kBf16 = 2;  // bytes
+  std::mt19937 rng(7);
+  std::vector<std::byte> x_bits, w_bits;
+  const std::vector<float> x = RandomRounded(m * kBatch * k, GemmType::kBF16, rng, &x_bits);
+  const std::vector<float> w = RandomRounded(2 * n * k, GemmType::kBF16, rng, &w_bits);
+  const float alpha = 0.125f;
+  auto d_x = DeviceBuffer<std::byte>::FromHost(x_bits);
+  auto d_w = DeviceBuffer<std::byte>::FromHost(w_bits);
+  auto d_y = DeviceBuffer<float>::Allocate(kBatch * m * n);
+  ASSERT_TRUE(d_x.ok() && d_w.ok() && d_y.ok());
+  const auto w_of = [](int64_t i) { return i == 2 ? 1 : 0; };
+  std::vector<const void*> pointers;
+  for (int64_t i = 0; i < kBatch; ++i) pointers.push_back(d_x->data() + i * k * kBf16);
+  for (int64_t i = 0; i < kBatch; ++i) pointers.push_back(d_w->data() + w_of(i) * n * k * kBf16);
+  for (int64_t i = 0; i < kBatch; ++i) pointers.push_back(d_y->data() + i * m * n);
+  auto d_pointers = DeviceBuffer<const void*>::FromHost(pointers);
+  ASSERT_TRUE(d_pointers.ok());
+  GemmArgs args{GemmType::kBF16,       GemmType::kF32,           m, n, k, d_pointers->data(),
+                d_pointers->data() + 3, d_pointers->data() + 6};
+  args.ldx = kBatch * k;
+  args.alpha = alpha;
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  ASSERT_TRUE((*gemm)->RunBatched(args, kBatch, nullptr).ok());
+  std::vector<float> y(kBatch * m * n);
+  ASSERT_TRUE(d_y->CopyToHost(std::span<float>(y)).ok());
+  for (int64_t i = 0; i < kBatch; ++i) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        double want = 0;
+        for (int64_t t = 0; t < k; ++t) {
+          want += double{x[(r * kBatch + i) * k + t]} * w[(w_of(i) * n + c) * k + t];
+        }
+        want *= alpha;
+        ASSERT_NEAR(y[(i * m + r) * n + c], want, 1e-4 + 1e-4 * std::fabs(want))
+            << "batch " << i << " row " << r << " column " << c;
+      }
+    }
+  }
+}
+
 TEST_F(GemmTest, NoRowsIsANoOp) {
   auto gemm = Gemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
@@ -127,6 +172,9 @@ TEST_F(GemmTest, RejectsBadArgumentsNamingTheField) {
   bad = good;
   bad.k = 0;
   EXPECT_NE(message_of(bad).find("k = 0"), std::string::npos) << message_of(bad);
+  bad = good;
+  bad.ldx = 4;
+  EXPECT_NE(message_of(bad).find("ldx = 4"), std::string::npos) << message_of(bad);
   bad = good;
   bad.w = nullptr;
   EXPECT_NE(message_of(bad).find("w is null"), std::string::npos) << message_of(bad);

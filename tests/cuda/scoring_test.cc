@@ -6,6 +6,7 @@
 // absolute (logits are O(10) here).
 #include "kernels/cuda/scoring.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <span>
@@ -17,6 +18,8 @@
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/column_sums.h"
+#include "kernels/cuda/gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/kernel_test_util.h"
 
@@ -188,6 +191,47 @@ TYPED_TEST(ScoringTest, TokenSelectVoteMatchesTheCpu) {
       }
     }
   }
+}
+
+class TensorCoreColumnSumsTest : public ::winnow::testing::CudaTest {};
+
+// The tensor-core column sums against the CPU's over the same bf16 keys and query rows: three
+// query heads per KV head, a logits budget so small that the rows go in chunks of 16, a chunk
+// whose rows all see fewer keys than the layer holds, and sums that already hold earlier
+// chunks' values.
+TEST_F(TensorCoreColumnSumsTest, MatchesTheCpuAcrossChunks) {
+  const int32_t rows = 40;
+  std::vector<int32_t> visible(rows);
+  for (int32_t r = 0; r < rows; ++r) visible[r] = 1 + (r * 7) % kSlots;
+  for (int32_t r = 16; r < 32; ++r) visible[r] = std::min(visible[r], 9);
+  const std::vector<float> q =
+      RoundedTo(KvDtype::kBF16, RandomNormal(int64_t{rows} * kHeads * kDim, 35, 2.0f));
+  const float scale = 1.0f / 8.0f;
+  Fixture f(KvDtype::kBF16);
+  std::vector<float> want = RandomNormal(kHeads * kSlots, 36);
+  for (float& x : want) x = std::abs(x);
+  auto d_sums = Upload(want);
+  ThreadPool threads(2);
+  const ScoreInput cpu_in{f.table.data(), kSlots, q.data(), rows, visible.data(), kHeads, scale};
+  kernels::AccumulateAttentionColumns(f.pool->View(), cpu_in, want.data(), threads);
+
+  auto d_q = Upload16<__nv_bfloat16>(q);
+  auto d_visible = Upload(visible);
+  const DeviceScoreInput<__nv_bfloat16> in{f.d_table.data(), kSlots,  d_q.data(), rows,
+                                           d_visible.data(),  kHeads, scale};
+  auto gemm = Gemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  PinnedStager stager;
+  TensorCoreColumnSums sums(kSlots, /*logits_bytes=*/1);
+  ASSERT_TRUE(sums.Run(f.Device(), in, visible, d_sums.data(), **gemm, stager, nullptr).ok());
+  ASSERT_TRUE(Synchronize().ok());
+  ExpectClose(Download(d_sums), want, kRel, kAbs, "column sums");
+
+  Fixture f16(KvDtype::kF16);
+  const absl::Status s =
+      sums.Run(f16.Device(), in, visible, d_sums.data(), **gemm, stager, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not bf16"), std::string::npos) << s;
 }
 
 TEST(ScoringArgumentsTest, RejectsHeadsThatDoNotGroupAndMissingScratch) {
