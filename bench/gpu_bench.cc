@@ -9,9 +9,10 @@
 // 2. Prefill: `prefill_seqs` prompts of `prefill_tokens` tokens in one forward; TFLOP/s counts
 //    the GEMMs (2 x rows x parameters, the output head for the last rows only) and causal
 //    attention (4 x heads x head_dim per query-key pair).
-// 3. Decode: `batch` sequences at `context` tokens each, `steps` one-token steps; the median step
-//    against the roofline: the bytes every step must read (the weights the step touches, the
-//    batch's K/V) over the copy bandwidth. Greedy sampling of the copied logits on the host
+// 3. Decode: `batch` sequences at `context` tokens each, `steps` one-token steps replaying CUDA
+//    graphs (and, in a column of its own, launching every kernel); the median step against the
+//    roofline: the bytes every step must read (the weights the step touches, the batch's K/V)
+//    over the copy bandwidth. Greedy sampling of the copied logits on the host
 //    (model::Sampler, the rows spread over the host's threads as the workers do) is timed apart.
 //
 // The GGUF (bench/synthetic_gguf.h) is written to --gguf first if no file is there (4.5 GB for
@@ -165,9 +166,9 @@ class Bench {
         c.tied_embeddings ? 0 : 2.0 * c.vocab_size * c.hidden_size;  // only gathered
     std::printf("Decode at context %d (median of %d steps after %d warm-up):\n\n", opt_.context,
                 opt_.steps, kWarmupSteps);
-    std::printf("| batch | step ms | step ms, 1 logits row | tokens/s | bytes/step GB | "
-                "roofline ms | of roofline | host greedy sampling ms (%d threads) |\n"
-                "|---|---|---|---|---|---|---|---|\n",
+    std::printf("| batch | step ms | step ms, no CUDA graphs | step ms, 1 logits row | "
+                "tokens/s | bytes/step GB | roofline ms | of roofline | host greedy sampling "
+                "ms (%d threads) |\n|---|---|---|---|---|---|---|---|---|\n",
                 model_.threads().num_threads());
     std::vector<double> sampling;
     for (int32_t batch : opt_.batches) {
@@ -176,16 +177,23 @@ class Bench {
       // head rows, the copy to the host).
       const std::vector<double> times = DecodeSteps(kvs, batch, /*all_logits=*/true, &sampling);
       const std::vector<double> one_row = DecodeSteps(kvs, batch, /*all_logits=*/false, nullptr);
+      // The same steps launching every kernel (CudaModel::set_cuda_graphs).
+      cuda_->set_cuda_graphs(false);
+      const std::vector<double> eager = DecodeSteps(kvs, batch, /*all_logits=*/true, nullptr);
+      cuda_->set_cuda_graphs(true);
       const double t = Median(times);
       const double mean_context = opt_.context + kWarmupSteps + opt_.steps / 2.0;
       const double bytes = cuda_->weight_bytes() - untied_embedding +
                            batch * mean_context * kv_bytes_per_token;
       const double floor = bytes / bandwidth;
-      std::printf("| %d | %.2f | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f |\n", batch, 1e3 * t,
-                  1e3 * Median(one_row), batch / t, bytes / 1e9, 1e3 * floor, 100 * floor / t,
-                  1e3 * Median(sampling));
+      std::printf("| %d | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.0f%% | %.2f |\n", batch,
+                  1e3 * t, 1e3 * Median(eager), 1e3 * Median(one_row), batch / t, bytes / 1e9,
+                  1e3 * floor, 100 * floor / t, 1e3 * Median(sampling));
     }
     for (auto& kv : kvs) kv.Release(*pool_);
+    if (!cuda_->graph_capture_error().ok()) {
+      std::printf("CUDA graphs turned off: %s\n", cuda_->graph_capture_error().ToString().c_str());
+    }
     std::printf("\n");
   }
 

@@ -16,11 +16,13 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gather.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/graph_cache.h"
 #include "kernels/cuda/kv_append.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_kv.h"
 #include "kernels/cuda/scoring.h"
+#include "spdlog/spdlog.h"
 
 namespace winnow::model {
 
@@ -266,6 +268,7 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_, w->gemm.get(), c.context_length);
   weights_ = std::move(w);
   scratch_ = std::make_unique<Scratch>();
+  graphs_ = std::make_unique<kc::GraphCache>();
   return absl::OkStatus();
 }
 
@@ -291,7 +294,43 @@ void GatherTokens(std::span<const BatchEntry> batch, int64_t hidden,
   }
 }
 
+// A decode-only batch: one token per entry, nothing captured, no embedding rows.
+bool DecodeOnly(std::span<const BatchEntry> batch) {
+  for (const BatchEntry& entry : batch) {
+    if (entry.tokens.size() != 1 || entry.capture != nullptr ||
+        entry.tokens[0] == kEmbeddingInput) {
+      return false;
+    }
+  }
+  return !batch.empty();
+}
+
+// Pads per-row inputs of `real` rows to `rows`: token 0 at position 0, and a negative slot so
+// that the padding rows' K/V are not written (kernels/cuda/kv_append.h).
+void PadRows(int64_t real, int64_t rows, int32_t num_layers, std::vector<int32_t>* tokens,
+             std::vector<int32_t>* embedding_rows, std::vector<int32_t>* positions,
+             std::vector<int64_t>* slots) {
+  tokens->resize(rows, 0);
+  embedding_rows->resize(rows, -1);
+  positions->resize(rows, 0);
+  std::vector<int64_t> padded(rows * num_layers, -1);
+  for (int32_t l = 0; l < num_layers; ++l) {
+    std::copy_n(slots->begin() + l * real, real, padded.begin() + l * rows);
+  }
+  *slots = std::move(padded);
+}
+
 }  // namespace
+
+absl::Status CudaModel::graph_capture_error() const { return graphs_->capture_error(); }
+int64_t CudaModel::cuda_graph_count() const { return graphs_->size(); }
+
+int64_t CudaModel::GraphRows(std::span<const BatchEntry> batch, int64_t rows) const {
+  if (!graphs_on_ || rows > kMaxGraphRows || !DecodeOnly(batch)) return 0;
+  int64_t bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  return bucket;
+}
 
 absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                                 ForwardOutput* out) {
@@ -338,15 +377,61 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   out->log_norm.clear();
   if (in.rows == 0) return absl::OkStatus();
 
+  if (const int64_t graph_rows = GraphRows(batch, in.rows); graph_rows > 0) {
+    PadRows(in.rows, graph_rows, c.num_layers, &in.tokens, &in.embedding_rows, &in.positions,
+            &in.slots);
+    in.rows = graph_rows;
+    WINNOW_RETURN_IF_ERROR(Upload(in));
+    WINNOW_RETURN_IF_ERROR(RunLayersWithGraphs(batch, in, pool));
+    return Logits(in, out);
+  }
   WINNOW_RETURN_IF_ERROR(Upload(in));
-  Scratch& s = *scratch_;
-  WINNOW_RETURN_IF_ERROR(kc::EmbeddingGather(
-      weights_->token_embd.data(), c.vocab_size, c.hidden_size, s.tokens.data(),
-      s.embedding_rows.data(), s.embeddings.data(), in.rows, s.x.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(Embed(in.rows));
   for (int32_t l = 0; l < c.num_layers; ++l) {
     WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in, pool));
   }
   return Logits(in, out);
+}
+
+absl::Status CudaModel::Embed(int64_t rows) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
+  return kc::EmbeddingGather(weights_->token_embd.data(), c.vocab_size, c.hidden_size,
+                             s.tokens.data(), s.embedding_rows.data(), s.embeddings.data(), rows,
+                             s.x.data(), stream_);
+}
+
+absl::Status CudaModel::RunLayersWithGraphs(std::span<const BatchEntry> batch,
+                                            const HostInputs& in, const cache::BlockPool& pool) {
+  Scratch& s = *scratch_;
+  // The graphs hold these buffers' addresses: when one has grown (a bigger batch), recapture.
+  const std::vector<const void*> buffers = {
+      s.x.data(),      s.xn.data(),     s.q.data(),      s.k.data(),
+      s.v.data(),      s.attn.data(),   s.proj.data(),   s.gate_up.data(),
+      s.act.data(),    s.tokens.data(), s.embedding_rows.data(), s.embeddings.data(),
+      s.positions.data(), s.slots.data()};
+  if (buffers != graph_buffers_) {
+    graphs_->Clear();
+    graph_buffers_ = buffers;
+  }
+  const int32_t layers = model_.config().num_layers;
+  const bool captured_before = graphs_->capture_error().ok();
+  // Segment k is the work between layer k-1's attention and layer k's.
+  for (int32_t k = 0; k <= layers; ++k) {
+    const int64_t key = in.rows * (layers + 1) + k;
+    WINNOW_RETURN_IF_ERROR(graphs_->Run(key, stream_, [&]() -> absl::Status {
+      if (k == 0) WINNOW_RETURN_IF_ERROR(Embed(in.rows));
+      if (k > 0) WINNOW_RETURN_IF_ERROR(PostAttention(k - 1, in.rows));
+      if (k < layers) WINNOW_RETURN_IF_ERROR(PreAttention(k, in.rows));
+      return absl::OkStatus();
+    }));
+    if (k < layers) WINNOW_RETURN_IF_ERROR(Attend(k, batch, in, pool));
+  }
+  if (captured_before && !graphs_->capture_error().ok()) {
+    spdlog::warn("CUDA graphs turned off, decode runs kernel by kernel: {}",
+                 graphs_->capture_error().ToString());
+  }
+  return absl::OkStatus();
 }
 
 cache::KvDevice& CudaModel::kv_device() { return *kv_device_; }
@@ -405,14 +490,18 @@ absl::Status CudaModel::Linear(const void* w, int64_t n, int64_t k, const void* 
 
 absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
                                  const HostInputs& in, const cache::BlockPool& pool) {
+  WINNOW_RETURN_IF_ERROR(PreAttention(l, in.rows));
+  WINNOW_RETURN_IF_ERROR(Attend(l, batch, in, pool));
+  return PostAttention(l, in.rows);
+}
+
+absl::Status CudaModel::PreAttention(int32_t l, int64_t rows) {
   const ModelConfig& c = model_.config();
   const DeviceLayer& L = weights_->layers[l];
   Scratch& s = *scratch_;
-  const int64_t rows = in.rows;
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-
   // The previous layer's MLP output (in proj) joins the residual stream inside the norm.
   WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), l == 0 ? nullptr : s.proj.data(),
                                      L.attn_norm.data(), rows, hidden, c.rms_norm_eps,
@@ -432,9 +521,14 @@ absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
       s.q.data(), q_dim, c.num_heads, s.k.data(), kv_dim, c.num_kv_heads, rows, c.head_dim,
       c.rope_dim, s.positions.data(), weights_->rope_inv_freq.data(), model_.rope_attn_factor(),
       rope_layout, stream_));
-  WINNOW_RETURN_IF_ERROR(kc::KvAppend(weights_->kv, s.k.data(), s.v.data(), kv_dim,
-                                      s.slots.data() + l * rows, rows, stream_));
+  return kc::KvAppend(weights_->kv, s.k.data(), s.v.data(), kv_dim, s.slots.data() + l * rows,
+                      rows, stream_);
+}
 
+absl::Status CudaModel::Attend(int32_t l, std::span<const BatchEntry> batch,
+                               const HostInputs& in, const cache::BlockPool& pool) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
   std::vector<kernels::AttentionSequence> seqs(batch.size());
   for (size_t e = 0; e < batch.size(); ++e) {
     const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
@@ -445,10 +539,17 @@ absl::Status CudaModel::RunLayer(int32_t l, std::span<const BatchEntry> batch,
   WINNOW_RETURN_IF_ERROR(CaptureQueries(l, batch, in, pool));
   WINNOW_RETURN_IF_ERROR(AttentionProbabilities(l, batch, in));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  WINNOW_RETURN_IF_ERROR(weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(),
-                                                  scale, s.attn.data(), stream_));
-  WINNOW_RETURN_IF_ERROR(Linear(L.wo.data(), hidden, q_dim, s.attn.data(), rows, s.proj.data()));
+  return weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(), scale, s.attn.data(),
+                                  stream_);
+}
 
+absl::Status CudaModel::PostAttention(int32_t l, int64_t rows) {
+  const ModelConfig& c = model_.config();
+  const DeviceLayer& L = weights_->layers[l];
+  Scratch& s = *scratch_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  WINNOW_RETURN_IF_ERROR(Linear(L.wo.data(), hidden, q_dim, s.attn.data(), rows, s.proj.data()));
   WINNOW_RETURN_IF_ERROR(kc::RmsNorm(s.x.data(), s.proj.data(), L.ffn_norm.data(), rows, hidden,
                                      c.rms_norm_eps, s.xn.data(), stream_));
   WINNOW_RETURN_IF_ERROR(

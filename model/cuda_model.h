@@ -17,12 +17,17 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
 #include "model/cuda_kv_device.h"
 #include "model/model.h"
+
+namespace winnow::kernels::cuda {
+class GraphCache;
+}
 
 namespace winnow::model {
 
@@ -58,6 +63,20 @@ class CudaModel {
   // worker attaches it to the pool.
   cache::KvDevice& kv_device();
 
+  // Decode-only forwards (one token per entry, no query capture) of up to kMaxGraphRows rows
+  // replay CUDA graphs (kernels/cuda/graph_cache.h) per batch-size bucket (the next power of
+  // two; the padding rows compute and are dropped): the work between two layers' attention
+  // calls is one graph launch, while the attention (FlashInfer, whose schedule follows the
+  // sequences' lengths) and the compression hooks run as before. A bucket's first forward runs
+  // eagerly, its second captures. On by default; off launches every kernel.
+  static constexpr int64_t kMaxGraphRows = 256;
+  void set_cuda_graphs(bool on) { graphs_on_ = on; }
+  bool cuda_graphs() const { return graphs_on_; }
+  // Why capturing failed (the graphs then turned themselves off); OK while it has not.
+  absl::Status graph_capture_error() const;
+  // Graphs held: (layers + 1) per bucket seen since the buffers last moved.
+  int64_t cuda_graph_count() const;
+
   int32_t device() const { return device_; }
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t arena_bytes() const { return arena_bytes_; }
@@ -74,6 +93,20 @@ class CudaModel {
   absl::Status Upload(const HostInputs& in);
   absl::Status RunLayer(int32_t layer, std::span<const BatchEntry> batch,
                         const HostInputs& in, const cache::BlockPool& pool);
+  // The parts of a layer: what comes before the attention (norm with the previous layer's
+  // residual, QKV, RoPE, KV append), the attention with the hooks around it, and what comes
+  // after (output projection, norm, MLP). The first and last only queue kernels on rows of
+  // fixed buffers, so a graph can hold them.
+  absl::Status PreAttention(int32_t layer, int64_t rows);
+  absl::Status Attend(int32_t layer, std::span<const BatchEntry> batch, const HostInputs& in,
+                      const cache::BlockPool& pool);
+  absl::Status PostAttention(int32_t layer, int64_t rows);
+  absl::Status Embed(int64_t rows);
+  // The rows a CUDA-graph forward of `batch` runs (its bucket), or 0 for an eager forward.
+  int64_t GraphRows(std::span<const BatchEntry> batch, int64_t rows) const;
+  // Every layer through the graphs of in.rows (a bucket; `in` padded to it).
+  absl::Status RunLayersWithGraphs(std::span<const BatchEntry> batch, const HostInputs& in,
+                                   const cache::BlockPool& pool);
   // The compression hooks of `layer` (its K/V are in the arena, its queries in Scratch::q).
   absl::Status CaptureQueries(int32_t layer, std::span<const BatchEntry> batch,
                               const HostInputs& in, const cache::BlockPool& pool);
@@ -93,6 +126,10 @@ class CudaModel {
   int64_t weight_bytes_ = 0;
   int64_t arena_bytes_ = 0;
   int32_t pool_block_size_ = 0;
+  bool graphs_on_ = true;
+  std::unique_ptr<kernels::cuda::GraphCache> graphs_;
+  // The activation buffers the graphs were captured with: they hold these addresses.
+  std::vector<const void*> graph_buffers_;
 };
 
 }  // namespace winnow::model

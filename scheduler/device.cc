@@ -85,14 +85,17 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
 
 absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
                                                    cache::BlockPool& pool,
-                                                   const model::ForwardLimits& limits) {
+                                                   const model::ForwardLimits& limits,
+                                                   bool cuda_graphs) {
   if (!device.is_cuda()) return std::make_unique<CpuWorker>(model, pool);
 #if WINNOW_HAVE_CUDA
   absl::StatusOr<std::unique_ptr<model::CudaModel>> cuda =
       model::CudaModel::Create(model, pool, device.index, limits);
   if (!cuda.ok()) return cuda.status();
+  (*cuda)->set_cuda_graphs(cuda_graphs);
   return std::make_unique<CudaWorker>(model, pool, *std::move(cuda));
 #else
+  (void)cuda_graphs;
   return absl::InvalidArgumentError(
       absl::StrCat("device ", device.ToString(), ": this winnow was built without CUDA"));
 #endif

@@ -55,11 +55,13 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
 inline bool NeedsHostArena(const Device& device) { return !device.is_cuda(); }
 
 // The worker for `device`: the CPU worker, or the CUDA worker with the model's weights, its
-// activations for batches within `limits`, and a device KV arena for `pool` (InvalidArgument
-// when the device or the pool's dtype does not fit). The model and pool must outlive it.
+// activations for batches within `limits`, a device KV arena for `pool` and, with
+// `cuda_graphs`, CUDA graphs for decode (InvalidArgument when the device or the pool's dtype
+// does not fit). The model and pool must outlive it.
 absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
                                                    cache::BlockPool& pool,
-                                                   const model::ForwardLimits& limits = {});
+                                                   const model::ForwardLimits& limits = {},
+                                                   bool cuda_graphs = true);
 
 // The KV pool bytes that keep this process within `fraction` of the GPU's memory (vLLM's
 // --gpu-memory-utilization): fraction x total, less what is in use now (other processes, this

@@ -56,6 +56,8 @@ struct EngineOptions {
   // Where the forward runs. On cuda the KV data lives in the GPU's arena (the pool here keeps
   // only its books) and must be bf16; TokenSelect requests are refused (CudaWorker::Admits).
   Device device;
+  // cuda: decode-only iterations replay CUDA graphs (model::CudaModel::set_cuda_graphs).
+  bool cuda_graphs = true;
   // Empty: the device's worker (MakeWorker, scheduler/device.h). Otherwise this makes the
   // worker, over the pool built for `device`: the fault-injection tests wrap the CPU worker in
   // one that fails on purpose.

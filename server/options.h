@@ -43,6 +43,7 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
+  bool cuda_graphs = true;
   // f16 on cpu; on cuda the only choice, and the default, is bf16 (the GPU's activation type).
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
   // Where the forward runs; unset: cuda:0 when a GPU is visible, else cpu (DefaultDevice).
