@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 
@@ -26,6 +27,9 @@ class AttentionSelector {
   virtual bool Select(int32_t layer, std::span<const float> q, int32_t num_new,
                       int32_t past_slots, const SequenceKv& kv, const BlockPool& pool,
                       std::vector<int32_t>* slots) = 0;
+  // An error the selection met (a call into the pool's device, cache/kv_device.h): the forward
+  // fails with it after Select, whatever Select returned.
+  virtual absl::Status error() const { return absl::OkStatus(); }
 };
 
 }  // namespace winnow::cache

@@ -41,6 +41,14 @@ class KvDevice {
                                                   float* column_sums, const void* device_q) = 0;
   virtual absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                   float* norms) = 0;
+  // TokenSelect's head soft vote (policies::TokenSelectSelector::Vote) over the candidate
+  // slots [begin, end) of one layer (`table`) for one query (num_heads x head_dim floats):
+  // vote[t - begin] = sum over heads of softmax over the candidates of scale * q_h . k_t, query
+  // head h reading KV head h / group, or h % num_kv_heads with `gqa_mod`.
+  virtual absl::Status TokenSelectVote(std::span<const int32_t> table,
+                                       std::span<const float> query, int32_t num_heads,
+                                       int32_t begin, int32_t end, float scale, bool gqa_mod,
+                                       float* vote) = 0;
 };
 
 }  // namespace winnow::cache

@@ -150,4 +150,21 @@ absl::Status CudaKvDevice::ValueNorms(std::span<const int32_t> table, int32_t nu
   return Sync();
 }
 
+absl::Status CudaKvDevice::TokenSelectVote(std::span<const int32_t> table,
+                                           std::span<const float> query, int32_t num_heads,
+                                           int32_t begin, int32_t end, float scale,
+                                           bool gqa_mod, float* vote) {
+  if (begin == end) return absl::OkStatus();
+  const int32_t blocks = (end + kv_.block_size - 1) / kv_.block_size;
+  WINNOW_RETURN_IF_ERROR(Upload(table.first(blocks), table_));
+  WINNOW_RETURN_IF_ERROR(Upload(query, q_));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, end - begin));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(lse_, num_heads));
+  WINNOW_RETURN_IF_ERROR(kc::TokenSelectVote(kv_, table_.data(), q_.data(), num_heads, begin, end,
+                                             scale, gqa_mod, sums_.data(), lse_.data(),
+                                             stream_));
+  WINNOW_RETURN_IF_ERROR(Download(sums_.data(), end - begin, vote, stream_));
+  return Sync();
+}
+
 }  // namespace winnow::model

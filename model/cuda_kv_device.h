@@ -44,6 +44,9 @@ class CudaKvDevice : public cache::KvDevice {
                                           const void* device_q) override;
   absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                           float* norms) override;
+  absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
+                               int32_t num_heads, int32_t begin, int32_t end, float scale,
+                               bool gqa_mod, float* vote) override;
 
  private:
   template <typename T>

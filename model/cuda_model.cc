@@ -22,6 +22,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_kv.h"
 #include "kernels/cuda/scoring.h"
+#include "kernels/cuda/sparse_attention.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::model {
@@ -69,10 +70,22 @@ absl::StatusOr<Buf<float>> UploadFloat(const GgufFile& file, const std::string& 
 
 absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
   for (size_t e = 0; e < batch.size(); ++e) {
-    if (batch[e].selector != nullptr) {
+    if (batch[e].selector != nullptr && batch[e].tokens.size() != 1) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "batch entry ", e, ": attention selection (TokenSelect) does not run on the CUDA "
-          "forward"));
+          "batch entry ", e, ": attention selection (TokenSelect) runs on the CUDA forward for "
+          "one new token (a decode step), not ", batch[e].tokens.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A selector's slot list must be ascending and within the past slots: a bad one would read
+// other sequences' blocks (as Model::Forward checks).
+absl::Status CheckSelection(const std::vector<int32_t>& selected, int32_t past, int32_t layer) {
+  for (size_t i = 0; i < selected.size(); ++i) {
+    if (selected[i] < 0 || selected[i] >= past || (i > 0 && selected[i] <= selected[i - 1])) {
+      return absl::InternalError(
+          absl::StrCat("attention selector returned an invalid slot list for layer ", layer));
     }
   }
   return absl::OkStatus();
@@ -110,6 +123,9 @@ struct CudaModel::Scratch {
   Buf<int64_t> slots;  // num_layers x rows slot mappings
   Buf<float> embeddings, logits, log_norm;
   kc::PinnedBuffer<float> logits_host;  // ForwardOutput::logits points here
+  // The selected slots of the sequences that attend sparsely (TokenSelect), their rows and
+  // page tables (kernels/cuda/sparse_attention.h), packed into one upload.
+  Buf<int32_t> sparse_ints;
   // A decode token's attention probabilities (compression policies that evict while decoding):
   // the page tables and lengths, the probabilities, and their host copy.
   Buf<int32_t> probs_ints;
@@ -538,9 +554,79 @@ absl::Status CudaModel::Attend(int32_t l, std::span<const BatchEntry> batch,
   }
   WINNOW_RETURN_IF_ERROR(CaptureQueries(l, batch, in, pool));
   WINNOW_RETURN_IF_ERROR(AttentionProbabilities(l, batch, in));
+  WINNOW_ASSIGN_OR_RETURN(const kc::DeviceSparseDecode sparse, SelectSlots(l, batch, in, pool));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  return weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(), scale, s.attn.data(),
-                                  stream_);
+  WINNOW_RETURN_IF_ERROR(weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(), scale,
+                                                  s.attn.data(), stream_));
+  // The sequences that attend to a selection get their rows of attn rewritten: FlashInfer's
+  // call needs the batch's rows contiguous, so it runs over all of them first.
+  return kc::SparseDecodeAttention(weights_->kv, sparse, s.q.data(), c.num_heads, scale,
+                                   s.attn.data(), stream_);
+}
+
+absl::StatusOr<kc::DeviceSparseDecode> CudaModel::SelectSlots(int32_t l,
+                                                              std::span<const BatchEntry> batch,
+                                                              const HostInputs& in,
+                                                              const cache::BlockPool& pool) {
+  const ModelConfig& c = model_.config();
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  std::vector<size_t> selecting;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (batch[e].selector != nullptr) selecting.push_back(e);
+  }
+  if (selecting.empty()) return kc::DeviceSparseDecode{};
+  // The selectors read their query rows on the host: one download and one wait for all.
+  std::vector<Bf16> rows_bf16(selecting.size() * q_dim);
+  for (size_t i = 0; i < selecting.size(); ++i) {
+    WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        rows_bf16.data() + i * q_dim, scratch_->q.data() + in.first_row[selecting[i]] * q_dim,
+        q_dim * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_));
+  }
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  std::vector<float> rows(rows_bf16.size());
+  kernels::DecodeKv(kernels::KvDtype::kBF16, reinterpret_cast<const std::byte*>(rows_bf16.data()),
+                    static_cast<int64_t>(rows.size()), rows.data());
+  // Packed as [rows | table offsets | list offsets | tables | lists].
+  std::vector<int32_t> item_rows, table_offsets, list_offsets = {0}, tables, lists;
+  std::vector<int32_t> selected;
+  for (size_t i = 0; i < selecting.size(); ++i) {
+    const BatchEntry& entry = batch[selecting[i]];
+    const int32_t slots = entry.kv->num_slots(l);  // its new token's included
+    const int32_t past = slots - 1;
+    selected.clear();
+    const bool sparse = entry.selector->Select(
+        l, std::span<const float>(rows).subspan(i * q_dim, q_dim), 1, past, *entry.kv, pool,
+        &selected);
+    WINNOW_RETURN_IF_ERROR(entry.selector->error());
+    if (!sparse) continue;  // dense: FlashInfer's result stands
+    WINNOW_RETURN_IF_ERROR(CheckSelection(selected, past, l));
+    item_rows.push_back(in.first_row[selecting[i]]);
+    table_offsets.push_back(static_cast<int32_t>(tables.size()));
+    const std::span<const int32_t> table = entry.kv->block_table(l);
+    tables.insert(tables.end(), table.begin(),
+                  table.begin() + (slots + pool_block_size_ - 1) / pool_block_size_);
+    lists.insert(lists.end(), selected.begin(), selected.end());
+    lists.push_back(past);  // its own slot
+    list_offsets.push_back(static_cast<int32_t>(lists.size()));
+  }
+  const int32_t items = static_cast<int32_t>(item_rows.size());
+  if (items == 0) return kc::DeviceSparseDecode{};
+  std::vector<int32_t> packed = item_rows;
+  for (const std::vector<int32_t>* part : {&table_offsets, &list_offsets, &tables, &lists}) {
+    packed.insert(packed.end(), part->begin(), part->end());
+  }
+  Scratch& s = *scratch_;
+  WINNOW_RETURN_IF_ERROR(s.stager.Upload(std::span<const int32_t>(packed), s.sparse_ints,
+                                         stream_));
+  const int32_t* base = s.sparse_ints.data();
+  kc::DeviceSparseDecode sparse;
+  sparse.num_items = items;
+  sparse.rows = base;
+  sparse.table_offsets = base + items;
+  sparse.list_offsets = base + 2 * items;
+  sparse.tables = base + 3 * items + 1;
+  sparse.lists = sparse.tables + tables.size();
+  return sparse;
 }
 
 absl::Status CudaModel::PostAttention(int32_t l, int64_t rows) {

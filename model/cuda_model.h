@@ -22,12 +22,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
+#include "kernels/cuda/sparse_attention.h"
 #include "model/cuda_kv_device.h"
 #include "model/model.h"
 
 namespace winnow::kernels::cuda {
 class GraphCache;
-}
+}  // namespace winnow::kernels::cuda
 
 namespace winnow::model {
 
@@ -53,8 +54,10 @@ class CudaModel {
 
   // Model::Forward on the GPU, over `pool`'s block tables and this model's device arena, with
   // the compression hooks: query capture (the post-RoPE rows are copied to the host, as bf16
-  // values in float) and a decode token's attention probabilities. Attention selection
-  // (TokenSelect) is not on the GPU: an entry with a selector is FailedPrecondition. Not
+  // values in float), a decode token's attention probabilities, and attention selection
+  // (TokenSelect: the selector votes on the device, a decode token whose selection applies
+  // attends to its slot list, kernels/cuda/sparse_attention.h); a selector on an entry of more
+  // than one token is FailedPrecondition (the engine selects at decode only). Not
   // thread-safe: one engine thread owns it.
   absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                        ForwardOutput* out);
@@ -112,6 +115,11 @@ class CudaModel {
                               const HostInputs& in, const cache::BlockPool& pool);
   absl::Status AttentionProbabilities(int32_t layer, std::span<const BatchEntry> batch,
                                       const HostInputs& in);
+  // Asks the selectors of `batch` (TokenSelect, one decode token each) for their slots in
+  // `layer` and uploads the lists of those that attend sparsely.
+  absl::StatusOr<kernels::cuda::DeviceSparseDecode> SelectSlots(
+      int32_t layer, std::span<const BatchEntry> batch, const HostInputs& in,
+      const cache::BlockPool& pool);
   absl::Status Logits(const HostInputs& in, ForwardOutput* out);
   // y[m x n] = x[m x k] * w^T on the stream (bf16 in, bf16 or float32 out).
   absl::Status Linear(const void* w, int64_t n, int64_t k, const void* x, int64_t m, void* y,

@@ -410,7 +410,9 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
         std::vector<int32_t>& selected = selections[e];
         selected.clear();
         const std::span<const float> rows_q(s.q.data() + first_row[e] * q_dim, n * q_dim);
-        if (entry.selector->Select(l, rows_q, n, past, *entry.kv, pool, &selected)) {
+        const bool sparse = entry.selector->Select(l, rows_q, n, past, *entry.kv, pool, &selected);
+        WINNOW_RETURN_IF_ERROR(entry.selector->error());
+        if (sparse) {
           // A bad list would read other sequences' blocks; refuse it rather than trust it.
           for (size_t i = 0; i < selected.size(); ++i) {
             if (selected[i] < 0 || selected[i] >= past ||

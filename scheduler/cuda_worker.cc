@@ -1,6 +1,5 @@
 #include "scheduler/cuda_worker.h"
 
-#include "absl/strings/str_cat.h"
 #include "scheduler/forward_batch.h"
 
 namespace winnow::scheduler {
@@ -12,17 +11,6 @@ CudaWorker::CudaWorker(model::Model& model, cache::BlockPool& pool,
 }
 
 CudaWorker::~CudaWorker() { pool_.AttachDevice(nullptr); }
-
-absl::Status CudaWorker::Admits(const GenerationRequest& request) const {
-  // TokenSelect is the one policy with an attention selector (CompressionPolicy::selector),
-  // which restricts each decode token's attention to selected slots: FlashInfer's paged
-  // attention has no per-row slot list, so it runs on the CPU worker only.
-  if (request.compression.policy != "tokenselect") return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "compression.policy 'tokenselect': its per-token attention selection does not run on the "
-      "CUDA worker (cuda:", cuda_->device(), "); choose another policy, or serve with "
-      "--device cpu"));
-}
 
 WorkerOutput CudaWorker::Execute(std::span<const ScheduledChunk> chunks) {
   WorkerOutput result;

@@ -1,8 +1,7 @@
 // The CUDA worker: the whole forward on one GPU (model/cuda_model.h), the compression hooks with
 // their scoring and compaction on the GPU (the pool's attached device, model/cuda_kv_device.h;
 // the policies themselves decide on the host), then sampling on the host from the copied
-// logits with each sequence's sampler, exactly as the CPU worker samples. TokenSelect is
-// refused at Submit (Admits).
+// logits with each sequence's sampler, exactly as the CPU worker samples.
 #pragma once
 
 #include <memory>
@@ -24,8 +23,6 @@ class CudaWorker : public Worker {
   ~CudaWorker() override;
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
-  // FailedPrecondition naming compression.policy for TokenSelect.
-  absl::Status Admits(const GenerationRequest& request) const override;
 
  private:
   model::Model& model_;

@@ -54,7 +54,7 @@ struct EngineOptions {
   // to float32 as it reads them.
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;
   // Where the forward runs. On cuda the KV data lives in the GPU's arena (the pool here keeps
-  // only its books) and must be bf16; TokenSelect requests are refused (CudaWorker::Admits).
+  // only its books) and must be bf16.
   Device device;
   // cuda: decode-only iterations replay CUDA graphs (model::CudaModel::set_cuda_graphs).
   bool cuda_graphs = true;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "cache/kv_device.h"
 #include "cache/policies/scoring_helpers.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
@@ -67,6 +68,13 @@ std::vector<float> TokenSelectSelector::Vote(int32_t layer, std::span<const floa
   const int32_t n = end - begin;
   const float scale = options_.scaled_vote ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f;
   const std::span<const int32_t> table = kv.block_table(layer);
+  if (KvDevice* device = pool.device()) {
+    // The keys are on the device (the CUDA worker): vote there, only the vote comes back.
+    std::vector<float> vote(n, 0.0f);
+    error_.Update(device->TokenSelectVote(table, query, num_heads, begin, end, scale,
+                                          options_.gqa_mod, vote.data()));
+    return vote;
+  }
   logits_.resize(static_cast<size_t>(num_heads) * n);
   // Query heads scored against each KV head. The model's attention pairs h with h / group; the
   // reference code's h % num_kv mis-pairs them under GQA (brief §1.7), kept only as an option.

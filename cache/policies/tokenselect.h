@@ -87,6 +87,8 @@ class TokenSelectSelector : public AttentionSelector {
   bool Select(int32_t layer, std::span<const float> q, int32_t num_new, int32_t past_slots,
               const SequenceKv& kv, const BlockPool& pool, std::vector<int32_t>* slots) override;
 
+  absl::Status error() const override { return error_; }
+
   const TokenSelectStats& stats() const { return stats_; }
   // The candidate positions selected by the last miss of `layer` (ascending), for tests.
   const std::vector<int32_t>& cached_selection(int32_t layer) const;
@@ -108,6 +110,7 @@ class TokenSelectSelector : public AttentionSelector {
   std::vector<LayerState> layers_;
   std::vector<float> logits_;  // transient [num_heads][candidates]
   TokenSelectStats stats_;
+  absl::Status error_;  // the first device error a vote met
 };
 
 }  // namespace winnow::cache::policies

@@ -11,6 +11,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/compaction.h"
+#include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/thread_pool.h"
@@ -181,6 +182,19 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   kernels::ValueNorms(host_->View(), in.block_table, kSlots, want_norms.data());
   ASSERT_TRUE(device_->ValueNorms(kvs_[1].block_table(0), kSlots, got_norms.data()).ok());
   ExpectClose(got_norms, want_norms, 1e-5, 1e-6, "value norms");
+
+  // TokenSelect's vote: the selector votes through the device when the pool has one.
+  cache::policies::TokenSelectOptions options;
+  options.num_heads = kHeads;
+  options.num_kv_heads = kKvHeads;
+  options.head_dim = kDim;
+  options.scaled_vote = true;
+  const std::vector<float> query(q.begin(), q.begin() + kHeads * kDim);
+  cache::policies::TokenSelectSelector on_host(options), on_device(options);
+  const std::vector<float> want_vote = on_host.Vote(0, query, 3, 20, kvs_[0], *host_);
+  const std::vector<float> got_vote = on_device.Vote(0, query, 3, 20, kvs_[1], *books_);
+  EXPECT_TRUE(on_device.error().ok()) << on_device.error();
+  ExpectClose(got_vote, want_vote, 2e-4, 1e-6, "TokenSelect vote");
 }
 
 INSTANTIATE_TEST_SUITE_P(DevicePoolDtypes, CudaKvDeviceTest,

@@ -29,6 +29,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/compression.h"
+#include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "model/cuda_model.h"
 #include "kernels/cuda/device.h"
@@ -144,6 +145,7 @@ class CudaModelTest : public testing::CudaTest {
     std::vector<float> margin;       // per step: top logit - runner-up logit
     cache::policies::SlotPositions slots;  // after the last step
     cache::CompressionStats stats;
+    cache::policies::TokenSelectStats selection;  // tokenselect only
   };
   CompressedRun GenerateCompressed(const ForwardFn& forward, cache::BlockPool& pool,
                                    const std::vector<int32_t>& prompt, const std::string& policy,
@@ -169,6 +171,7 @@ class CudaModelTest : public testing::CudaTest {
         e.capture = session->PrefillCapture(start, count);
       } else {
         e.attention_probs = session->DecodeAttentionBuffer();
+        e.selector = session->selector();
       }
       ForwardOutput out;
       absl::Status st = forward({&e, 1}, pool, &out);
@@ -197,6 +200,9 @@ class CudaModelTest : public testing::CudaTest {
     }
     run.slots = session->slot_positions();
     run.stats = session->stats();
+    if (auto* selector = dynamic_cast<cache::policies::TokenSelectSelector*>(session->selector())) {
+      run.selection = selector->stats();
+    }
     kv.Release(pool);
     EXPECT_EQ(pool.num_used(), 0);
     return run;
@@ -451,8 +457,34 @@ TEST_F(CudaModelTest, ScoringPoliciesKeepTheCpusSlotsUpToNearTies) {
   }
 }
 
+TEST_F(CudaModelTest, TokenSelectAttendsItsSelectionLikeTheCpu) {
+  // The selector votes on the device (CudaKvDevice::TokenSelectVote) and each decode token
+  // whose selection applies attends to its slot list (SparseDecodeAttention): the CPU's greedy
+  // tokens up to a near tie, selections that really are sparse, and nothing freed.
+  const std::vector<int32_t> prompt = CountingPrompt();
+  const CompressedRun want =
+      GenerateCompressed(Cpu(), *cpu_pool_, prompt, "tokenselect", 0.25, 48, kSteps);
+  const CompressedRun got =
+      GenerateCompressed(Gpu(), *gpu_pool_, prompt, "tokenselect", 0.25, 48, kSteps);
+  const int32_t same = SameTokensFromTheStart(got.tokens, want.tokens);
+  std::printf("  measured tokenselect: %d of %d greedy tokens equal from the start; GPU %lld "
+              "selections (%lld misses), %lld of %lld past keys attended (CPU %lld of %lld)\n",
+              same, kSteps, static_cast<long long>(got.selection.calls - got.selection.dense),
+              static_cast<long long>(got.selection.misses),
+              static_cast<long long>(got.selection.keys_attended),
+              static_cast<long long>(got.selection.keys_total),
+              static_cast<long long>(want.selection.keys_attended),
+              static_cast<long long>(want.selection.keys_total));
+  EXPECT_GT(got.selection.misses, 0);
+  EXPECT_LT(got.selection.keys_attended, got.selection.keys_total / 2);
+  EXPECT_EQ(got.selection.keys_total, want.selection.keys_total);
+  EXPECT_EQ(got.stats.blocks_freed, 0);
+  ExpectSameUpToANearTie(got, want);
+}
+
 TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
-  // TokenSelect's attention selection is CPU-only: asking for it is an error, not a silent skip.
+  // Attention selection runs on the GPU for decode tokens only (as the engine asks for it):
+  // a selector on a prefill chunk is an error, not a silent dense pass.
   struct NoSelection : cache::AttentionSelector {
     bool Select(int32_t, std::span<const float>, int32_t, int32_t, const cache::SequenceKv&,
                 const cache::BlockPool&, std::vector<int32_t>*) override {
@@ -460,9 +492,9 @@ TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
     }
   } selector;
   cache::SequenceKv kv(model_->config().num_layers, kBlock);
-  ASSERT_TRUE(kv.Reserve(*gpu_pool_, 1));
-  const int32_t token = 1;
-  BatchEntry e{&kv, std::span<const int32_t>(&token, 1), {}, 0, LogitsMode::kLast};
+  ASSERT_TRUE(kv.Reserve(*gpu_pool_, 2));
+  const int32_t tokens[2] = {1, 2};
+  BatchEntry e{&kv, std::span<const int32_t>(tokens, 2), {}, 0, LogitsMode::kLast};
   e.selector = &selector;
   ForwardOutput out;
   absl::Status st = cuda_->Forward({&e, 1}, *gpu_pool_, &out);

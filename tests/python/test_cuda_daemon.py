@@ -1,8 +1,8 @@
 """The daemon on the CUDA worker (`winnow serve --device cuda`), against the same daemon on the
 CPU worker: the same greedy tokens up to near ties, batching that does not change them (up to
 near ties), the KV pool sized by --gpu-memory-utilization, compression on the GPU (streaming_llm
-like the CPU worker, the scoring policies freeing blocks), TokenSelect refused at admission,
-every block back at the end.
+like the CPU worker, the scoring policies freeing blocks, TokenSelect's sparse decode attention
+like the CPU worker's), every block back at the end.
 
 Skipped, saying why, when this build has no CUDA or no GPU is visible (CI machines have
 neither). docs/gpu.md says how these ran on a GPU machine.
@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 
-import grpc
 import pytest
 
 from daemon_harness import Daemon, binary_path, model_path
@@ -118,12 +117,14 @@ def test_concurrent_requests_get_the_tokens_they_get_alone(gpu):
 # A prompt long enough for compression to free whole blocks; its continuation depends on its end.
 LONG_PROMPT = "Count with me:" + "".join(f" {i}," for i in range(1, 121))
 COMPRESSION = {"policy": "streaming_llm", "budget": 0.25}
+TOKENSELECT = {"policy": "tokenselect", "budget": 0.25}
 
 
-def _compressed(daemon: Daemon) -> tuple[tuple[list[int], list], object]:
+def _compressed(daemon: Daemon, compression: dict = COMPRESSION
+                ) -> tuple[tuple[list[int], list], object]:
     ids, logprobs, final = [], [], None
     for msg in daemon.client.generate(LONG_PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                      logprobs=True, top_logprobs=2, compression=COMPRESSION,
+                                      logprobs=True, top_logprobs=2, compression=compression,
                                       timeout=120):
         ids.extend(msg.token_ids)
         logprobs.extend(msg.logprobs)
@@ -134,9 +135,9 @@ def _compressed(daemon: Daemon) -> tuple[tuple[list[int], list], object]:
 
 
 @pytest.fixture(scope="module")
-def cpu_compressed() -> tuple[tuple[list[int], list], object]:
+def cpu_compressed() -> dict[str, tuple[tuple[list[int], list], object]]:
     with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
-        return _compressed(cpu)
+        return {c["policy"]: _compressed(cpu, c) for c in (COMPRESSION, TOKENSELECT)}
 
 
 def test_compression_runs_on_the_gpu_like_on_the_cpu(gpu, cpu_compressed):
@@ -144,7 +145,7 @@ def test_compression_runs_on_the_gpu_like_on_the_cpu(gpu, cpu_compressed):
     # the same blocks freed, and the same greedy tokens from the compacted cache (up to near
     # ties). Compaction frees device blocks at once: every block is back at the end.
     got, usage = _compressed(gpu)
-    want, want_usage = cpu_compressed
+    want, want_usage = cpu_compressed["streaming_llm"]
     assert usage.kv_blocks_freed_by_compression > 0
     assert usage.kv_blocks_freed_by_compression == want_usage.kv_blocks_freed_by_compression
     assert list(usage.kv_tokens_kept_per_layer) == list(want_usage.kv_tokens_kept_per_layer)
@@ -187,10 +188,13 @@ def test_lookahead_decodes_on_the_whole_prompt_then_frees_blocks(gpu):
     gpu.wait_pool_free()
 
 
-def test_tokenselect_is_refused_at_admission(gpu):
-    with pytest.raises(grpc.RpcError) as err:
-        list(gpu.client.generate(PROMPTS[0], max_tokens=4,
-                                 compression={"policy": "tokenselect", "budget": 0.5}))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "compression.policy 'tokenselect'" in err.value.details()
+def test_tokenselect_attends_its_selection_like_the_cpu(gpu, cpu_compressed):
+    # Each decode step attends to the selected quarter of the cache (the vote on the GPU, the
+    # attention over the slot list with the CUDA worker's own kernel): the CPU worker's tokens
+    # up to near ties, and no block freed (TokenSelect evicts nothing).
+    got, usage = _compressed(gpu, TOKENSELECT)
+    want, want_usage = cpu_compressed["tokenselect"]
+    assert usage.kv_blocks_freed_by_compression == 0
+    assert want_usage.kv_blocks_freed_by_compression == 0
+    _assert_same_or_near_tie(got, want, LONG_PROMPT)
     gpu.wait_pool_free()

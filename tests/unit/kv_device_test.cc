@@ -53,6 +53,10 @@ class RecordingDevice : public KvDevice {
   absl::Status ValueNorms(std::span<const int32_t>, int32_t, float*) override {
     return status;
   }
+  absl::Status TokenSelectVote(std::span<const int32_t>, std::span<const float>, int32_t,
+                               int32_t, int32_t, float, bool, float*) override {
+    return status;
+  }
 
   absl::Status status;
   std::vector<std::pair<int32_t, int32_t>> copies;
