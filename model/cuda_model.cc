@@ -127,10 +127,19 @@ struct CudaModel::Scratch {
   // page tables (kernels/cuda/sparse_attention.h), packed into one upload.
   Buf<int32_t> sparse_ints;
   // A decode token's attention probabilities (compression policies that evict while decoding):
-  // the page tables and lengths, the probabilities, and their host copy.
+  // the page tables and lengths, one layer's probabilities, and every layer's host copy, which
+  // FinishProbabilities hands out after the forward's last wait.
   Buf<int32_t> probs_ints;
   Buf<float> probs;
   kc::PinnedBuffer<float> probs_host;
+  int64_t probs_host_used = 0;
+  struct PendingProbs {
+    int32_t layer;
+    size_t entry;
+    int32_t n, slots;
+    int64_t host_at;
+  };
+  std::vector<PendingProbs> pending_probs;
   kc::PinnedStager stager;
 };
 
@@ -393,20 +402,25 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   out->log_norm.clear();
   if (in.rows == 0) return absl::OkStatus();
 
-  if (const int64_t graph_rows = GraphRows(batch, in.rows); graph_rows > 0) {
+  const int64_t graph_rows = GraphRows(batch, in.rows);
+  if (graph_rows > 0) {
     PadRows(in.rows, graph_rows, c.num_layers, &in.tokens, &in.embedding_rows, &in.positions,
             &in.slots);
     in.rows = graph_rows;
-    WINNOW_RETURN_IF_ERROR(Upload(in));
-    WINNOW_RETURN_IF_ERROR(RunLayersWithGraphs(batch, in, pool));
-    return Logits(in, out);
   }
+  WINNOW_RETURN_IF_ERROR(ReserveProbabilities(batch));
   WINNOW_RETURN_IF_ERROR(Upload(in));
-  WINNOW_RETURN_IF_ERROR(Embed(in.rows));
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in, pool));
+  if (graph_rows > 0) {
+    WINNOW_RETURN_IF_ERROR(RunLayersWithGraphs(batch, in, pool));
+  } else {
+    WINNOW_RETURN_IF_ERROR(Embed(in.rows));
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in, pool));
+    }
   }
-  return Logits(in, out);
+  WINNOW_RETURN_IF_ERROR(Logits(in, out));  // waits for the stream
+  FinishProbabilities(batch);
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::Embed(int64_t rows) {
@@ -691,13 +705,32 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::ReserveProbabilities(std::span<const BatchEntry> batch) {
+  Scratch& s = *scratch_;
+  s.pending_probs.clear();
+  const ModelConfig& c = model_.config();
+  int64_t total = 0;
+  for (const BatchEntry& entry : batch) {
+    if (entry.attention_probs == nullptr) continue;
+    const int64_t n = static_cast<int64_t>(entry.tokens.size());
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      total += n * c.num_heads * (entry.kv->num_slots(l) + n);  // before the new slots
+    }
+  }
+  s.probs_host_used = 0;
+  if (total == 0 || s.probs_host.size() >= total) return absl::OkStatus();
+  WINNOW_ASSIGN_OR_RETURN(s.probs_host, kc::PinnedBuffer<float>::Allocate(2 * total));
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::AttentionProbabilities(int32_t l, std::span<const BatchEntry> batch,
                                                const HostInputs& in) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int32_t block_size = pool_block_size_;
   // Every entry's page table and visible lengths in one upload, every entry's probabilities
-  // in one buffer and one download: one wait per layer, whatever the batch.
+  // in one buffer, copied to this layer's part of the page-locked host buffer; nothing waits
+  // here (FinishProbabilities, after the forward's last wait, hands them out).
   struct Pending {
     size_t entry;
     int32_t n, slots;
@@ -720,11 +753,12 @@ absl::Status CudaModel::AttentionProbabilities(int32_t l, std::span<const BatchE
   }
   if (pending.empty()) return absl::OkStatus();
   Scratch& s = *scratch_;
-  WINNOW_RETURN_IF_ERROR(s.stager.Upload(std::span<const int32_t>(ints), s.probs_ints, stream_));
-  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.probs, floats));
-  if (s.probs_host.size() < floats) {
-    WINNOW_ASSIGN_OR_RETURN(s.probs_host, kc::PinnedBuffer<float>::Allocate(2 * floats));
+  if (s.probs_host_used + floats > s.probs_host.size()) {
+    return absl::InternalError("decode attention probabilities outgrew their host buffer");
   }
+  WINNOW_RETURN_IF_ERROR(s.stager.Upload(std::span<const int32_t>(ints), s.probs_ints, stream_));
+  // One layer's worth on the device: the next layer's kernels run after this copy.
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.probs, floats));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (const Pending& p : pending) {
     kc::DeviceScoreInput<Bf16> d{s.probs_ints.data() + p.table_at, p.slots,
@@ -733,25 +767,39 @@ absl::Status CudaModel::AttentionProbabilities(int32_t l, std::span<const BatchE
     WINNOW_RETURN_IF_ERROR(kc::AttentionProbabilities(weights_->kv, d, s.probs.data() + p.probs_at,
                                                       nullptr, stream_));
   }
-  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.probs_host.data(), s.probs.data(),
-                                              floats * sizeof(float), cudaMemcpyDeviceToHost,
-                                              stream_));
-  WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  float* host = s.probs_host.data() + s.probs_host_used;
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, s.probs.data(), floats * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
   for (const Pending& p : pending) {
-    // The kernel's [h][i][j] into Model::Forward's [i][h][j].
-    std::vector<std::vector<float>>& per_layer = *batch[p.entry].attention_probs;
-    per_layer.resize(c.num_layers);
-    std::vector<float>& probs = per_layer[l];
-    probs.resize(int64_t{p.n} * c.num_heads * p.slots);
-    const float* by_head = s.probs_host.data() + p.probs_at;
-    for (int32_t h = 0; h < c.num_heads; ++h) {
-      for (int32_t i = 0; i < p.n; ++i) {
-        std::copy_n(by_head + (int64_t{h} * p.n + i) * p.slots, p.slots,
-                    probs.data() + (int64_t{i} * c.num_heads + h) * p.slots);
-      }
-    }
+    s.pending_probs.push_back({l, p.entry, p.n, p.slots, s.probs_host_used + p.probs_at});
   }
+  s.probs_host_used += floats;
   return absl::OkStatus();
+}
+
+void CudaModel::FinishProbabilities(std::span<const BatchEntry> batch) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
+  for (const BatchEntry& entry : batch) {
+    if (entry.attention_probs != nullptr) entry.attention_probs->resize(c.num_layers);
+  }
+  // The kernel's [h][i][j] into Model::Forward's [i][h][j], (layer, entry) pairs in parallel.
+  model_.threads().ParallelFor(
+      static_cast<int64_t>(s.pending_probs.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          const Scratch::PendingProbs& p = s.pending_probs[k];
+          std::vector<float>& probs = (*batch[p.entry].attention_probs)[p.layer];
+          probs.resize(int64_t{p.n} * c.num_heads * p.slots);
+          const float* by_head = s.probs_host.data() + p.host_at;
+          for (int32_t h = 0; h < c.num_heads; ++h) {
+            for (int32_t i = 0; i < p.n; ++i) {
+              std::copy_n(by_head + (int64_t{h} * p.n + i) * p.slots, p.slots,
+                          probs.data() + (int64_t{i} * c.num_heads + h) * p.slots);
+            }
+          }
+        }
+      });
+  s.pending_probs.clear();
 }
 
 absl::Status CudaModel::Logits(const HostInputs& in, ForwardOutput* out) {

@@ -113,8 +113,13 @@ class CudaModel {
   // The compression hooks of `layer` (its K/V are in the arena, its queries in Scratch::q).
   absl::Status CaptureQueries(int32_t layer, std::span<const BatchEntry> batch,
                               const HostInputs& in, const cache::BlockPool& pool);
+  // A decode token's attention probabilities (BatchEntry::attention_probs): the host buffer
+  // for every layer's sized before the layers run; each layer's queued without a wait; handed
+  // out after the forward's last wait.
+  absl::Status ReserveProbabilities(std::span<const BatchEntry> batch);
   absl::Status AttentionProbabilities(int32_t layer, std::span<const BatchEntry> batch,
                                       const HostInputs& in);
+  void FinishProbabilities(std::span<const BatchEntry> batch);
   // Asks the selectors of `batch` (TokenSelect, one decode token each) for their slots in
   // `layer` and uploads the lists of those that attend sparsely.
   absl::StatusOr<kernels::cuda::DeviceSparseDecode> SelectSlots(
