@@ -17,7 +17,13 @@ differ only in what becomes of the evicted tokens:
              so the group's observed attention mass and output are preserved (KeepKV-style);
   value      the same groups, the weighted value only (no bias);
   bias       the same groups, the bias only (the anchor's value unchanged);
-  position   as keepkv, but each evicted token joins the nearest kept scored token by position.
+  position   as keepkv, but each evicted token joins the nearest kept scored token by position;
+  adaptive   evicted as in evict, but the layer's scored budget is shared across its KV heads
+             (AdaKV-style): every head keeps its sinks and at least ADAPTIVE_FLOOR of an even
+             share, the rest goes to the highest scores of any head (each head's scores summed
+             to 1, so a head whose attention is concentrated gives its share to a diffuse one).
+             A tensor holds one count per layer, so heads that keep fewer are padded with
+             slots masked out by a -inf bias.
 
 For each of the short documents of documents.py (plain layout): greedy 32 tokens with the full
 cache, then per variant the first divergence (free run) and the teacher-forced mean KL(full ||
@@ -47,6 +53,7 @@ REPO = HERE.parents[1]
 WINDOW = 32
 SINK_FRAC = 0.3
 MAX_BIAS = math.log(50.0)  # an anchor the window barely saw would otherwise get a huge bias
+ADAPTIVE_FLOOR = 0.2  # AdaKV's safeguard: a head keeps at least this share of an even split
 
 # Shared with the attention function: per-layer bias [kv_head, slot] and, during a prefill, the
 # observed attention it records over the first `prompt` keys.
@@ -94,6 +101,31 @@ def scores(record, values, n):
     return s.view(kv_heads, group, pre).mean(1)
 
 
+def adaptive_top(s, sinks, per_head):
+    """[kv_head, m] kept slots (ascending) and a [kv_head, m] mask of the ones really kept: the
+    layer's kv_heads x per_head slots shared across heads (AdaKV-style), padded to the longest
+    head's count with the next best slots of the shorter heads."""
+    kv_heads = s.shape[0]
+    share = s / s.sum(-1, keepdim=True)
+    share[:, :sinks] = float("inf")
+    order = share.argsort(-1, descending=True)
+    chosen = torch.zeros_like(share, dtype=torch.bool)
+    floor = max(sinks, int(ADAPTIVE_FLOOR * per_head))
+    chosen.scatter_(1, order[:, :floor], True)
+    rest = kv_heads * per_head - int(chosen.sum())
+    flat = share.masked_fill(chosen, float("-inf")).flatten()
+    chosen.view(-1)[torch.topk(flat, rest).indices] = True
+    m = int(chosen.sum(-1).max())
+    top, real = [], []
+    for h in range(kv_heads):
+        ranked = order[h][:m]  # the head's best m: its chosen ones come first
+        mine = chosen[h][ranked]
+        idx = ranked.sort().indices
+        top.append(ranked[idx])
+        real.append(mine[idx])
+    return torch.stack(top), torch.stack(real)
+
+
 def compress(cache, records, n, budget, variant):
     keep = max(1, round(budget * n))
     sinks = int(SINK_FRAC * keep)
@@ -103,16 +135,21 @@ def compress(cache, records, n, budget, variant):
         keys, values = kv.keys[0], kv.values[0]  # [kv_head, n, d]
         kv_heads, _, dim = keys.shape
         s = scores(records[layer], values, n)
-        s[:, :sinks] = float("inf")
         pre = n - WINDOW
-        top = torch.topk(s, sinks + candidates, -1).indices.sort(-1).values
+        if variant == "adaptive":
+            top, real = adaptive_top(s, sinks, sinks + candidates)
+        else:
+            s[:, :sinks] = float("inf")
+            top = torch.topk(s, sinks + candidates, -1).indices.sort(-1).values
         kept = torch.cat([top, torch.arange(pre, n).expand(kv_heads, WINDOW)], -1)
         new_k = torch.gather(keys, 1, kept[..., None].expand(-1, -1, dim)).clone()
         new_v = torch.gather(values, 1, kept[..., None].expand(-1, -1, dim)).clone()
         bias = torch.zeros(kv_heads, kept.shape[1])
+        if variant == "adaptive":
+            bias[:, :top.shape[1]] = torch.where(real, 0.0, float("-inf"))
         group = records[layer][0].shape[0] // kv_heads
         w = records[layer][0].view(kv_heads, group, n).mean(1)  # the window's attention
-        if variant != "evict":
+        if variant not in ("evict", "adaptive"):
             for h in range(kv_heads):
                 evicted = torch.ones(pre, dtype=torch.bool)
                 evicted[top[h]] = False
