@@ -436,10 +436,10 @@ absl::Status CudaModel::RunLayersWithGraphs(std::span<const BatchEntry> batch,
   Scratch& s = *scratch_;
   // The graphs hold these buffers' addresses: when one has grown (a bigger batch), recapture.
   const std::vector<const void*> buffers = {
-      s.x.data(),      s.xn.data(),     s.q.data(),      s.k.data(),
-      s.v.data(),      s.attn.data(),   s.proj.data(),   s.gate_up.data(),
-      s.act.data(),    s.tokens.data(), s.embedding_rows.data(), s.embeddings.data(),
-      s.positions.data(), s.slots.data()};
+      s.x.data(),       s.xn.data(),         s.q.data(),    s.k.data(),
+      s.v.data(),       s.attn.data(),       s.proj.data(), s.gate_up.data(),
+      s.act.data(),     s.tokens.data(),     s.embedding_rows.data(),
+      s.embeddings.data(), s.positions.data(), s.slots.data()};
   if (buffers != graph_buffers_) {
     graphs_->Clear();
     graph_buffers_ = buffers;
