@@ -29,11 +29,17 @@ model: $(MODEL)
 $(MODEL):
 	bash scripts/fetch-model.sh
 
+# llama-cpp-python (the tests' llama.cpp peer) compiles llama.cpp from source; its default
+# -march=native turns on AMX on a Xeon that lists amx_tile, and a VM that lists it without
+# granting it then dies of SIGILL in the first matmul. GGML_NATIVE=OFF builds the portable
+# AVX2/FMA/F16C set instead; the reference tests compare with tolerances that do not depend on it.
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF
 venv: $(VENV)/.installed
 $(VENV)/.installed: tests/python/requirements.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r tests/python/requirements.txt
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(VENV)/bin/pip install --quiet --no-cache-dir \
+	  -r tests/python/requirements.txt
 	touch $@
 
 unit-test: build model
