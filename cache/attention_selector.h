@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 
@@ -31,5 +32,19 @@ class AttentionSelector {
   // fails with it after Select, whatever Select returned.
   virtual absl::Status error() const { return absl::OkStatus(); }
 };
+
+// InternalError unless `slots` is a list Select may return for `past_slots` past slots
+// (ascending, unique, in [0, past_slots)): a bad list would read other sequences' blocks, so
+// the forwards refuse it rather than trust it.
+inline absl::Status CheckSelection(std::span<const int32_t> slots, int32_t past_slots,
+                                   int32_t layer) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0 || slots[i] >= past_slots || (i > 0 && slots[i] <= slots[i - 1])) {
+      return absl::InternalError(
+          absl::StrCat("attention selector returned an invalid slot list for layer ", layer));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace winnow::cache

@@ -79,17 +79,6 @@ absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
   return absl::OkStatus();
 }
 
-// A selector's slot list must be ascending and within the past slots: a bad one would read
-// other sequences' blocks (as Model::Forward checks).
-absl::Status CheckSelection(const std::vector<int32_t>& selected, int32_t past, int32_t layer) {
-  for (size_t i = 0; i < selected.size(); ++i) {
-    if (selected[i] < 0 || selected[i] >= past || (i > 0 && selected[i] <= selected[i - 1])) {
-      return absl::InternalError(
-          absl::StrCat("attention selector returned an invalid slot list for layer ", layer));
-    }
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -613,7 +602,7 @@ absl::StatusOr<kc::DeviceSparseDecode> CudaModel::SelectSlots(int32_t l,
         &selected);
     WINNOW_RETURN_IF_ERROR(entry.selector->error());
     if (!sparse) continue;  // dense: FlashInfer's result stands
-    WINNOW_RETURN_IF_ERROR(CheckSelection(selected, past, l));
+    WINNOW_RETURN_IF_ERROR(cache::CheckSelection(selected, past, l));
     item_rows.push_back(in.first_row[selecting[i]]);
     table_offsets.push_back(static_cast<int32_t>(tables.size()));
     const std::span<const int32_t> table = entry.kv->block_table(l);

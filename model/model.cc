@@ -413,14 +413,7 @@ absl::Status Model::Forward(std::span<const BatchEntry> batch, cache::BlockPool&
         const bool sparse = entry.selector->Select(l, rows_q, n, past, *entry.kv, pool, &selected);
         WINNOW_RETURN_IF_ERROR(entry.selector->error());
         if (sparse) {
-          // A bad list would read other sequences' blocks; refuse it rather than trust it.
-          for (size_t i = 0; i < selected.size(); ++i) {
-            if (selected[i] < 0 || selected[i] >= past ||
-                (i > 0 && selected[i] <= selected[i - 1])) {
-              return absl::InternalError(absl::StrCat(
-                  "attention selector returned an invalid slot list for layer ", l));
-            }
-          }
+          WINNOW_RETURN_IF_ERROR(cache::CheckSelection(selected, past, l));
           attention_seqs[e].selected = selected.data();
           attention_seqs[e].num_selected = static_cast<int32_t>(selected.size());
         }

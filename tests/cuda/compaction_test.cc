@@ -38,18 +38,7 @@ std::vector<std::byte> ArenaBytes(const cache::BlockPool& pool) {
 TEST_P(CompactionTest, GathersKeptSlotsLikeTheCpuInPlaceAndIntoFreshBlocks) {
   const KvDtype dtype = GetParam();
   auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype}, kBlocks);
-  const std::vector<float> values =
-      RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 41);
-  for (int32_t b = 0, next = 0; b < kBlocks; ++b) {
-    for (int32_t h = 0; h < kKvHeads; ++h) {
-      for (int32_t s = 0; s < kBlock; ++s) {
-        for (bool v : {false, true}) {
-          pool->WriteRow(b, h, s, v, values.data() + next);
-          next += kDim;
-        }
-      }
-    }
-  }
+  ::winnow::testing::FillRandom(*pool, 41);
   std::vector<int32_t> spare;  // blocks 0-2: the fresh destination later
   ASSERT_TRUE(pool->Allocate(3, &spare));
   cache::SequenceKv kv(1, kBlock);

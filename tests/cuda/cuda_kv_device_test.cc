@@ -44,19 +44,7 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
     const cache::KvLayout layout{kLayers, kKvHeads, kDim, kBlock, GetParam()};
     host_ = *cache::BlockPool::Create(layout, kBlocks);
     books_ = *cache::BlockPool::Create(layout, kBlocks, /*host_arena=*/false);
-    const std::vector<float> values =
-        RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 17);
-    int64_t next = 0;
-    for (int32_t b = 0; b < kBlocks; ++b) {
-      for (int32_t h = 0; h < kKvHeads; ++h) {
-        for (int32_t s = 0; s < kBlock; ++s) {
-          for (bool v : {false, true}) {
-            host_->WriteRow(b, h, s, v, values.data() + next);
-            next += kDim;
-          }
-        }
-      }
-    }
+    ::winnow::testing::FillRandom(*host_, 17);
     arena_ = Upload(HostArena());
     gemm_ = *kernels::cuda::Gemm::Create();
     // With the GEMM, a bf16 arena scores device rows on tensor cores; f16 on the direct kernel.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cache/block_pool.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -45,6 +46,26 @@ inline std::vector<float> RandomNormal(size_t n, uint32_t seed, float stddev = 1
   std::vector<float> out(n);
   for (float& x : out) x = normal(rng);
   return out;
+}
+
+// Fills every row of every block of `pool` (a host pool) with RandomNormal(all values, seed),
+// block by block, KV head by KV head, slot by slot, K then V.
+inline void FillRandom(cache::BlockPool& pool, uint32_t seed) {
+  const cache::KvLayout& layout = pool.layout();
+  const std::vector<float> values = RandomNormal(
+      size_t{2} * pool.num_blocks() * layout.num_kv_heads * layout.block_size * layout.head_dim,
+      seed);
+  const float* next = values.data();
+  for (int32_t b = 0; b < pool.num_blocks(); ++b) {
+    for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+      for (int32_t s = 0; s < layout.block_size; ++s) {
+        for (bool v : {false, true}) {
+          pool.WriteRow(b, h, s, v, next);
+          next += layout.head_dim;
+        }
+      }
+    }
+  }
 }
 
 // The values as `dtype` stores them (the CPU's rounding), back in float.

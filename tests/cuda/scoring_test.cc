@@ -56,19 +56,7 @@ struct Fixture {
 
   explicit Fixture(KvDtype dtype) {
     pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype}, kBlocks);
-    const std::vector<float> values =
-        RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 31);
-    int64_t next = 0;
-    for (int32_t b = 0; b < kBlocks; ++b) {
-      for (int32_t h = 0; h < kKvHeads; ++h) {
-        for (int32_t s = 0; s < kBlock; ++s) {
-          for (bool v : {false, true}) {
-            pool->WriteRow(b, h, s, v, values.data() + next);
-            next += kDim;
-          }
-        }
-      }
-    }
+    ::winnow::testing::FillRandom(*pool, 31);
     std::vector<int32_t> spare;
     pool->Allocate(3, &spare);
     EXPECT_TRUE(kv.Reserve(*pool, kSlots));

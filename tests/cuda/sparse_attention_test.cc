@@ -45,19 +45,7 @@ TEST_F(SparseAttentionTest, MatchesTheCpusSelectedAttention) {
     SCOPED_TRACE(KvDtypeName(dtype));
     auto pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock, dtype},
                                           kBlocks);
-    const std::vector<float> values =
-        RandomNormal(int64_t{kBlocks} * 2 * kKvHeads * kBlock * kDim, 41);
-    int64_t next = 0;
-    for (int32_t b = 0; b < kBlocks; ++b) {
-      for (int32_t h = 0; h < kKvHeads; ++h) {
-        for (int32_t s = 0; s < kBlock; ++s) {
-          for (bool v : {false, true}) {
-            pool->WriteRow(b, h, s, v, values.data() + next);
-            next += kDim;
-          }
-        }
-      }
-    }
+    ::winnow::testing::FillRandom(*pool, 41);
     // Interleaved reservations: neither table is contiguous.
     std::vector<cache::SequenceKv> kvs;
     for (int32_t i = 0; i < 2; ++i) kvs.emplace_back(1, kBlock);
