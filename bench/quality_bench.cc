@@ -7,6 +7,7 @@
 //                 [--budgets=0.05,0.1,0.2,0.5]
 //                 [--gen-tokens=16] [--chunk=512] [--params=POLICY:k=v,k=v;POLICY2:k=v]
 //                 [--free-run=all|none|POLICY,...] [--check-replay] [--json-out=FILE]
+//                 [--cpu-activations=f32|q8] [--kv-dtype=f32|f16|bf16|q8_0]
 //
 // Per task:
 //   1. The prompt is tokenised the way the daemon tokenises `segments` (BOS when the model asks
@@ -42,6 +43,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -58,6 +60,8 @@
 #include "cache/policies/policy.h"
 #include "cache/query_capture.h"
 #include "cache/sequence_kv.h"
+#include "kernels/cpu/kv_dtype.h"
+#include "model/cpu_activations.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 
@@ -85,6 +89,10 @@ struct Options {
   std::vector<double> budgets = {0.05, 0.1, 0.2, 0.5};
   int32_t gen_tokens = 16;
   int32_t chunk = 512;
+  // The numerics of the reference and every policy's run: f32 throughout by default, so a
+  // policy's distance from the reference is its compression alone.
+  model::CpuActivations activations = model::CpuActivations::kF32;
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
   // Policies whose free (greedy) runs are made; empty: none. Default: every policy.
   std::vector<std::string> free_run = {"*"};
   bool check_replay = false;
@@ -214,6 +222,21 @@ double KlDivergence(const std::vector<double>& log_p, std::span<const float> q_l
     if (p > 0) kl += p * (log_p[i] - log_q[i]);
   }
   return std::max(0.0, kl);
+}
+
+// log p(top-1) - log p(top-2): how near a tie the greedy choice was (a near tie is where any
+// perturbation, compression or rounding, splits a greedy path).
+double TopTwoMargin(const std::vector<double>& log_p) {
+  double first = -INFINITY, second = -INFINITY;
+  for (double v : log_p) {
+    if (v > first) {
+      second = first;
+      first = v;
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  return first - second;
 }
 
 int32_t Argmax(std::span<const float> row) {
@@ -567,7 +590,25 @@ std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
   CLI::Option* free_run_flag =
       app.add_option("--free-run", free_run, "policies with free greedy runs: all, none or a list");
   app.add_flag("--check-replay", opt->check_replay, "check that forced replays keep the same KV");
+  std::string activations = "f32", kv_dtype = "f32";
+  app.add_option("--cpu-activations", activations, "f32 or q8 (the daemon's default is q8)")
+      ->capture_default_str();
+  app.add_option("--kv-dtype", kv_dtype, "f32, f16, bf16 or q8_0 (the daemon's default is f16)")
+      ->capture_default_str();
   if (std::optional<int> exit = base::ParseCommandLine(app, argc, argv)) return exit;
+
+  absl::StatusOr<model::CpuActivations> parsed_activations =
+      model::ParseCpuActivations(activations);
+  absl::StatusOr<kernels::KvDtype> parsed_kv_dtype = kernels::ParseKvDtype(kv_dtype);
+  for (const auto& [flag, status] : {std::pair{"--cpu-activations", parsed_activations.status()},
+                                     std::pair{"--kv-dtype", parsed_kv_dtype.status()}}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "quality_bench: %s: %s\n", flag, std::string(status.message()).c_str());
+      return 2;
+    }
+  }
+  opt->activations = *parsed_activations;
+  opt->kv_dtype = *parsed_kv_dtype;
 
   if (*policies_flag) opt->policies = absl::StrSplit(policies, ',', absl::SkipEmpty());
   if (*params_flag && !ParseParams(params, opt)) {
@@ -597,7 +638,7 @@ int Main(int argc, char** argv) {
     return 1;
   };
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(opt.model, {.num_threads = opt.threads});
+      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
   if (!loaded.ok()) return fail("load " + opt.model, loaded.status());
   model::Model& model = **loaded;
   const model::Tokenizer& tok = model.tokenizer();
@@ -609,7 +650,7 @@ int Main(int argc, char** argv) {
   int32_t max_tokens = 0;
   for (const Task& t : *tasks) max_tokens = std::max(max_tokens, t.layout.num_tokens);
   const int32_t seqs = 2 + 2 * static_cast<int32_t>(opt.budgets.size()) + 1;
-  const cache::KvLayout layout = model.KvLayoutFor(kBlockSize);
+  const cache::KvLayout layout = model.KvLayoutFor(kBlockSize, opt.kv_dtype);
   const int32_t per_seq =
       layout.num_layers * ((max_tokens + opt.gen_tokens + 1 + kBlockSize - 1) / kBlockSize + 1);
   absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool_or =
@@ -621,6 +662,8 @@ int Main(int argc, char** argv) {
   result["model"] = opt.model;
   result["gen_tokens"] = opt.gen_tokens;
   result["chunk"] = opt.chunk;
+  result["cpu_activations"] = std::string(model::CpuActivationsName(opt.activations));
+  result["kv_dtype"] = kernels::KvDtypeName(opt.kv_dtype);
   result["budgets"] = opt.budgets;
   result["policies"] = opt.policies;
   result["known_policies"] = pol::KnownPolicies();
@@ -651,6 +694,9 @@ int Main(int argc, char** argv) {
     tj["context_spans"] = spans;
     tj["ref_tokens"] = ref->tokens;
     tj["ref_text"] = tok.Decode(ref->tokens, /*render_special=*/false);
+    json margins = json::array();
+    for (const std::vector<double>& log_p : ref->log_probs) margins.push_back(TopTwoMargin(log_p));
+    tj["ref_margins"] = margins;
     tj["prefill_seconds"] = pre->seconds;
     tj["ref_decode_seconds"] = ref->decode_seconds;
     result["tasks"].push_back(tj);

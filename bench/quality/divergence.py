@@ -8,6 +8,8 @@ over every policy x budget and prints, per (length, layout), tables of:
     first difference, mean over documents (out of --gen-tokens; token 1 always agrees, it comes
     from the full-cache prefill);
   - next-token KL(full || compressed), teacher-forced on the full cache's tokens;
+  - the full cache's top-2 log-probability margin at the token where the path split (median):
+    a greedy path splits first at its nearest ties, whatever perturbs it;
   - KV kept after the prefill compression.
 
     .venv/bin/python bench/quality/divergence.py --policies snapkv,xkv,winnowkv \\
@@ -53,9 +55,18 @@ def summarise(result: dict, gen_tokens: int, kl_from: int = 0) -> dict:
         c["kl_from"].append(sum(later) / len(later) if later else 0.0)
         c["kept"].append(r["retention"])
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    margins = {t["id"]: t.get("ref_margins", []) for t in result["tasks"]}
     return {k: {"divergence": mean(list(v["per_task"].values())), "per_task": v["per_task"],
+                "split_margin": split_margin(v["per_task"], margins),
                 "kl": mean(v["kl"]), "kl_from": mean(v["kl_from"]),
                 "kept": mean(v["kept"])} for k, v in cells.items()}
+
+
+def split_margin(per_task: dict, margins: dict) -> float:
+    """Median over the documents whose path split of the full cache's top-2 log-probability
+    margin at the token where it split: small means the split was at a near tie."""
+    at_split = sorted(margins[t][n] for t, n in per_task.items() if n < len(margins.get(t, [])))
+    return at_split[len(at_split) // 2] if at_split else float("nan")
 
 
 def table(cells: dict, policies, budgets, key: str, spec: str) -> str:
@@ -113,6 +124,9 @@ def main(argv=None) -> int:
             if args.kl_from > 0:
                 print(f"Next-token KL from generated token {args.kl_from + 2} on\n")
                 print(table(cells, policies, budgets, "kl_from", ".3f") + "\n")
+            print("The full cache's top-2 margin where the greedy path split (nats, median "
+                  "over the documents that split)\n")
+            print(table(cells, policies, budgets, "split_margin", ".2f") + "\n")
             print("KV kept of the prompt (slots / (layers x prompt))\n")
             print(table(cells, policies, budgets, "kept", ".3f") + "\n")
             for e in result.get("errors", [])[:20]:
