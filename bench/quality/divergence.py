@@ -94,8 +94,13 @@ def main(argv=None) -> int:
     ap.add_argument("--kl-from", type=int, default=0,
                     help="also the KL over the teacher-forced steps from this one on (0-based; "
                          "compares a lookahead policy's steps after its plan with the others')")
+    ap.add_argument("--cpu-activations", default="f32",
+                    help="f32 (default: the compression's effect alone) or q8 (the daemon's)")
+    ap.add_argument("--kv-dtype", default="f32",
+                    help="f32 (default), f16 (the daemon's), bf16 or q8_0")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args(argv)
+    numerics = [f"--cpu-activations={args.cpu_activations}", f"--kv-dtype={args.kv_dtype}"]
 
     policies = [p for p in args.policies.split(",") if p]
     budgets = [float(b) for b in args.budgets.split(",") if b]
@@ -110,12 +115,13 @@ def main(argv=None) -> int:
             t0 = time.time()
             result = quality_run.run_bench(pathlib.Path(args.bench), pathlib.Path(args.model),
                                            tasks, policies, budgets, args.gen_tokens,
-                                           args.threads, args.params)
+                                           args.threads, args.params, extra=numerics)
             wall = time.time() - t0
             cells = summarise(result, args.gen_tokens, args.kl_from)
             lengths = [t["num_tokens"] for t in result["tasks"]]
             print(f"## {length} documents, {layout} layout: {len(tasks)} prompts of "
                   f"{min(lengths)}-{max(lengths)} tokens, {args.gen_tokens} generated, "
+                  f"{args.cpu_activations} activations, {args.kv_dtype} KV, "
                   f"wall {wall:.0f} s\n")
             print(f"First divergence (tokens, mean; {args.gen_tokens} = never)\n")
             print(table(cells, policies, budgets, "divergence", ".1f") + "\n")
