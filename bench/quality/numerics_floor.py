@@ -28,17 +28,20 @@ sys.path.insert(0, str(HERE))
 
 import documents  # noqa: E402
 import run as quality_run  # noqa: E402
+from divergence import split_margin  # noqa: E402
 
 BASELINE = "f32/f32"
 
 
 def references(args, tasks, setting: str) -> dict:
-    """{task id: (greedy tokens, top-2 margins) of the full cache} under ACTIVATIONS/KV_DTYPE."""
+    """{task id: quality_bench's task record (ref_tokens, ref_margins, ...)} under
+    ACTIVATIONS/KV_DTYPE."""
     activations, kv_dtype = setting.split("/")
+    # No policies: the references only (the budget list is required but unused).
     result = quality_run.run_bench(
         pathlib.Path(args.bench), pathlib.Path(args.model), tasks, [], [0.1], args.gen_tokens,
         args.threads, "", extra=[f"--cpu-activations={activations}", f"--kv-dtype={kv_dtype}"])
-    return {t["id"]: (t["ref_tokens"], t["ref_margins"]) for t in result["tasks"]}
+    return {t["id"]: t for t in result["tasks"]}
 
 
 def agree_prefix(a: list, b: list) -> int:
@@ -70,11 +73,12 @@ def main(argv=None) -> int:
         rows = []
         for setting in settings:
             other = references(args, tasks, setting)
-            per_task = {tid: agree_prefix(base[tid][0], other[tid][0]) for tid in base}
-            split = sorted(base[tid][1][n] for tid, n in per_task.items() if n < args.gen_tokens)
+            per_task = {tid: agree_prefix(base[tid]["ref_tokens"], other[tid]["ref_tokens"])
+                        for tid in base}
+            margins = {tid: t["ref_margins"] for tid, t in base.items()}
             rows.append({"setting": setting, "per_task": per_task,
                          "mean": sum(per_task.values()) / len(per_task),
-                         "split_margin": split[len(split) // 2] if split else None})
+                         "split_margin": split_margin(per_task, margins)})
         print(f"## {length} documents: {len(tasks)} prompts, {args.gen_tokens} generated, "
               f"wall {time.time() - t0:.0f} s\n")
         print(f"First divergence from the {BASELINE} full cache (tokens, of {args.gen_tokens})\n")

@@ -24,8 +24,7 @@ import documents  # noqa: E402
 GEN_TOKENS = 16
 
 
-def run_references(model_path, tasks_path, tmp_path, *flags):
-    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.json"
+def run_references(model_path, tasks_path, out, *flags):
     cmd = [str(bench_path()), f"--model={model_path}", f"--tasks={tasks_path}", "--policies=",
            f"--gen-tokens={GEN_TOKENS}", f"--threads={os.cpu_count() or 1}",
            f"--json-out={out}", *flags]
@@ -40,8 +39,8 @@ def test_f16_kv_keeps_the_f32_references_tokens(model_path, tmp_path):
         pytest.skip("the documents need Python 3.11's pydoc_data")
     tasks_path = tmp_path / "tasks.jsonl"
     tasks_path.write_text(json.dumps(tasks[0]) + "\n")
-    f32 = run_references(model_path, tasks_path, tmp_path)
-    f16 = run_references(model_path, tasks_path, tmp_path, "--kv-dtype=f16")
+    f32 = run_references(model_path, tasks_path, tmp_path / "f32.json")
+    f16 = run_references(model_path, tasks_path, tmp_path / "f16.json", "--kv-dtype=f16")
     assert (f32["kv_dtype"], f32["cpu_activations"]) == ("f32", "f32")
     assert (f16["kv_dtype"], f16["cpu_activations"]) == ("f16", "f32")
     ref32, ref16 = f32["tasks"][0], f16["tasks"][0]
