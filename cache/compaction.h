@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
-#include "cache/policies/policy.h"
+#include "cache/keep_plan.h"
 #include "cache/sequence_kv.h"
 
 namespace winnow::cache {

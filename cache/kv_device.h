@@ -14,7 +14,7 @@
 #include <span>
 
 #include "absl/status/status.h"
-#include "cache/policies/policy.h"
+#include "cache/keep_plan.h"
 #include "kernels/cpu/attention_scores.h"
 
 namespace winnow::cache {

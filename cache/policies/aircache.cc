@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cache/policies/layer_budget_split.h"
 #include "spdlog/fmt/ranges.h"
 #include "spdlog/spdlog.h"
@@ -33,7 +34,8 @@ class AirCachePolicy : public CompressionPolicy {
       cap_ = int64_t{layers} * (KeepCount(config.budget(), n) - window_.size());
     }
     cap_ = std::clamp<int64_t>(cap_, 0, int64_t{layers} * base);
-    strength_.assign(layers, -1.0);
+    strength_.assign(layers, 0.0);
+    observed_.assign(layers, 0);
     skewness_.assign(layers, 0.0);
     elite_mean_.assign(layers, 0.0f);
     scores_.resize(layers);
@@ -46,12 +48,9 @@ class AirCachePolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
-    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
-        attention.num_slots != layout().num_tokens || attention.num_rows != window_.size()) {
-      return absl::InternalError(absl::StrCat("aircache: unexpected observation of layer ",
-                                              attention.layer, " (", attention.num_rows,
-                                              " rows, ", attention.num_slots, " slots)"));
-    }
+    WINNOW_RETURN_IF_ERROR(
+        CheckObservation(name(), attention, dims(), layout().num_tokens, window_.size()));
+    observed_[attention.layer] = 1;
     const std::span<const int32_t> visual = split_.evictable;
     const int32_t v = static_cast<int32_t>(visual.size());
     if (v == 0) {
@@ -92,14 +91,8 @@ class AirCachePolicy : public CompressionPolicy {
     const int32_t layers = dims().num_layers;
     const int32_t n = layout().num_tokens;
     const int32_t base = static_cast<int32_t>(split_.evictable.size());
-    KeepPlan plan;
-    if (base == 0 || cap_ >= int64_t{layers} * base) return plan;
-    for (int32_t l = 0; l < layers; ++l) {
-      if (strength_[l] < 0.0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("aircache: layer ", l, " was never observed"));
-      }
-    }
+    if (base == 0 || cap_ >= int64_t{layers} * base) return KeepPlan{};
+    WINNOW_RETURN_IF_ERROR(CheckEveryLayerObserved(name(), observed_));
     const std::vector<double> weights =
         AirCacheLayerWeights(strength_, skewness_, options_.allocation);
     // A floor the budget cannot pay for is lowered rather than breaking the budget.
@@ -112,26 +105,19 @@ class AirCachePolicy : public CompressionPolicy {
                   "visual kept per layer [{}] of {}",
                   window_.size(), fmt::join(elite_mean_, ", "), fmt::join(budgets_, ", "), base);
 
-    plan.layers.resize(layers);
     const int32_t kv_heads = dims().num_kv_heads;
     const int32_t forced = static_cast<int32_t>(split_.always_kept.size());
-    for (int32_t l = 0; l < layers; ++l) {
-      if (budgets_[l] >= base) continue;
-      const int32_t total = std::max(1, forced + budgets_[l]);
-      plan.layers[l] = options_.shared_selection
-                           ? SharedTopK(scores_[l], kv_heads, n, split_.always_kept, total)
-                           : PerHeadTopK(scores_[l], kv_heads, n, split_.always_kept, total);
-      std::vector<float>().swap(scores_[l]);
-    }
-    if (plan.empty()) plan.layers.clear();
-    return plan;
+    return PlanPerLayer(scores_, [&](int32_t l, std::span<const float> scores)
+                                     -> std::optional<LayerKeep> {
+      if (budgets_[l] >= base) return std::nullopt;
+      return SelectTopK(options_.shared_selection, scores, kv_heads, n, split_.always_kept,
+                        std::max(1, forced + budgets_[l]));
+    });
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    const int64_t layers = dims().num_layers;
-    const int64_t kept_text = std::max<int64_t>(
-        1, prompt_tokens - static_cast<int64_t>(split_.evictable.size()));
-    return layers * kept_text + cap_ + layers * generated;
+    return SplitSteadyStateSlots(split_, dims().num_layers, prompt_tokens, cap_, generated,
+                                 /*min_text=*/1);
   }
 
  private:
@@ -139,7 +125,8 @@ class AirCachePolicy : public CompressionPolicy {
   WindowRange window_;
   EvictableSplit split_;
   int64_t cap_ = 0;                         // evictable tokens kept, summed over layers
-  std::vector<double> strength_;            // [layer]; -1 until observed
+  std::vector<double> strength_;            // [layer]
+  std::vector<char> observed_;              // [layer]
   std::vector<double> skewness_;            // [layer]
   std::vector<float> elite_mean_;           // [layer] elite window size, mean over heads
   std::vector<std::vector<float>> scores_;  // [layer][kv_head or 1][slot]
@@ -149,44 +136,18 @@ class AirCachePolicy : public CompressionPolicy {
 }  // namespace
 
 absl::StatusOr<AirCacheOptions> ParseAirCacheOptions(const PolicyConfig& config) {
+  using Allocation = AirCacheOptions::Allocation;
   AirCacheOptions o;
-  absl::StatusOr<double> alpha = config.GetDouble("alpha", o.alpha, 0.0, 1.0);
-  if (!alpha.ok()) return alpha.status();
-  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<int64_t> min_window = config.GetInt("min_window", o.min_window, 1, 1 << 16);
-  if (!min_window.ok()) return min_window.status();
-  absl::StatusOr<int64_t> max_window =
-      config.GetInt("max_window", std::max<int64_t>(o.max_window, *min_window), *min_window,
-                    1 << 16);
-  if (!max_window.ok()) return max_window.status();
-  absl::StatusOr<int64_t> min_keep = config.GetInt("min_keep", o.min_keep, 0, 1 << 20);
-  if (!min_keep.ok()) return min_keep.status();
-  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
-  if (!agg.ok()) return agg.status();
-  absl::StatusOr<std::string> allocation = config.GetEnum(
-      "allocation", "strength_skew", {"strength_skew", "strength", "skew", "uniform"});
-  if (!allocation.ok()) return allocation.status();
-  absl::StatusOr<std::string> selection =
-      config.GetEnum("selection", "per_head", {"per_head", "shared"});
-  if (!selection.ok()) return selection.status();
-  absl::StatusOr<BudgetBase> budget_base = GetBudgetBase(config);
-  if (!budget_base.ok()) return budget_base.status();
-  o.alpha = *alpha;
-  o.window = static_cast<int32_t>(*window);
-  o.min_window = static_cast<int32_t>(*min_window);
-  o.max_window = static_cast<int32_t>(*max_window);
-  o.min_keep = static_cast<int32_t>(*min_keep);
-  o.aggregation = *agg;
-  if (*allocation == "strength") {
-    o.allocation = AirCacheOptions::Allocation::kStrength;
-  } else if (*allocation == "skew") {
-    o.allocation = AirCacheOptions::Allocation::kSkew;
-  } else if (*allocation == "uniform") {
-    o.allocation = AirCacheOptions::Allocation::kUniform;
-  }
-  o.shared_selection = *selection == "shared";
-  o.budget_base = *budget_base;
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("alpha", &o.alpha, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(ReadWindowParams(config, &o.window, &o.min_window, &o.max_window));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("min_keep", &o.min_keep, 0, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(ReadGroupAggregation(config, "gqa", &o.aggregation));
+  WINNOW_RETURN_IF_ERROR(config.ReadChoice<Allocation>(
+      "allocation", &o.allocation,
+      {{"strength_skew", Allocation::kStrengthSkew}, {"strength", Allocation::kStrength},
+       {"skew", Allocation::kSkew}, {"uniform", Allocation::kUniform}}));
+  WINNOW_RETURN_IF_ERROR(ReadSelection(config, &o.shared_selection));
+  WINNOW_RETURN_IF_ERROR(ReadBudgetBase(config, &o.budget_base));
   return o;
 }
 
@@ -289,10 +250,9 @@ std::vector<double> AirCacheLayerWeights(std::span<const double> strength,
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateAirCachePolicy(
     const PolicyConfig& config, const PolicyContext& context) {
-  absl::StatusOr<AirCacheOptions> options = ParseAirCacheOptions(config);
-  if (!options.ok()) return options.status();
-  if (absl::Status s = config.CheckAllUsed("aircache"); !s.ok()) return s;
-  return std::make_unique<AirCachePolicy>(config, context, *options);
+  WINNOW_ASSIGN_OR_RETURN(const AirCacheOptions options, ParseAirCacheOptions(config));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("aircache"));
+  return std::make_unique<AirCachePolicy>(config, context, options);
 }
 
 }  // namespace winnow::cache::policies

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cache/policies/aircache.h"
 #include "cache/policies/layer_budget_split.h"
 #include "cache/policies/vl_cache.h"
@@ -113,13 +114,9 @@ class CompositePolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    WINNOW_RETURN_IF_ERROR(
+        CheckObservation(name_, attention, dims(), layout().num_tokens, window_.size()));
     const int32_t n = attention.num_slots;
-    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
-        n != layout().num_tokens || attention.num_rows != window_.size()) {
-      return absl::InternalError(absl::StrCat("composite: unexpected observation of layer ",
-                                              attention.layer, " (", attention.num_rows,
-                                              " rows, ", n, " slots)"));
-    }
     if (options_.scorer != Scorer::kWindow &&
         attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
       return absl::InternalError(
@@ -170,16 +167,9 @@ class CompositePolicy : public CompressionPolicy {
   }
 
   absl::StatusOr<KeepPlan> Plan() override {
-    const int32_t layers = dims().num_layers;
     const int32_t n = layout().num_tokens;
-    KeepPlan plan;
-    if (!compresses_) return plan;
-    for (int32_t l = 0; l < layers; ++l) {
-      if (!observed_[l]) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("composite: layer ", l, " was never observed"));
-      }
-    }
+    if (!compresses_) return KeepPlan{};
+    WINNOW_RETURN_IF_ERROR(CheckEveryLayerObserved(name_, observed_));
     if (lookahead_seen_ < LookaheadSteps()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "composite: plan asked after ", lookahead_seen_, " of ", LookaheadSteps(),
@@ -189,40 +179,44 @@ class CompositePolicy : public CompressionPolicy {
     const std::vector<int32_t> counts = Allocate();
     spdlog::debug("composite: {} scored tokens kept per layer [{}] of {}", candidate_budget_,
                   fmt::join(counts, ", "), candidates_.size());
-    plan.layers.resize(layers);
-    for (int32_t l = 0; l < layers; ++l) {
+    return PlanPerLayer(scores_, [&](int32_t l, std::span<const float> scores)
+                                     -> std::optional<LayerKeep> {
       const int32_t keep_count = forced_count() + counts[l];
-      if (keep_count >= n) continue;
-      LayerKeep keep =
-          PerHeadTopK(scores_[l], dims().num_kv_heads, n, forced_list_, keep_count, threads());
-      if (options_.merge) {
-        for (const std::vector<int32_t>& kept : keep.heads) {
-          keep.merge.push_back(MergeGroups(kept, n, forced_));
-        }
-      }
-      // The lookahead's tokens (slots n.. of an uncompressed layer) are the reply: kept.
-      for (size_t h = 0; h < keep.heads.size(); ++h) {
-        for (int32_t j = n; j < n + lookahead_seen_; ++j) {
-          keep.heads[h].push_back(j);
-          if (options_.merge) keep.merge[h].push_back({j});
-        }
-      }
-      plan.layers[l] = std::move(keep);
-      std::vector<float>().swap(scores_[l]);
-    }
-    if (plan.empty()) plan.layers.clear();
-    return plan;
+      if (keep_count >= n) return std::nullopt;
+      return KeepLayer(scores, keep_count);
+    });
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
     const int64_t layers = dims().num_layers;
-    if (!compresses_) return layers * (std::max(prompt_tokens, 1) + int64_t{generated});
+    if (!compresses_) return KeepAllSlots(dims().num_layers, prompt_tokens, generated);
     return int64_t{full_layers_} * prompt_tokens + (layers - full_layers_) * forced_count() +
            candidate_budget_ + layers * generated;
   }
 
  private:
   int32_t forced_count() const { return static_cast<int32_t>(forced_list_.size()); }
+
+  // One layer's keep set: the forced slots and the best candidates, keep_count per KV head;
+  // with `merge`, the evicted slots' groups; after a lookahead, the reply's tokens too.
+  LayerKeep KeepLayer(std::span<const float> scores, int32_t keep_count) const {
+    const int32_t n = layout().num_tokens;
+    LayerKeep keep =
+        PerHeadTopK(scores, dims().num_kv_heads, n, forced_list_, keep_count, threads());
+    if (options_.merge) {
+      for (const std::vector<int32_t>& kept : keep.heads) {
+        keep.merge.push_back(MergeGroups(kept, n, forced_));
+      }
+    }
+    // The lookahead's tokens (slots n.. of an uncompressed layer) are the reply: kept.
+    for (size_t h = 0; h < keep.heads.size(); ++h) {
+      for (int32_t j = n; j < n + lookahead_seen_; ++j) {
+        keep.heads[h].push_back(j);
+        if (options_.merge) keep.merge[h].push_back({j});
+      }
+    }
+    return keep;
+  }
 
   // A layer's observation kept for the plan after the lookahead (the window rows only as their
   // sum, to which the reply's rows are added).
@@ -428,104 +422,45 @@ class CompositePolicy : public CompressionPolicy {
   int32_t lookahead_seen_ = 0;              // lookahead steps observed so far
 };
 
-template <typename Enum>
-absl::StatusOr<Enum> GetNamed(const PolicyConfig& config, const std::string& name,
-                              const std::string& default_value,
-                              const std::vector<std::pair<std::string, Enum>>& values) {
-  std::vector<std::string> names;
-  for (const auto& [text, value] : values) names.push_back(text);
-  absl::StatusOr<std::string> chosen = config.GetEnum(name, default_value, names);
-  if (!chosen.ok()) return chosen.status();
-  for (const auto& [text, value] : values) {
-    if (text == *chosen) return value;
-  }
-  return absl::InternalError("unreachable");
-}
-
 }  // namespace
 
 absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& config) {
   CompositeOptions o;
-  absl::StatusOr<Allocation> allocation = GetNamed<Allocation>(
-      config, "allocation", "global",
+  WINNOW_RETURN_IF_ERROR(config.ReadChoice<Allocation>(
+      "allocation", &o.allocation,
       {{"uniform", Allocation::kUniform}, {"pyramid", Allocation::kPyramid},
        {"global", Allocation::kGlobal}, {"sparsity", Allocation::kSparsity},
-       {"strength_skew", Allocation::kStrengthSkew}});
-  if (!allocation.ok()) return allocation.status();
-  absl::StatusOr<Scorer> scorer = GetNamed<Scorer>(
-      config, "scorer", "window",
+       {"strength_skew", Allocation::kStrengthSkew}}));
+  WINNOW_RETURN_IF_ERROR(config.ReadChoice<Scorer>(
+      "scorer", &o.scorer,
       {{"window", Scorer::kWindow}, {"accumulated", Scorer::kAccumulated},
-       {"hybrid", Scorer::kHybrid}});
-  if (!scorer.ok()) return scorer.status();
-  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<int64_t> min_window = config.GetInt("min_window", o.min_window, 1, 1 << 16);
-  if (!min_window.ok()) return min_window.status();
-  absl::StatusOr<int64_t> max_window =
-      config.GetInt("max_window", std::max<int64_t>(o.max_window, *min_window), *min_window,
-                    1 << 16);
-  if (!max_window.ok()) return max_window.status();
-  absl::StatusOr<bool> post_span = config.GetBool("post_span", o.post_span);
-  if (!post_span.ok()) return post_span.status();
-  absl::StatusOr<int64_t> sinks = config.GetInt("sinks", o.sinks, 0, 1 << 16);
-  if (!sinks.ok()) return sinks.status();
-  absl::StatusOr<double> sink_frac = config.GetDouble("sink_frac", o.sink_frac, 0.0, 1.0);
-  if (!sink_frac.ok()) return sink_frac.status();
-  absl::StatusOr<int64_t> full_layers = config.GetInt("full_layers", o.full_layers, 0, 1 << 10);
-  if (!full_layers.ok()) return full_layers.status();
-  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", o.kernel, 1, 1 << 10);
-  if (!kernel.ok()) return kernel.status();
-  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", o.pooling);
-  if (!pooling.ok()) return pooling.status();
-  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
-  if (!agg.ok()) return agg.status();
-  absl::StatusOr<bool> normalize = config.GetBool("normalize", o.normalize);
-  if (!normalize.ok()) return normalize.status();
-  absl::StatusOr<bool> evict_text = config.GetBool("evict_text", o.evict_text);
-  if (!evict_text.ok()) return evict_text.status();
-  absl::StatusOr<bool> merge = config.GetBool("merge", o.merge);
-  if (!merge.ok()) return merge.status();
-  absl::StatusOr<bool> value_norm = config.GetBool("value_norm", o.value_norm);
-  if (!value_norm.ok()) return value_norm.status();
-  absl::StatusOr<int64_t> lookahead = config.GetInt("lookahead", o.lookahead, 0, 1024);
-  if (!lookahead.ok()) return lookahead.status();
-  if (*lookahead > 0 && *allocation == Allocation::kSparsity) {
+       {"hybrid", Scorer::kHybrid}}));
+  WINNOW_RETURN_IF_ERROR(ReadWindowParams(config, &o.window, &o.min_window, &o.max_window));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("post_span", &o.post_span));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("sinks", &o.sinks, 0, 1 << 16));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("sink_frac", &o.sink_frac, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("full_layers", &o.full_layers, 0, 1 << 10));
+  WINNOW_RETURN_IF_ERROR(ReadPoolingParams(config, &o.kernel, &o.pooling, &o.aggregation));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("normalize", &o.normalize));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("evict_text", &o.evict_text));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("merge", &o.merge));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("value_norm", &o.value_norm));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("lookahead", &o.lookahead, 0, 1024));
+  if (o.lookahead > 0 && o.allocation == Allocation::kSparsity) {
     return absl::InvalidArgumentError(
         "compression.params.lookahead: not with allocation 'sparsity', which reads the "
         "observed rows one by one");
   }
-  absl::StatusOr<double> beta = config.GetDouble("beta", o.beta, 1.0, 1e6);
-  if (!beta.ok()) return beta.status();
-  absl::StatusOr<double> p = config.GetDouble("p", o.p, 0.0, 1.0);
-  if (!p.ok()) return p.status();
-  o.allocation = *allocation;
-  o.scorer = *scorer;
-  o.window = static_cast<int32_t>(*window);
-  o.min_window = static_cast<int32_t>(*min_window);
-  o.max_window = static_cast<int32_t>(*max_window);
-  o.post_span = *post_span;
-  o.sinks = static_cast<int32_t>(*sinks);
-  o.full_layers = static_cast<int32_t>(*full_layers);
-  o.sink_frac = *sink_frac;
-  o.kernel = static_cast<int32_t>(*kernel);
-  o.pooling = *pooling;
-  o.aggregation = *agg;
-  o.normalize = *normalize;
-  o.evict_text = *evict_text;
-  o.merge = *merge;
-  o.value_norm = *value_norm;
-  o.lookahead = static_cast<int32_t>(*lookahead);
-  o.beta = *beta;
-  o.p = *p;
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("beta", &o.beta, 1.0, 1e6));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("p", &o.p, 0.0, 1.0));
   return o;
 }
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateNamedComposite(
     const std::string& name, const PolicyConfig& config, const PolicyContext& context) {
-  absl::StatusOr<CompositeOptions> options = ParseCompositeOptions(config);
-  if (!options.ok()) return options.status();
-  if (absl::Status s = config.CheckAllUsed(name); !s.ok()) return s;
-  return std::make_unique<CompositePolicy>(name, config, context, *options);
+  WINNOW_ASSIGN_OR_RETURN(const CompositeOptions options, ParseCompositeOptions(config));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed(name));
+  return std::make_unique<CompositePolicy>(name, config, context, options);
 }
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(

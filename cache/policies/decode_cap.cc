@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/status_macros.h"
 #include "cache/policies/scoring_helpers.h"
 
 namespace winnow::cache::policies {
@@ -10,14 +11,12 @@ absl::StatusOr<DecodeCap> DecodeCap::FromConfig(const PolicyConfig& config,
                                                 const ModelDims& dims) {
   DecodeCap cap;
   cap.budget = config.budget();
-  absl::StatusOr<std::string> mode =
-      config.GetEnum("decode", "relative", {"relative", "fixed", "off"});
-  if (!mode.ok()) return mode.status();
-  cap.mode = *mode == "relative" ? Mode::kRelative : *mode == "fixed" ? Mode::kFixed : Mode::kOff;
-  absl::StatusOr<int64_t> slack =
-      config.GetInt("evict_every", std::max(1, dims.block_size), 1, 1 << 20);
-  if (!slack.ok()) return slack.status();
-  cap.slack = static_cast<int32_t>(*slack);
+  cap.mode = Mode::kRelative;
+  WINNOW_RETURN_IF_ERROR(config.ReadChoice<Mode>(
+      "decode", &cap.mode,
+      {{"relative", Mode::kRelative}, {"fixed", Mode::kFixed}, {"off", Mode::kOff}}));
+  cap.slack = std::max(1, dims.block_size);
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("evict_every", &cap.slack, 1, 1 << 20));
   return cap;
 }
 

@@ -25,6 +25,10 @@ struct DecodeCap {
   bool ShouldEvict(int32_t slots, int32_t tokens_seen) const;
   // Admission bound on slots per layer after `generated` more tokens.
   int64_t MaxSlotsPerLayer(int32_t prompt_tokens, int32_t generated) const;
+  // The policy's SteadyStateSlots: MaxSlotsPerLayer in every layer.
+  int64_t SteadyStateSlots(const ModelDims& dims, int32_t prompt_tokens, int32_t generated) const {
+    return int64_t{dims.num_layers} * MaxSlotsPerLayer(prompt_tokens, generated);
+  }
 };
 
 }  // namespace winnow::cache::policies

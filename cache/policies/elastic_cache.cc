@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cache/policies/scoring_helpers.h"
 
 namespace winnow::cache::policies {
@@ -168,26 +169,14 @@ class ElasticCachePolicy : public CompressionPolicy {
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateElasticCachePolicy(
     const PolicyConfig& config, const PolicyContext& context) {
   ElasticCachePolicy::Options o;
-  absl::StatusOr<int64_t> sinks = config.GetInt("sinks", 1, 0, 1 << 20);
-  if (!sinks.ok()) return sinks.status();
-  absl::StatusOr<int64_t> protect = config.GetInt("protect_last", 1, 0, 1 << 20);
-  if (!protect.ok()) return protect.status();
-  absl::StatusOr<int64_t> fix = config.GetInt("fix_offset", -25, -(1 << 24), 1 << 24);
-  if (!fix.ok()) return fix.status();
-  absl::StatusOr<bool> merge = config.GetBool("merge", true);
-  if (!merge.ok()) return merge.status();
-  absl::StatusOr<std::string> decode = config.GetEnum("decode", "fixed_point", {"fixed_point",
-                                                                                "off"});
-  if (!decode.ok()) return decode.status();
-  absl::StatusOr<int64_t> every = config.GetInt("evict_every", 1, 1, 1 << 20);
-  if (!every.ok()) return every.status();
-  if (absl::Status s = config.CheckAllUsed("elastic_cache"); !s.ok()) return s;
-  o.sinks = static_cast<int32_t>(*sinks);
-  o.protect_last = static_cast<int32_t>(*protect);
-  o.fix_offset = static_cast<int32_t>(*fix);
-  o.merge = *merge;
-  o.decode = *decode == "fixed_point";
-  o.evict_every = static_cast<int32_t>(*every);
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("sinks", &o.sinks, 0, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("protect_last", &o.protect_last, 0, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("fix_offset", &o.fix_offset, -(1 << 24), 1 << 24));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("merge", &o.merge));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadChoice<bool>("decode", &o.decode, {{"fixed_point", true}, {"off", false}}));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("evict_every", &o.evict_every, 1, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("elastic_cache"));
   return std::make_unique<ElasticCachePolicy>(config, context, o);
 }
 

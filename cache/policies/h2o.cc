@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/status_macros.h"
 #include "cache/policies/decode_cap.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -84,7 +85,7 @@ class H2oPolicy : public CompressionPolicy {
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    return int64_t{dims().num_layers} * cap_.MaxSlotsPerLayer(prompt_tokens, generated);
+    return cap_.SteadyStateSlots(dims(), prompt_tokens, generated);
   }
 
  private:
@@ -123,20 +124,18 @@ class H2oPolicy : public CompressionPolicy {
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateH2oPolicy(const PolicyConfig& config,
                                                                    const PolicyContext& context) {
-  absl::StatusOr<double> recent = config.GetDouble("recent_fraction", 0.5, 0.0, 1.0);
-  if (!recent.ok()) return recent.status();
-  absl::StatusOr<int64_t> sinks = config.GetInt("sinks", 0, 0, 1 << 20);
-  if (!sinks.ok()) return sinks.status();
-  absl::StatusOr<GroupAggregation> agg =
-      GetGroupAggregation(config, "gqa", GroupAggregation::kSum);
-  if (!agg.ok()) return agg.status();
-  absl::StatusOr<bool> normalize = config.GetBool("normalize", false);
-  if (!normalize.ok()) return normalize.status();
-  absl::StatusOr<DecodeCap> cap = DecodeCap::FromConfig(config, context.dims);
-  if (!cap.ok()) return cap.status();
-  if (absl::Status s = config.CheckAllUsed("h2o"); !s.ok()) return s;
-  return std::make_unique<H2oPolicy>(config, context, *recent, static_cast<int32_t>(*sinks),
-                                     *agg, *normalize, *cap);
+  double recent_fraction = 0.5;
+  int32_t sinks = 0;
+  GroupAggregation aggregation = GroupAggregation::kSum;
+  bool normalize = false;
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("recent_fraction", &recent_fraction, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("sinks", &sinks, 0, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(ReadGroupAggregation(config, "gqa", &aggregation));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("normalize", &normalize));
+  WINNOW_ASSIGN_OR_RETURN(const DecodeCap cap, DecodeCap::FromConfig(config, context.dims));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("h2o"));
+  return std::make_unique<H2oPolicy>(config, context, recent_fraction, sinks, aggregation,
+                                     normalize, cap);
 }
 
 }  // namespace winnow::cache::policies

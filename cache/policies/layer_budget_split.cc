@@ -39,10 +39,9 @@ EvictableSplit SplitBeforeWindow(const PromptLayout& layout, WindowRange window)
   return split;
 }
 
-absl::StatusOr<BudgetBase> GetBudgetBase(const PolicyConfig& config) {
-  absl::StatusOr<std::string> base = config.GetEnum("budget_of", "prompt", {"prompt", "spans"});
-  if (!base.ok()) return base.status();
-  return *base == "spans" ? BudgetBase::kSpans : BudgetBase::kPrompt;
+absl::Status ReadBudgetBase(const PolicyConfig& config, BudgetBase* field) {
+  return config.ReadChoice<BudgetBase>(
+      "budget_of", field, {{"prompt", BudgetBase::kPrompt}, {"spans", BudgetBase::kSpans}});
 }
 
 int64_t SpanModeCap(double budget, BudgetBase base, int32_t layers, int32_t num_tokens,
@@ -138,6 +137,13 @@ std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, 
     --sum;
   }
   return out;
+}
+
+int64_t SplitSteadyStateSlots(const EvictableSplit& split, int32_t layers, int32_t prompt_tokens,
+                              int64_t cap, int32_t generated, int64_t min_text) {
+  const int64_t kept_text = std::max<int64_t>(
+      min_text, prompt_tokens - static_cast<int64_t>(split.evictable.size()));
+  return int64_t{layers} * kept_text + cap + int64_t{layers} * generated;
 }
 
 }  // namespace winnow::cache::policies

@@ -35,7 +35,7 @@ EvictableSplit SplitBeforeWindow(const PromptLayout& layout, WindowRange window)
 // the span tokens get the rest. kSpans: the span tokens alone, the text kept on top (AirCache's
 // ρ, "keep 10% of the visual tokens").
 enum class BudgetBase { kPrompt, kSpans };
-absl::StatusOr<BudgetBase> GetBudgetBase(const PolicyConfig& config);
+absl::Status ReadBudgetBase(const PolicyConfig& config, BudgetBase* field);
 
 // Span-mode evictable slots kept, summed over layers, for `budget` on `base`; within
 // [0, layers * split.evictable.size()].
@@ -56,5 +56,11 @@ std::vector<double> WaterFill(std::span<const double> weights, double total, dou
 // max(cap, n*lo): a per-layer floor the caller asks for wins over a cap it cannot meet.
 std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
                                   int32_t hi);
+
+// SteadyStateSlots for a policy that keeps, in every layer, the prompt's tokens outside
+// `split.evictable` (at least `min_text` of them), plus `cap` evictable tokens summed over
+// layers, plus everything generated.
+int64_t SplitSteadyStateSlots(const EvictableSplit& split, int32_t layers, int32_t prompt_tokens,
+                              int64_t cap, int32_t generated, int64_t min_text);
 
 }  // namespace winnow::cache::policies

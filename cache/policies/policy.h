@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -34,11 +35,16 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache/attention_selector.h"
+#include "base/status_macros.h"
+#include "cache/keep_plan.h"
 
 namespace winnow::kernels {
 class ThreadPool;
 }  // namespace winnow::kernels
+
+namespace winnow::cache {
+class AttentionSelector;  // cache/attention_selector.h
+}  // namespace winnow::cache
 
 namespace winnow::cache::policies {
 
@@ -89,17 +95,6 @@ struct WindowRange {
 WindowRange ObservationWindow(const PromptLayout& layout, int32_t default_window,
                               int32_t min_window, int32_t max_window);
 
-// Geometry of the model and cache the policy runs against.
-struct ModelDims {
-  int32_t num_layers = 0;
-  int32_t num_heads = 0;     // query heads
-  int32_t num_kv_heads = 0;  // KV heads; query head h reads KV head h / (num_heads/num_kv_heads)
-  int32_t head_dim = 0;
-  int32_t block_size = 0;    // slots per KV block
-
-  int32_t group_size() const { return num_heads / num_kv_heads; }
-};
-
 // One policy parameter as the API carries it: a number (CompressionSpec.params, a
 // map<string, double>) or a string (CompressionSpec.options). Numbers stay doubles from the wire
 // to the policy, so every double, and every integer up to 2^53, arrives exactly.
@@ -143,6 +138,40 @@ class PolicyConfig {
                                       const std::vector<std::string>& allowed) const;
   // InvalidArgument naming the first parameter no getter asked for, and the known ones.
   absl::Status CheckAllUsed(const std::string& policy_name) const;
+
+  // Read*: a parameter into an options field, the field's current value being its default; the
+  // same checks and errors as the getters above. An options parser is then one line per field.
+  template <typename Int>
+  absl::Status ReadInt(const std::string& name, Int* field, int64_t min, int64_t max) const {
+    WINNOW_ASSIGN_OR_RETURN(const int64_t value, GetInt(name, *field, min, max));
+    *field = static_cast<Int>(value);
+    return absl::OkStatus();
+  }
+  absl::Status ReadDouble(const std::string& name, double* field, double min, double max) const {
+    WINNOW_ASSIGN_OR_RETURN(*field, GetDouble(name, *field, min, max));
+    return absl::OkStatus();
+  }
+  absl::Status ReadBool(const std::string& name, bool* field) const {
+    WINNOW_ASSIGN_OR_RETURN(*field, GetBool(name, *field));
+    return absl::OkStatus();
+  }
+  // A string naming one of `choices` (listed in the error in this order); *field must hold one
+  // of their values, whose name is the default.
+  template <typename T>
+  absl::Status ReadChoice(const std::string& name, T* field,
+                          const std::vector<std::pair<std::string, T>>& choices) const {
+    std::vector<std::string> names;
+    std::string default_name;
+    for (const auto& [text, value] : choices) {
+      names.push_back(text);
+      if (value == *field && default_name.empty()) default_name = text;
+    }
+    WINNOW_ASSIGN_OR_RETURN(const std::string chosen, GetEnum(name, default_name, names));
+    for (const auto& [text, value] : choices) {
+      if (text == chosen) *field = value;
+    }
+    return absl::OkStatus();
+  }
 
  private:
   const PolicyParam* Find(const std::string& name) const;
@@ -240,31 +269,7 @@ class SlotPositions {
 };
 
 // ---------------------------------------------------------------------------------------------
-// What the policy returns.
-
-// Per layer, per KV head: the slots to keep, strictly ascending, the same count for every head
-// of a layer (counts may differ between layers). A layer whose `heads` is empty is untouched.
-// Optional merging (Elastic Cache): when `merge` is non-empty for a head, kept entry i becomes
-// the mean of the K (and of the V) of slots merge[i] instead of a copy of heads[h][i]; the
-// sources of consecutive entries must be ascending and disjoint, each containing heads[h][i].
-struct LayerKeep {
-  std::vector<std::vector<int32_t>> heads;               // [kv_head][i] slot kept as entry i
-  std::vector<std::vector<std::vector<int32_t>>> merge;  // [kv_head][i] source slots (optional)
-
-  bool untouched() const { return heads.empty(); }
-  int32_t kept() const { return heads.empty() ? -1 : static_cast<int32_t>(heads[0].size()); }
-};
-
-struct KeepPlan {
-  std::vector<LayerKeep> layers;  // empty, or one per layer
-
-  bool empty() const;  // nothing to do
-  // InvalidArgument when a layer's heads are not ascending/unique/in range, differ in count,
-  // keep nothing, or merge sources break the rules above. num_slots(layer) gives each layer's
-  // current slot count.
-  absl::Status Validate(const ModelDims& dims,
-                        const std::function<int32_t(int32_t)>& num_slots) const;
-};
+// What the policy returns: a KeepPlan (cache/keep_plan.h).
 
 // A decode step just ran: the token at `position` has its K/V appended as the last slot of
 // every (layer, head) (slot_positions already includes it).

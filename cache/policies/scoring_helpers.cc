@@ -4,29 +4,79 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
 namespace winnow::cache::policies {
 
-absl::StatusOr<GroupAggregation> GetGroupAggregation(const PolicyConfig& config,
-                                                     const std::string& name,
-                                                     GroupAggregation default_value) {
-  const char* names[] = {"sum", "mean", "max"};
-  absl::StatusOr<std::string> value =
-      config.GetEnum(name, names[static_cast<int>(default_value)], {"sum", "mean", "max"});
-  if (!value.ok()) return value.status();
-  if (*value == "sum") return GroupAggregation::kSum;
-  if (*value == "mean") return GroupAggregation::kMean;
-  return GroupAggregation::kMax;
+absl::Status ReadGroupAggregation(const PolicyConfig& config, const std::string& name,
+                                  GroupAggregation* field) {
+  return config.ReadChoice<GroupAggregation>(
+      name, field,
+      {{"sum", GroupAggregation::kSum}, {"mean", GroupAggregation::kMean},
+       {"max", GroupAggregation::kMax}});
 }
 
-absl::StatusOr<Pooling> GetPooling(const PolicyConfig& config, const std::string& name,
-                                   Pooling default_value) {
-  const char* names[] = {"none", "avg", "max"};
-  absl::StatusOr<std::string> value =
-      config.GetEnum(name, names[static_cast<int>(default_value)], {"none", "avg", "max"});
-  if (!value.ok()) return value.status();
-  if (*value == "none") return Pooling::kNone;
-  if (*value == "avg") return Pooling::kAvg;
-  return Pooling::kMax;
+absl::Status ReadPooling(const PolicyConfig& config, const std::string& name, Pooling* field) {
+  return config.ReadChoice<Pooling>(
+      name, field, {{"none", Pooling::kNone}, {"avg", Pooling::kAvg}, {"max", Pooling::kMax}});
+}
+
+absl::Status ReadWindowParams(const PolicyConfig& config, int32_t* window, int32_t* min_window,
+                              int32_t* max_window) {
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("window", window, 1, 1 << 16));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("min_window", min_window, 1, 1 << 16));
+  *max_window = std::max(*max_window, *min_window);
+  return config.ReadInt("max_window", max_window, *min_window, 1 << 16);
+}
+
+absl::Status ReadPoolingParams(const PolicyConfig& config, int32_t* kernel, Pooling* pooling,
+                               GroupAggregation* aggregation) {
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("kernel", kernel, 1, 1 << 10));
+  WINNOW_RETURN_IF_ERROR(ReadPooling(config, "pooling", pooling));
+  return ReadGroupAggregation(config, "gqa", aggregation);
+}
+
+absl::Status ReadSelection(const PolicyConfig& config, bool* shared_selection) {
+  return config.ReadChoice<bool>("selection", shared_selection,
+                                 {{"per_head", false}, {"shared", true}});
+}
+
+KeepPlan PlanPerLayer(std::vector<std::vector<float>>& scores, const SelectLayer& select) {
+  KeepPlan plan;
+  plan.layers.resize(scores.size());
+  for (size_t l = 0; l < scores.size(); ++l) {
+    std::optional<LayerKeep> keep = select(static_cast<int32_t>(l), scores[l]);
+    if (keep.has_value()) plan.layers[l] = *std::move(keep);
+    std::vector<float>().swap(scores[l]);
+  }
+  if (plan.empty()) plan.layers.clear();
+  return plan;
+}
+
+int64_t KeepAllSlots(int32_t layers, int32_t prompt_tokens, int32_t generated) {
+  return int64_t{layers} * (std::max(prompt_tokens, 1) + int64_t{generated});
+}
+
+absl::Status CheckEveryLayerObserved(const std::string& policy, std::span<const char> observed) {
+  for (size_t l = 0; l < observed.size(); ++l) {
+    if (!observed[l]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(policy, ": layer ", l, " was never observed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckObservation(const std::string& policy, const ObservationAttention& attention,
+                              const ModelDims& dims, int32_t num_tokens, int32_t rows) {
+  if (attention.layer < 0 || attention.layer >= dims.num_layers ||
+      attention.num_slots != num_tokens || (rows >= 0 && attention.num_rows != rows)) {
+    return absl::InternalError(absl::StrCat(policy, ": unexpected observation of layer ",
+                                            attention.layer, " (", attention.num_rows, " rows, ",
+                                            attention.num_slots, " slots)"));
+  }
+  return absl::OkStatus();
 }
 
 int32_t KeepCount(double budget, int32_t n) {
@@ -206,6 +256,12 @@ LayerKeep SharedTopK(std::span<const float> scores, int32_t num_kv_heads, int32_
   LayerKeep keep;
   keep.heads.assign(num_kv_heads, TopKWithForced(scores, n, forced, k));
   return keep;
+}
+
+LayerKeep SelectTopK(bool shared_selection, std::span<const float> scores, int32_t num_kv_heads,
+                     int32_t n, std::span<const int32_t> forced, int32_t k) {
+  return shared_selection ? SharedTopK(scores, num_kv_heads, n, forced, k)
+                          : PerHeadTopK(scores, num_kv_heads, n, forced, k);
 }
 
 std::vector<float> ApplyLayerKeepToSlotValues(const LayerKeep& layer, std::span<const float> in,

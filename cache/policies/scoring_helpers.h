@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,15 +20,24 @@ namespace winnow::cache::policies {
 
 // How the query heads of a GQA group are folded into their KV head's score.
 enum class GroupAggregation { kSum, kMean, kMax };
-// Parses "sum" / "mean" / "max" from PolicyConfig param `name`.
-absl::StatusOr<GroupAggregation> GetGroupAggregation(const PolicyConfig& config,
-                                                     const std::string& name,
-                                                     GroupAggregation default_value);
+// Param `name`: "sum" / "mean" / "max".
+absl::Status ReadGroupAggregation(const PolicyConfig& config, const std::string& name,
+                                  GroupAggregation* field);
 
 enum class Pooling { kNone, kAvg, kMax };
-// Parses "none" / "avg" / "max".
-absl::StatusOr<Pooling> GetPooling(const PolicyConfig& config, const std::string& name,
-                                   Pooling default_value);
+// Param `name`: "none" / "avg" / "max".
+absl::Status ReadPooling(const PolicyConfig& config, const std::string& name, Pooling* field);
+
+// The parameter groups several policies share, read into their options fields (the fields'
+// values are the defaults):
+//   window, min_window, max_window  ObservationWindow's arguments;
+//   kernel, pooling, gqa            SnapKV's 1-D pooling of the scores and the GQA fold;
+//   selection (per_head|shared)     one keep set per KV head, or one per layer.
+absl::Status ReadWindowParams(const PolicyConfig& config, int32_t* window, int32_t* min_window,
+                              int32_t* max_window);
+absl::Status ReadPoolingParams(const PolicyConfig& config, int32_t* kernel, Pooling* pooling,
+                               GroupAggregation* aggregation);
+absl::Status ReadSelection(const PolicyConfig& config, bool* shared_selection);
 
 // Slots kept for `budget` of `n` tokens: floor(budget * n) (a tiny epsilon absorbs float error),
 // at least 1 and at most n. budget 1 keeps everything.
@@ -95,6 +105,30 @@ void ForEachHead(kernels::ThreadPool* threads, int32_t count,
 // One layer's keep set shared by every KV head (layer-level selection).
 LayerKeep SharedTopK(std::span<const float> scores, int32_t num_kv_heads, int32_t n,
                      std::span<const int32_t> forced, int32_t k);
+
+// SharedTopK when `shared_selection`, else PerHeadTopK (scores then per KV head).
+LayerKeep SelectTopK(bool shared_selection, std::span<const float> scores, int32_t num_kv_heads,
+                     int32_t n, std::span<const int32_t> forced, int32_t k);
+
+// The per-layer step of a plan: `select(layer, scores[layer])` gives the layer's keep set, or
+// nullopt when the layer keeps every slot; each layer's scores are released once it is done.
+// All layers untouched: the empty plan.
+using SelectLayer =
+    std::function<std::optional<LayerKeep>(int32_t layer, std::span<const float> scores)>;
+KeepPlan PlanPerLayer(std::vector<std::vector<float>>& scores, const SelectLayer& select);
+
+// SteadyStateSlots of a request its policy leaves whole: every layer keeps the prompt (at least
+// one slot) and everything generated.
+int64_t KeepAllSlots(int32_t layers, int32_t prompt_tokens, int32_t generated);
+
+// FailedPrecondition naming the first layer whose observed[layer] is 0: Plan() came before
+// every ObserveLayer.
+absl::Status CheckEveryLayerObserved(const std::string& policy, std::span<const char> observed);
+
+// InternalError unless the observation is of a layer in [0, dims.num_layers) over the prompt's
+// `num_tokens` slots with `rows` observed rows (rows < 0: any count).
+absl::Status CheckObservation(const std::string& policy, const ObservationAttention& attention,
+                              const ModelDims& dims, int32_t num_tokens, int32_t rows);
 
 // Reorders per-slot state (e.g. accumulated H2O scores, [num_kv_heads][num_slots]) the way a
 // plan reorders a layer's slots: out[h][i] = in[h][layer.heads[h][i]], merged entries summing

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "base/status_macros.h"
+
 namespace winnow::cache::policies {
 namespace {
 
@@ -70,18 +72,9 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
 
 absl::StatusOr<SnapKvOptions> ParseSnapKvOptions(const PolicyConfig& config) {
   SnapKvOptions options;
-  absl::StatusOr<int64_t> window = config.GetInt("window", options.window, 1, 1 << 16);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", options.kernel, 1, 1 << 10);
-  if (!kernel.ok()) return kernel.status();
-  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", options.pooling);
-  if (!pooling.ok()) return pooling.status();
-  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", options.aggregation);
-  if (!agg.ok()) return agg.status();
-  options.window = static_cast<int32_t>(*window);
-  options.kernel = static_cast<int32_t>(*kernel);
-  options.pooling = *pooling;
-  options.aggregation = *agg;
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("window", &options.window, 1, 1 << 16));
+  WINNOW_RETURN_IF_ERROR(
+      ReadPoolingParams(config, &options.kernel, &options.pooling, &options.aggregation));
   return options;
 }
 
@@ -107,10 +100,9 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateSnapKvFamilyPolicy(
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateSnapKvPolicy(
     const PolicyConfig& config, const PolicyContext& context) {
-  absl::StatusOr<SnapKvOptions> options = ParseSnapKvOptions(config);
-  if (!options.ok()) return options.status();
-  if (absl::Status s = config.CheckAllUsed("snapkv"); !s.ok()) return s;
-  return CreateSnapKvFamilyPolicy("snapkv", config, context, *options, {});
+  WINNOW_ASSIGN_OR_RETURN(const SnapKvOptions options, ParseSnapKvOptions(config));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("snapkv"));
+  return CreateSnapKvFamilyPolicy("snapkv", config, context, options, {});
 }
 
 }  // namespace winnow::cache::policies

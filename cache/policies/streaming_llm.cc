@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/status_macros.h"
 #include "cache/policies/decode_cap.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -41,7 +42,7 @@ class StreamingLlmPolicy : public CompressionPolicy {
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    return int64_t{dims().num_layers} * cap_.MaxSlotsPerLayer(prompt_tokens, generated);
+    return cap_.SteadyStateSlots(dims(), prompt_tokens, generated);
   }
 
  private:
@@ -73,13 +74,11 @@ class StreamingLlmPolicy : public CompressionPolicy {
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateStreamingLlmPolicy(
     const PolicyConfig& config, const PolicyContext& context) {
-  absl::StatusOr<int64_t> sinks = config.GetInt("sinks", 4, 0, 1 << 20);
-  if (!sinks.ok()) return sinks.status();
-  absl::StatusOr<DecodeCap> cap = DecodeCap::FromConfig(config, context.dims);
-  if (!cap.ok()) return cap.status();
-  if (absl::Status s = config.CheckAllUsed("streaming_llm"); !s.ok()) return s;
-  return std::make_unique<StreamingLlmPolicy>(config, context, static_cast<int32_t>(*sinks),
-                                              *cap);
+  int32_t sinks = 4;
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("sinks", &sinks, 0, 1 << 20));
+  WINNOW_ASSIGN_OR_RETURN(const DecodeCap cap, DecodeCap::FromConfig(config, context.dims));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("streaming_llm"));
+  return std::make_unique<StreamingLlmPolicy>(config, context, sinks, cap);
 }
 
 }  // namespace winnow::cache::policies

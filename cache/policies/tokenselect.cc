@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "base/status_macros.h"
 #include "cache/kv_device.h"
 #include "cache/policies/scoring_helpers.h"
 #include "kernels/cpu/simd.h"
@@ -275,34 +276,18 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateTokenSelectPolicy(
   o.num_kv_heads = context.dims.num_kv_heads;
   o.head_dim = context.dims.head_dim;
   o.budget = config.budget();
-  absl::StatusOr<int64_t> k = config.GetInt("k", 0, 0, 1 << 24);
-  if (!k.ok()) return k.status();
-  absl::StatusOr<int64_t> n_init = config.GetInt("n_init", 128, 0, 1 << 24);
-  if (!n_init.ok()) return n_init.status();
-  absl::StatusOr<int64_t> n_local = config.GetInt("n_local", 512, 1, 1 << 24);
-  if (!n_local.ok()) return n_local.status();
-  absl::StatusOr<double> theta = config.GetDouble("theta", 0.9, -1.0, 1.0);
-  if (!theta.ok()) return theta.status();
-  absl::StatusOr<bool> cache = config.GetBool("selection_cache", true);
-  if (!cache.ok()) return cache.status();
-  absl::StatusOr<std::string> gqa = config.GetEnum("gqa_map", "div", {"div", "mod"});
-  if (!gqa.ok()) return gqa.status();
-  absl::StatusOr<std::string> scale = config.GetEnum("vote_scale", "none", {"none", "sqrt_d"});
-  if (!scale.ok()) return scale.status();
-  absl::StatusOr<int64_t> pool = config.GetInt("pool", 0, 0, 4096);
-  if (!pool.ok()) return pool.status();
-  absl::StatusOr<int64_t> min_tokens = config.GetInt("min_tokens", 0, 0, 1 << 24);
-  if (!min_tokens.ok()) return min_tokens.status();
-  if (absl::Status s = config.CheckAllUsed("tokenselect"); !s.ok()) return s;
-  o.k = static_cast<int32_t>(*k);
-  o.n_init = static_cast<int32_t>(*n_init);
-  o.n_local = static_cast<int32_t>(*n_local);
-  o.theta = *theta;
-  o.selection_cache = *cache;
-  o.gqa_mod = *gqa == "mod";
-  o.scaled_vote = *scale == "sqrt_d";
-  o.pool = static_cast<int32_t>(*pool);
-  o.min_tokens = static_cast<int32_t>(*min_tokens);
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("k", &o.k, 0, 1 << 24));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("n_init", &o.n_init, 0, 1 << 24));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("n_local", &o.n_local, 1, 1 << 24));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("theta", &o.theta, -1.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("selection_cache", &o.selection_cache));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadChoice<bool>("gqa_map", &o.gqa_mod, {{"div", false}, {"mod", true}}));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadChoice<bool>("vote_scale", &o.scaled_vote, {{"none", false}, {"sqrt_d", true}}));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("pool", &o.pool, 0, 4096));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("min_tokens", &o.min_tokens, 0, 1 << 24));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("tokenselect"));
   return std::make_unique<TokenSelectPolicy>(config, context, o);
 }
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cache/policies/layer_budget_split.h"
 #include "spdlog/fmt/ranges.h"
 #include "spdlog/spdlog.h"
@@ -36,7 +38,8 @@ class VlCachePolicy : public CompressionPolicy {
           static_cast<int64_t>(std::floor(config.budget() * layers * base + 1e-6)), layers);
       alpha_ = config.budget();
     }
-    sparsity_.assign(layers, -1.0);
+    sparsity_.assign(layers, 0.0);
+    observed_.assign(layers, 0);
     scores_.resize(layers);
   }
 
@@ -47,12 +50,9 @@ class VlCachePolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
-    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
-        attention.num_slots != layout().num_tokens) {
-      return absl::InternalError(absl::StrCat("vl_cache: unexpected observation of layer ",
-                                              attention.layer, " with ", attention.num_slots,
-                                              " slots"));
-    }
+    WINNOW_RETURN_IF_ERROR(
+        CheckObservation(name(), attention, dims(), layout().num_tokens, /*rows=*/-1));
+    observed_[attention.layer] = 1;
     sparsity_[attention.layer] = VlCacheLayerSparsity(attention, options_.p);
     const int32_t n = attention.num_slots;
     // Accumulated post-vision attention: the column sums over the observed rows (a sum, as in
@@ -62,11 +62,8 @@ class VlCachePolicy : public CompressionPolicy {
     std::vector<float> per_kv = AggregateGroups(per_head, attention.num_heads,
                                                 attention.num_kv_heads, n, options_.aggregation);
     if (options_.pooling != Pooling::kNone && options_.kernel > 1) {
-      for (int32_t g = 0; g < attention.num_kv_heads; ++g) {
-        std::span<float> row = std::span<float>(per_kv).subspan(int64_t{g} * n, n);
-        const std::vector<float> pooled = Pool1d(row, options_.kernel, options_.pooling);
-        std::copy(pooled.begin(), pooled.end(), row.begin());
-      }
+      per_kv = PoolRowPrefixes(per_kv, attention.num_kv_heads, n, n, options_.kernel,
+                               options_.pooling);
     }
     scores_[attention.layer] = options_.shared_selection
                                    ? MeanOverHeads(per_kv, attention.num_kv_heads, n)
@@ -78,14 +75,8 @@ class VlCachePolicy : public CompressionPolicy {
     const int32_t layers = dims().num_layers;
     const int32_t n = layout().num_tokens;
     const int32_t base = static_cast<int32_t>(split_.evictable.size());
-    KeepPlan plan;
-    if (base == 0) return plan;
-    for (int32_t l = 0; l < layers; ++l) {
-      if (sparsity_[l] < 0.0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("vl_cache: layer ", l, " was never observed"));
-      }
-    }
+    if (base == 0) return KeepPlan{};
+    WINNOW_RETURN_IF_ERROR(CheckEveryLayerObserved(name(), observed_));
     const double alpha = alpha_;
     std::vector<double> targets;
     if (options_.redistribute) {
@@ -102,36 +93,26 @@ class VlCachePolicy : public CompressionPolicy {
                   "[{}] of {} evictable",
                   window_.size(), fmt::join(sparsity_, ", "), fmt::join(budgets_, ", "), base);
 
-    plan.layers.resize(layers);
     const int32_t kv_heads = dims().num_kv_heads;
-    std::vector<int32_t> recent;
-    for (int32_t l = 0; l < layers; ++l) {
+    return PlanPerLayer(scores_, [&](int32_t l, std::span<const float> scores)
+                                     -> std::optional<LayerKeep> {
       const int32_t k = budgets_[l];
-      if (k >= base) continue;  // the layer keeps every token
-      std::span<const int32_t> forced = split_.always_kept;
-      int32_t total = static_cast<int32_t>(forced.size()) + k;
-      if (!split_.span_mode) {
-        // The paper's recent window: 10% of the layer's budget, part of it.
-        const int32_t r = std::min(k, static_cast<int32_t>(std::ceil(options_.recent_frac * k)));
-        recent.clear();
-        for (int32_t p = n - r; p < n; ++p) recent.push_back(p);
-        forced = recent;
-        total = k;
+      if (k >= base) return std::nullopt;  // the layer keeps every token
+      if (split_.span_mode) {
+        return SelectTopK(options_.shared_selection, scores, kv_heads, n, split_.always_kept,
+                          static_cast<int32_t>(split_.always_kept.size()) + k);
       }
-      plan.layers[l] = options_.shared_selection
-                           ? SharedTopK(scores_[l], kv_heads, n, forced, total)
-                           : PerHeadTopK(scores_[l], kv_heads, n, forced, total);
-      std::vector<float>().swap(scores_[l]);  // done with this layer's scores
-    }
-    if (plan.empty()) plan.layers.clear();
-    return plan;
+      // The paper's recent window: 10% of the layer's budget, part of it.
+      const int32_t r = std::min(k, static_cast<int32_t>(std::ceil(options_.recent_frac * k)));
+      std::vector<int32_t> recent(r);
+      std::iota(recent.begin(), recent.end(), n - r);
+      return SelectTopK(options_.shared_selection, scores, kv_heads, n, recent, k);
+    });
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    const int64_t layers = dims().num_layers;
-    const int64_t kept_text = std::max<int64_t>(
-        0, prompt_tokens - static_cast<int64_t>(split_.evictable.size()));
-    return layers * kept_text + cap_ + layers * generated;
+    return SplitSteadyStateSlots(split_, dims().num_layers, prompt_tokens, cap_, generated,
+                                 /*min_text=*/0);
   }
 
  private:
@@ -140,7 +121,8 @@ class VlCachePolicy : public CompressionPolicy {
   EvictableSplit split_;
   int64_t cap_ = 0;                          // evictable tokens kept, summed over layers
   double alpha_ = 1.0;                       // cap_ as a fraction of the evictable tokens
-  std::vector<double> sparsity_;             // [layer]; -1 until observed
+  std::vector<double> sparsity_;             // [layer]
+  std::vector<char> observed_;               // [layer]
   std::vector<std::vector<float>> scores_;   // [layer][kv_head or 1][slot]
   std::vector<int32_t> budgets_;             // [layer] evictable tokens kept
 };
@@ -149,51 +131,17 @@ class VlCachePolicy : public CompressionPolicy {
 
 absl::StatusOr<VlCacheOptions> ParseVlCacheOptions(const PolicyConfig& config) {
   VlCacheOptions o;
-  absl::StatusOr<double> p = config.GetDouble("p", o.p, 0.0, 1.0);
-  if (!p.ok()) return p.status();
-  absl::StatusOr<double> beta_min = config.GetDouble("beta_min", o.beta_min, 0.0, 1.0);
-  if (!beta_min.ok()) return beta_min.status();
-  absl::StatusOr<double> beta_max = config.GetDouble("beta_max", o.beta_max, *beta_min, 1.0);
-  if (!beta_max.ok()) return beta_max.status();
-  absl::StatusOr<double> recent = config.GetDouble("recent_frac", o.recent_frac, 0.0, 1.0);
-  if (!recent.ok()) return recent.status();
-  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<int64_t> min_window = config.GetInt("min_window", o.min_window, 1, 1 << 16);
-  if (!min_window.ok()) return min_window.status();
-  absl::StatusOr<int64_t> max_window =
-      config.GetInt("max_window", std::max<int64_t>(o.max_window, *min_window), *min_window,
-                    1 << 16);
-  if (!max_window.ok()) return max_window.status();
-  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
-  if (!agg.ok()) return agg.status();
-  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", o.kernel, 1, 1 << 10);
-  if (!kernel.ok()) return kernel.status();
-  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", o.pooling);
-  if (!pooling.ok()) return pooling.status();
-  absl::StatusOr<bool> redistribute = config.GetBool("redistribute", o.redistribute);
-  if (!redistribute.ok()) return redistribute.status();
-  absl::StatusOr<std::string> selection =
-      config.GetEnum("selection", "per_head", {"per_head", "shared"});
-  if (!selection.ok()) return selection.status();
-  absl::StatusOr<BudgetBase> budget_base = GetBudgetBase(config);
-  if (!budget_base.ok()) return budget_base.status();
-  absl::StatusOr<std::string> rank = config.GetEnum("rank", "all", {"all", "spans"});
-  if (!rank.ok()) return rank.status();
-  o.p = *p;
-  o.beta_min = *beta_min;
-  o.beta_max = *beta_max;
-  o.recent_frac = *recent;
-  o.window = static_cast<int32_t>(*window);
-  o.min_window = static_cast<int32_t>(*min_window);
-  o.max_window = static_cast<int32_t>(*max_window);
-  o.aggregation = *agg;
-  o.kernel = static_cast<int32_t>(*kernel);
-  o.pooling = *pooling;
-  o.redistribute = *redistribute;
-  o.shared_selection = *selection == "shared";
-  o.budget_base = *budget_base;
-  o.rank_text = *rank == "all";
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("p", &o.p, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("beta_min", &o.beta_min, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("beta_max", &o.beta_max, o.beta_min, 1.0));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("recent_frac", &o.recent_frac, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(ReadWindowParams(config, &o.window, &o.min_window, &o.max_window));
+  WINNOW_RETURN_IF_ERROR(ReadPoolingParams(config, &o.kernel, &o.pooling, &o.aggregation));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("redistribute", &o.redistribute));
+  WINNOW_RETURN_IF_ERROR(ReadSelection(config, &o.shared_selection));
+  WINNOW_RETURN_IF_ERROR(ReadBudgetBase(config, &o.budget_base));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadChoice<bool>("rank", &o.rank_text, {{"all", true}, {"spans", false}}));
   return o;
 }
 
@@ -237,10 +185,9 @@ std::vector<double> VlCacheLayerFractions(std::span<const double> sparsity, doub
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateVlCachePolicy(
     const PolicyConfig& config, const PolicyContext& context) {
-  absl::StatusOr<VlCacheOptions> options = ParseVlCacheOptions(config);
-  if (!options.ok()) return options.status();
-  if (absl::Status s = config.CheckAllUsed("vl_cache"); !s.ok()) return s;
-  return std::make_unique<VlCachePolicy>(config, context, *options);
+  WINNOW_ASSIGN_OR_RETURN(const VlCacheOptions options, ParseVlCacheOptions(config));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("vl_cache"));
+  return std::make_unique<VlCachePolicy>(config, context, options);
 }
 
 }  // namespace winnow::cache::policies

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "cache/policies/layer_budget_split.h"
 #include "spdlog/fmt/ranges.h"
 #include "spdlog/spdlog.h"
@@ -40,13 +42,9 @@ class XkvPolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    WINNOW_RETURN_IF_ERROR(
+        CheckObservation(name(), attention, dims(), layout().num_tokens, window_));
     const int32_t n = attention.num_slots;
-    if (attention.layer < 0 || attention.layer >= dims().num_layers ||
-        n != layout().num_tokens || attention.num_rows != window_) {
-      return absl::InternalError(absl::StrCat("xkv: unexpected observation of layer ",
-                                              attention.layer, " (", attention.num_rows,
-                                              " rows, ", n, " slots)"));
-    }
     observed_[attention.layer] = 1;
     if (!compresses_) return absl::OkStatus();
     const int32_t heads = attention.num_heads;
@@ -78,14 +76,8 @@ class XkvPolicy : public CompressionPolicy {
   absl::StatusOr<KeepPlan> Plan() override {
     const int32_t layers = dims().num_layers;
     const int32_t n = layout().num_tokens;
-    KeepPlan plan;
-    if (!compresses_) return plan;
-    for (int32_t l = 0; l < layers; ++l) {
-      if (!observed_[l]) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("xkv: layer ", l, " was never observed"));
-      }
-    }
+    if (!compresses_) return KeepPlan{};
+    WINNOW_RETURN_IF_ERROR(CheckEveryLayerObserved(name(), observed_));
     std::vector<int32_t> counts;
     XkvProfileStore& store = XkvProfileStore::Global();
     std::optional<std::vector<double>> profile;
@@ -113,22 +105,18 @@ class XkvPolicy : public CompressionPolicy {
                   fmt::join(counts, ", "), prefix_, profile ? "profile" : "per request");
     std::vector<float>().swap(normalised_);
 
-    plan.layers.resize(layers);
     std::vector<int32_t> window(window_);
-    for (int32_t i = 0; i < window_; ++i) window[i] = prefix_ + i;
-    for (int32_t l = 0; l < layers; ++l) {
-      if (counts[l] >= prefix_) continue;
-      plan.layers[l] = PerHeadTopK(scores_[l], dims().num_kv_heads, n, window,
-                                   window_ + counts[l], threads());
-      std::vector<float>().swap(scores_[l]);
-    }
-    if (plan.empty()) plan.layers.clear();
-    return plan;
+    std::iota(window.begin(), window.end(), prefix_);
+    return PlanPerLayer(scores_, [&](int32_t l, std::span<const float> scores)
+                                     -> std::optional<LayerKeep> {
+      if (counts[l] >= prefix_) return std::nullopt;
+      return PerHeadTopK(scores, dims().num_kv_heads, n, window, window_ + counts[l], threads());
+    });
   }
 
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
     const int64_t layers = dims().num_layers;
-    if (!compresses_) return layers * (std::max(prompt_tokens, 1) + int64_t{generated});
+    if (!compresses_) return KeepAllSlots(dims().num_layers, prompt_tokens, generated);
     return layers * window_ + prefix_budget_ + layers * generated;
   }
 
@@ -147,38 +135,16 @@ class XkvPolicy : public CompressionPolicy {
 
 absl::StatusOr<XkvOptions> ParseXkvOptions(const PolicyConfig& config) {
   XkvOptions o;
-  absl::StatusOr<int64_t> window = config.GetInt("window", o.window, 1, 1 << 16);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<int64_t> kernel = config.GetInt("kernel", o.kernel, 1, 1 << 10);
-  if (!kernel.ok()) return kernel.status();
-  absl::StatusOr<Pooling> pooling = GetPooling(config, "pooling", o.pooling);
-  if (!pooling.ok()) return pooling.status();
-  absl::StatusOr<GroupAggregation> agg = GetGroupAggregation(config, "gqa", o.aggregation);
-  if (!agg.ok()) return agg.status();
-  absl::StatusOr<int64_t> min_per_layer =
-      config.GetInt("min_per_layer", o.min_per_layer, 0, 1 << 20);
-  if (!min_per_layer.ok()) return min_per_layer.status();
-  absl::StatusOr<double> r_target = config.GetDouble("r_target", o.r_target, 0.0, 1.0);
-  if (!r_target.ok()) return r_target.status();
-  absl::StatusOr<std::string> mode = config.GetEnum("mode", "request", {"request", "profile"});
-  if (!mode.ok()) return mode.status();
-  absl::StatusOr<int64_t> category =
-      config.GetInt("category", o.category, 0, std::numeric_limits<int32_t>::max());
-  if (!category.ok()) return category.status();
-  absl::StatusOr<int64_t> warmup = config.GetInt("profile_warmup", o.profile_warmup, 1, 1 << 20);
-  if (!warmup.ok()) return warmup.status();
-  absl::StatusOr<double> rate = config.GetDouble("profile_rate", o.profile_rate, 0.0, 1.0);
-  if (!rate.ok()) return rate.status();
-  o.window = static_cast<int32_t>(*window);
-  o.kernel = static_cast<int32_t>(*kernel);
-  o.pooling = *pooling;
-  o.aggregation = *agg;
-  o.min_per_layer = static_cast<int32_t>(*min_per_layer);
-  o.r_target = *r_target;
-  o.profile = *mode == "profile";
-  o.category = *category;
-  o.profile_warmup = static_cast<int32_t>(*warmup);
-  o.profile_rate = *rate;
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("window", &o.window, 1, 1 << 16));
+  WINNOW_RETURN_IF_ERROR(ReadPoolingParams(config, &o.kernel, &o.pooling, &o.aggregation));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("min_per_layer", &o.min_per_layer, 0, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("r_target", &o.r_target, 0.0, 1.0));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadChoice<bool>("mode", &o.profile, {{"request", false}, {"profile", true}}));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadInt("category", &o.category, 0, std::numeric_limits<int32_t>::max()));
+  WINNOW_RETURN_IF_ERROR(config.ReadInt("profile_warmup", &o.profile_warmup, 1, 1 << 20));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("profile_rate", &o.profile_rate, 0.0, 1.0));
   return o;
 }
 
@@ -317,10 +283,9 @@ void XkvProfileStore::Clear() {
 
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateXkvPolicy(const PolicyConfig& config,
                                                                     const PolicyContext& context) {
-  absl::StatusOr<XkvOptions> options = ParseXkvOptions(config);
-  if (!options.ok()) return options.status();
-  if (absl::Status s = config.CheckAllUsed("xkv"); !s.ok()) return s;
-  return std::make_unique<XkvPolicy>(config, context, *options);
+  WINNOW_ASSIGN_OR_RETURN(const XkvOptions options, ParseXkvOptions(config));
+  WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("xkv"));
+  return std::make_unique<XkvPolicy>(config, context, options);
 }
 
 }  // namespace winnow::cache::policies

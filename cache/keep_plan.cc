@@ -1,0 +1,78 @@
+#include "cache/keep_plan.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace winnow::cache::policies {
+
+bool KeepPlan::empty() const {
+  for (const LayerKeep& layer : layers) {
+    if (!layer.untouched()) return false;
+  }
+  return true;
+}
+
+absl::Status KeepPlan::Validate(const ModelDims& dims,
+                                const std::function<int32_t(int32_t)>& num_slots) const {
+  if (layers.empty()) return absl::OkStatus();
+  if (static_cast<int32_t>(layers.size()) != dims.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("keep plan has ", layers.size(),
+                                                   " layers, the model ", dims.num_layers));
+  }
+  for (int32_t l = 0; l < dims.num_layers; ++l) {
+    const LayerKeep& keep = layers[l];
+    if (keep.untouched()) continue;
+    const std::string where = absl::StrCat("keep plan layer ", l);
+    if (static_cast<int32_t>(keep.heads.size()) != dims.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", keep.heads.size(),
+                                                     " heads, expected ", dims.num_kv_heads));
+    }
+    const int32_t n = num_slots(l);
+    const size_t count = keep.heads[0].size();
+    if (count == 0) return absl::InvalidArgumentError(absl::StrCat(where, ": keeps nothing"));
+    if (!keep.merge.empty() && static_cast<int32_t>(keep.merge.size()) != dims.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": merge lists for ",
+                                                     keep.merge.size(), " heads"));
+    }
+    for (int32_t h = 0; h < dims.num_kv_heads; ++h) {
+      const std::vector<int32_t>& slots = keep.heads[h];
+      if (slots.size() != count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": head ", h, " keeps ", slots.size(), " slots, head 0 keeps ", count));
+      }
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (slots[i] < 0 || slots[i] >= n || (i > 0 && slots[i] <= slots[i - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " head ", h, ": slot list is not ascending within [0, ", n, ")"));
+        }
+      }
+      if (keep.merge.empty() || keep.merge[h].empty()) continue;
+      const auto& groups = keep.merge[h];
+      if (groups.size() != count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " head ", h, ": ", groups.size(), " merge groups for ", count,
+                         " kept slots"));
+      }
+      int32_t previous = -1;
+      for (size_t i = 0; i < groups.size(); ++i) {
+        bool has_anchor = false;
+        for (int32_t src : groups[i]) {
+          if (src <= previous || src >= n) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, " head ", h, ": merge sources must be ascending, disjoint and < ", n));
+          }
+          previous = src;
+          has_anchor |= src == slots[i];
+        }
+        if (!has_anchor) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, " head ", h, ": merge group ", i, " does not contain its slot ", slots[i]));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace winnow::cache::policies

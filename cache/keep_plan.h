@@ -1,0 +1,51 @@
+// What a compression plan is: which slots every (layer, KV head) keeps, and the geometry it is
+// checked against. The policies return plans (cache/policies/policy.h); the compaction applies
+// them (cache/compaction.h), on the host or through a device (cache/kv_device.h). Kept apart
+// from the policy interface so that the pool and the device seam need not know the policies.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+
+// The plan's types live in the policies' namespace, where every policy names them.
+namespace winnow::cache::policies {
+
+// Geometry of the model and cache a plan (and a policy) runs against.
+struct ModelDims {
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;     // query heads
+  int32_t num_kv_heads = 0;  // KV heads; query head h reads KV head h / (num_heads/num_kv_heads)
+  int32_t head_dim = 0;
+  int32_t block_size = 0;    // slots per KV block
+
+  int32_t group_size() const { return num_heads / num_kv_heads; }
+};
+
+// Per layer, per KV head: the slots to keep, strictly ascending, the same count for every head
+// of a layer (counts may differ between layers). A layer whose `heads` is empty is untouched.
+// Optional merging (Elastic Cache): when `merge` is non-empty for a head, kept entry i becomes
+// the mean of the K (and of the V) of slots merge[i] instead of a copy of heads[h][i]; the
+// sources of consecutive entries must be ascending and disjoint, each containing heads[h][i].
+struct LayerKeep {
+  std::vector<std::vector<int32_t>> heads;               // [kv_head][i] slot kept as entry i
+  std::vector<std::vector<std::vector<int32_t>>> merge;  // [kv_head][i] source slots (optional)
+
+  bool untouched() const { return heads.empty(); }
+  int32_t kept() const { return heads.empty() ? -1 : static_cast<int32_t>(heads[0].size()); }
+};
+
+struct KeepPlan {
+  std::vector<LayerKeep> layers;  // empty, or one per layer
+
+  bool empty() const;  // nothing to do
+  // InvalidArgument when a layer's heads are not ascending/unique/in range, differ in count,
+  // keep nothing, or merge sources break the rules above. num_slots(layer) gives each layer's
+  // current slot count.
+  absl::Status Validate(const ModelDims& dims,
+                        const std::function<int32_t(int32_t)>& num_slots) const;
+};
+
+}  // namespace winnow::cache::policies
