@@ -24,6 +24,7 @@
 #include "cache/block_pool.h"
 #include "kernels/cuda/sparse_attention.h"
 #include "model/cuda_kv_device.h"
+#include "model/forward_backend.h"
 #include "model/model.h"
 
 namespace winnow::kernels::cuda {
@@ -32,7 +33,7 @@ class GraphCache;
 
 namespace winnow::model {
 
-class CudaModel {
+class CudaModel : public ForwardBackend {
  public:
   // Uploads `model`'s weights to GPU `device` and allocates the device KV arena for `pool`,
   // whose K/V must be bf16 (the activation type the attention kernels read queries in) and
@@ -48,7 +49,7 @@ class CudaModel {
   // Device bytes a CudaModel of `model` takes besides its KV arena, for batches within
   // `limits`: the bf16 weights, the activations, and the cuBLAS and FlashInfer workspaces.
   static int64_t DeviceBytesBesidesKv(const Model& model, const ForwardLimits& limits);
-  ~CudaModel();
+  ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 
@@ -60,11 +61,12 @@ class CudaModel {
   // than one token is FailedPrecondition (the engine selects at decode only). Not
   // thread-safe: one engine thread owns it.
   absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
-                       ForwardOutput* out);
+                       ForwardOutput* out) override;
 
   // The device arena as the cache's compaction and scoring see it (cache/kv_device.h); the
   // worker attaches it to the pool.
   cache::KvDevice& kv_device();
+  cache::KvDevice* KvDeviceToAttach() override { return &kv_device(); }
 
   // Decode-only forwards (one token per entry, no query capture) of up to kMaxGraphRows rows
   // replay CUDA graphs (kernels/cuda/graph_cache.h) per batch-size bucket (the next power of

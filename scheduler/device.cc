@@ -7,13 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "scheduler/cpu_worker.h"
+#include "base/status_macros.h"
+#include "scheduler/model_worker.h"
 #include "spdlog/spdlog.h"
 
 #if WINNOW_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #include "model/cuda_model.h"
-#include "scheduler/cuda_worker.h"
 #endif
 
 namespace winnow::scheduler {
@@ -87,13 +87,12 @@ absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::
                                                    cache::BlockPool& pool,
                                                    const model::ForwardLimits& limits,
                                                    bool cuda_graphs) {
-  if (!device.is_cuda()) return std::make_unique<CpuWorker>(model, pool);
+  if (!device.is_cuda()) return MakeCpuWorker(model, pool);
 #if WINNOW_HAVE_CUDA
-  absl::StatusOr<std::unique_ptr<model::CudaModel>> cuda =
-      model::CudaModel::Create(model, pool, device.index, limits);
-  if (!cuda.ok()) return cuda.status();
-  (*cuda)->set_cuda_graphs(cuda_graphs);
-  return std::make_unique<CudaWorker>(model, pool, *std::move(cuda));
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaModel> cuda,
+                          model::CudaModel::Create(model, pool, device.index, limits));
+  cuda->set_cuda_graphs(cuda_graphs);
+  return std::make_unique<ModelWorker>(model, pool, std::move(cuda));
 #else
   (void)cuda_graphs;
   return absl::InvalidArgumentError(

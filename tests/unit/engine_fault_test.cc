@@ -21,7 +21,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "model/model.h"
-#include "scheduler/cpu_worker.h"
+#include "scheduler/model_worker.h"
 #include "scheduler/engine.h"
 #include "tests/unit/engine_test_util.h"
 
@@ -73,14 +73,14 @@ class FaultInjectingWorker : public Worker {
  public:
   FaultInjectingWorker(model::Model& model, cache::BlockPool& pool, Fault fault,
                        FaultRecord* record)
-      : inner_(model, pool), fault_(std::move(fault)), record_(record) {}
+      : inner_(MakeCpuWorker(model, pool)), fault_(std::move(fault)), record_(record) {}
 
   absl::Status Admits(const GenerationRequest& request) const override {
-    return inner_.Admits(request);
+    return inner_->Admits(request);
   }
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override {
-    WorkerOutput out = inner_.Execute(chunks);
+    WorkerOutput out = inner_->Execute(chunks);
     ++iterations_;
     if (fired_ || iterations_ < fault_.iteration || !out.status.ok()) return out;
     if (fault_.only_request.empty()) {
@@ -107,7 +107,7 @@ class FaultInjectingWorker : public Worker {
     record_->Fired(std::move(ids), batch_size);
   }
 
-  CpuWorker inner_;
+  std::unique_ptr<ModelWorker> inner_;
   const Fault fault_;
   FaultRecord* const record_;
   int iterations_ = 0;

@@ -12,7 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "model/model.h"
-#include "scheduler/cpu_worker.h"
+#include "scheduler/model_worker.h"
 #include "scheduler/engine.h"
 #include "tests/unit/engine_test_util.h"
 
@@ -306,7 +306,7 @@ class GatedWorker : public Worker {
     bool open ABSL_GUARDED_BY(mu) = false;
   };
   GatedWorker(model::Model& model, cache::BlockPool& pool, Gate* gate)
-      : inner_(model, pool), gate_(gate) {}
+      : inner_(MakeCpuWorker(model, pool)), gate_(gate) {}
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override {
     {
@@ -314,11 +314,11 @@ class GatedWorker : public Worker {
       gate_->entered = true;
       gate_->mu.Await(absl::Condition(&gate_->open));
     }
-    return inner_.Execute(chunks);
+    return inner_->Execute(chunks);
   }
 
  private:
-  CpuWorker inner_;
+  std::unique_ptr<ModelWorker> inner_;
   Gate* const gate_;
 };
 

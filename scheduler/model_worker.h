@@ -1,0 +1,43 @@
+// The worker: builds the varlen batch of the plan's chunks, runs the forward through a
+// backend (the CPU's or a GPU's, model/forward_backend.h), then each sequence's compression
+// hooks and sampling on the host, the same code whichever backend runs the forward.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "cache/block_pool.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/forward_backend.h"
+#include "model/model.h"
+#include "scheduler/worker.h"
+
+namespace winnow::scheduler {
+
+class ModelWorker : public Worker {
+ public:
+  // `model` (its config and its thread pool, which the hooks and sampling split their work
+  // over between forwards) and `pool` must outlive the worker. While the worker lives, the
+  // backend's KV device, if it has one, is attached to `pool`.
+  ModelWorker(model::Model& model, cache::BlockPool& pool,
+              std::unique_ptr<model::ForwardBackend> forward);
+  ~ModelWorker() override;
+  ModelWorker(const ModelWorker&) = delete;
+  ModelWorker& operator=(const ModelWorker&) = delete;
+
+  WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
+
+ private:
+  model::Model& model_;
+  cache::BlockPool& pool_;
+  std::unique_ptr<model::ForwardBackend> forward_;
+  // Reused across iterations: a batch's logits (rows x vocabulary floats, 65 MB for 128 rows
+  // of a 128k vocabulary) would otherwise be allocated and zeroed every step. On a GPU they
+  // point into the backend's page-locked buffer.
+  model::ForwardOutput out_;
+};
+
+// The CPU worker: ModelWorker over CpuForward.
+std::unique_ptr<ModelWorker> MakeCpuWorker(model::Model& model, cache::BlockPool& pool);
+
+}  // namespace winnow::scheduler
