@@ -58,7 +58,7 @@ bench: build model venv
 	$(PY) bench/engine_bench.py --model $(MODEL) --winnow-bench $(BUILD_DIR)/engine_bench --omp-wait-policy passive
 
 # Only the compression-quality check against the full cache (also part of `make test`;
-# docs/compression.md, "Quality"). The full policy x budget table: bench/quality/run.py.
+# docs/experiments/compression-retrieval.md). The full policy x budget table: bench/quality/run.py.
 quality-check: build model venv
 	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
 	  $(PY) -m pytest -q -s tests/python/test_compression_quality.py

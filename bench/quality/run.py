@@ -5,11 +5,11 @@ Generates the long-context tasks (tasks.py), runs the C++ driver (bench/quality_
 every policy x budget against the full cache, scores the answers (score.py) and prints four
 policy x budget tables: task accuracy, next-token KL(full || compressed), top-1 agreement and
 the KV actually kept. Writes the aggregate JSON (default bench/results/quality.json) and, with
---png, the plot used in docs/compression.md.
+--png, the plot used in docs/experiments/compression-retrieval.md.
 
     cmake -S . -B build -G Ninja && ninja -C build quality_bench
     .venv/bin/python bench/quality/run.py --bench build/quality_bench \\
-        --png docs/compression_quality.png --json-out bench/results/quality.json
+        --png docs/experiments/compression_quality.png --json-out bench/results/quality.json
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
 
 // `winnowkv`: the composite preset that held up best over both task families (retrieval and
 // real documents) at budget 0.1: global allocation, 32 observed rows, average pooling over 7,
-// 4 sinks (docs/compression.md, "Quality on real documents"). A client's params override it.
+// 4 sinks (docs/experiments/policy-search.md). A client's params override it.
 const PolicyParams& WinnowKvPreset();
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
     const PolicyConfig& config, const PolicyContext& context);
@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
 // overviews): the hybrid scorer (every prompt row's attention plus the window's) weighted by
 // value norms, no pooling, 30% of the budget on the prompt's start. Best measured on real
 // documents at 0.1, but it loses short needles that pooling keeps together, so it is not the
-// all-round default (docs/compression.md, "Quality on real documents").
+// all-round default (docs/experiments/compression-documents.md).
 const PolicyParams& WinnowKvDocsPreset();
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvDocsPolicy(
     const PolicyConfig& config, const PolicyContext& context);

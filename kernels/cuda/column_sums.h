@@ -2,9 +2,10 @@
 // rows of a prefill chunk (H2O's accumulated attention, winnowkv's hybrid scorer, Elastic
 // Cache's importance). The direct kernel in scoring.h computes every q.k twice on CUDA cores,
 // which on an H100 made 24 requests of 4,096 tokens on a Llama-3-8B shape take 6.8 times as
-// long with winnowkv_docs as without compression (docs/benchmarks.md, "GPU: capacity"). Here
-// a chunk of rows gets its logits from one batched cuBLAS GEMM (bf16 in, fp32 accumulation and
-// out) into scratch, then two memory-bound passes read them: each (head, row)'s
+// long with winnowkv_docs as without compression (docs/experiments/benchmarks-history.md,
+// "GPU capacity: how the compression cost came down"). Here a chunk of rows gets its logits
+// from one batched cuBLAS GEMM (bf16 in, fp32 accumulation and out) into scratch, then two
+// memory-bound passes read them: each (head, row)'s
 // log-normaliser, then each (head, key)'s sum of exp(logit - lse) over the chunk's rows, in row
 // order, one writer per column.
 //

@@ -9,7 +9,7 @@ compares each policy's teacher-forced next-token distributions with the full cac
 a one-sided exact paired permutation test on the per-document KLs gives p < 0.05 (with six
 documents that means winning on all six, or on five by a wide margin).
 
-Asserted, as measured (docs/compression.md, "Quality on real documents"):
+Asserted, as measured (docs/experiments/compression-documents.md):
   - winnowkv beats streaming_llm, vl_cache and elastic_cache;
   - winnowkv_docs, the document preset, beats winnowkv and xkv;
   - audit, Elastic Cache: the same importance without merging (merge=false) beats the paper's
@@ -44,7 +44,7 @@ from test_compression_quality import bench_path  # noqa: E402
 
 BUDGET = 0.1
 GEN_TOKENS = 32
-DOCUMENTS = 6  # the first six short documents, as measured in docs/compression.md
+DOCUMENTS = 6  # the first six short documents, as measured in docs/experiments/compression-documents.md
 P_MAX = 0.05
 VL_SCORER = "window=50+kernel=1+pooling=none+gqa=sum+sinks=0"
 UNIFORM = f"composite+allocation=uniform+{VL_SCORER}"

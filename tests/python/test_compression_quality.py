@@ -4,7 +4,7 @@ Tested, not assumed (issue 4): bench/quality_bench (C++, Model + CompressionSess
 runs 12 long-context tasks from bench/quality/tasks.py (3 each of passkey, multi-key retrieval,
 document QA and copy, ~600-950-token prompts, the document marked as compressible context)
 for each policy below at budgets 0.1 and 0.2, against the full cache of the same prompt. The
-tasks (seed 101) are not the published table's (seed 1, docs/compression.md).
+tasks (seed 101) are not the published table's (seed 1, docs/experiments/compression-retrieval.md).
 
 Metrics, per task (bench/quality_bench.cc explains how they are computed):
   - KL: mean over generated tokens 2..16 of KL(full || compressed) of the next-token
@@ -22,7 +22,7 @@ so all policies compare at equal memory.
 
 What the issue hoped for — every seed policy close to the full cache and beating StreamingLLM
 and H2O at 0.1 — does not all hold on SmolLM2-135M; this file asserts what was measured, so a
-regression in any of it fails (numbers and reasons in docs/compression.md, "Quality"):
+regression in any of it fails (numbers and reasons in docs/experiments/compression-retrieval.md):
   - xkv, aircache, tokenselect and winnowkv beat both baselines at 0.1; vl_cache beats
     StreamingLLM only;
   - tokenselect stays close at 0.1 (it evicts nothing); xkv and winnowkv stay close from 0.2;

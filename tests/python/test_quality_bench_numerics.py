@@ -1,7 +1,7 @@
 """quality_bench's numerics flags (--cpu-activations, --kv-dtype) and the reference's top-2
 margins, on a real document and the default model.
 
-docs/compression.md ("How far a greedy path goes") measured that an f16 KV cache keeps all 32
+docs/experiments/numerics-floor.md measured that an f16 KV cache keeps all 32
 greedy tokens of the f32 reference on each of the twelve short documents: asserted here on the
 first one, so a change that makes f16 KV drift shows up. Runtime: two prefills of ~1.5k tokens.
 """
