@@ -22,6 +22,10 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 
+namespace winnow::kernels {
+struct AttentionSequence;  // kernels/cpu/attention.h
+}  // namespace winnow::kernels
+
 namespace winnow::model {
 
 // A token id that means "take this position's input from the embeddings rows".
@@ -126,7 +130,27 @@ class Model {
  private:
   struct Weights;
   struct Scratch;
+  struct Pass;
   Model() = default;
+
+  // Forward's stages, in order (they mirror CudaModel's): the batch's rows, the embeddings,
+  // then per layer PreAttention, each sequence's AppendKv and AttachAttentionHooks, Attend and
+  // PostAttention, then the Logits of the rows that asked for them.
+  Pass LayOutRows(std::span<const BatchEntry> batch);
+  absl::Status Embed(std::span<const BatchEntry> batch, const Pass& pass);
+  absl::Status PreAttention(int32_t layer, const Pass& pass);
+  void AppendKv(const BatchEntry& entry, int32_t layer, int32_t first_row,
+                cache::BlockPool& pool, kernels::AttentionSequence* attention);
+  absl::Status AttachAttentionHooks(const BatchEntry& entry, int32_t layer, int32_t first_row,
+                                    const cache::BlockPool& pool,
+                                    kernels::AttentionSequence* attention,
+                                    std::vector<int32_t>* selected);
+  absl::Status Attend(std::span<const BatchEntry> batch, int32_t layer,
+                      const cache::BlockPool& pool, const Pass& pass);
+  absl::Status PostAttention(int32_t layer, const Pass& pass);
+  absl::Status Logits(std::span<const BatchEntry> batch, const Pass& pass, ForwardOutput* out);
+  // RMSNorm of every row of the residual stream into the norm scratch.
+  void NormRows(const std::vector<float>& weight, int64_t rows);
   void CaptureQueries(std::span<const BatchEntry> batch, std::span<const int32_t> first_row,
                       int32_t layer, const float* q, int64_t q_dim,
                       const cache::BlockPool& pool) const;
