@@ -1,14 +1,20 @@
 // The inference engine: one thread that owns the model and the paged KV pool and runs
 // iteration-level continuous batching with chunked prefill over every admitted request.
 //
+// scheduler/ holds the engine and everything it runs each iteration: this loop (engine.h),
+// the scheduler that decides (scheduler.h), the worker that executes (worker.h, the interface;
+// model_worker.h, the one implementation over a CPU or CUDA forward backend; forward_batch.h,
+// its batch, hooks and sampling), the output processor (output_processor.h), the requests and
+// sequences (request.h, sequence.h), and the choice of device and worker (device.h).
+//
 // Threading: Submit, Cancel, Snapshot, BeginDrain, WaitForIdle and Shutdown may be called from
 // any thread. RequestSink and EngineObserver callbacks run on the engine thread and must not
 // block (push into your own queue and return).
 //
 // One iteration: cancellations, expired deadlines and shutdown free their sequences' blocks;
 // the scheduler plans (scheduler/scheduler.h: admission, chunked prefill, preemption,
-// priorities); the worker executes the plan (scheduler/worker.h: forward, compression hooks,
-// sampling); the output processor streams the tokens and finishes requests
+// priorities); the worker executes the plan (scheduler/model_worker.h: forward, compression
+// hooks, sampling); the output processor streams the tokens and finishes requests
 // (scheduler/output_processor.h).
 #pragma once
 
