@@ -13,7 +13,7 @@
 #include "cache/compression.h"
 #include "model/model.h"
 #include "scheduler/engine.h"
-#include "tests/unit/model_session_test_util.h"
+#include "tests/unit/model/model_session_test_util.h"
 
 namespace winnow {
 namespace {

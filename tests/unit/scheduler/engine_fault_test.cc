@@ -23,7 +23,7 @@
 #include "model/model.h"
 #include "scheduler/model_worker.h"
 #include "scheduler/engine.h"
-#include "tests/unit/engine_test_util.h"
+#include "tests/unit/scheduler/engine_test_util.h"
 
 namespace winnow::scheduler {
 namespace {

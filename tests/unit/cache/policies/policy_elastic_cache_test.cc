@@ -14,7 +14,7 @@
 #include "cache/policies/scoring_helpers.h"
 #include "cache/sequence_kv.h"
 #include "model/model.h"
-#include "tests/unit/model_session_test_util.h"
+#include "tests/unit/model/model_session_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {

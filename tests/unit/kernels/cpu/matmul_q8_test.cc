@@ -12,7 +12,7 @@
 #include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
-#include "tests/unit/matmul_test_util.h"
+#include "tests/unit/kernels/cpu/matmul_test_util.h"
 
 namespace winnow::kernels {
 namespace {

@@ -11,7 +11,7 @@
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/thread_pool.h"
-#include "tests/unit/matmul_test_util.h"
+#include "tests/unit/kernels/cpu/matmul_test_util.h"
 
 namespace winnow::kernels {
 namespace {

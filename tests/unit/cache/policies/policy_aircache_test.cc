@@ -12,7 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "cache/policies/policy.h"
-#include "tests/unit/policy_test_util.h"
+#include "tests/unit/cache/policies/policy_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {

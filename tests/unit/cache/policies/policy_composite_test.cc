@@ -10,7 +10,7 @@
 
 #include "cache/policies/policy.h"
 #include "cache/policies/scoring_helpers.h"
-#include "tests/unit/policy_test_util.h"
+#include "tests/unit/cache/policies/policy_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {

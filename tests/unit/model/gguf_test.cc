@@ -204,9 +204,8 @@ GgufBuilder RichBuilder(uint32_t version, uint64_t alignment) {
   return b;
 }
 
-void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
-  EXPECT_EQ(f.version(), version);
-  EXPECT_EQ(f.alignment(), alignment);
+// Every scalar type the builder wrote reads back, through the accessor that fits it.
+void CheckRichScalars(const GgufFile& f) {
   EXPECT_EQ(f.metadata().front().first, "general.architecture");
   EXPECT_EQ(*f.GetString("general.architecture"), "llama");
   EXPECT_EQ(*f.GetInt("t.u8"), 200);
@@ -224,6 +223,10 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
   EXPECT_EQ(f.GetInt("t.u64").status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(*f.GetInt("t.i64"), -9000000000000000000ll);
   EXPECT_EQ(*f.GetFloat("t.f64"), 1e-300);
+}
+
+// Arrays of numbers, strings and bools, an empty one and nested ones.
+void CheckRichArrays(const GgufFile& f) {
   EXPECT_EQ(*f.GetIntArray("t.arr_i32"), (std::vector<int64_t>{1, -2, 3}));
   EXPECT_EQ(*f.GetFloatArray("t.arr_i32"), (std::vector<double>{1, -2, 3}));
   EXPECT_EQ(*f.GetStringArray("t.arr_str"), (std::vector<std::string>{"a", "", "ccc"}));
@@ -244,8 +247,10 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
   EXPECT_EQ(nested->array[0].array_type, GgufValueType::kUint16);
   EXPECT_TRUE(nested->array[1].array.empty());
   EXPECT_EQ(nested->array[2].array[0].u, 3u);
+}
 
-  // Accessor errors name the key and the stored type.
+// Accessor errors name the key and the stored type.
+void CheckRichAccessorErrors(const GgufFile& f) {
   EXPECT_EQ(f.GetInt("missing").status().code(), absl::StatusCode::kNotFound);
   const absl::Status wrong = f.GetString("t.u8").status();
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
@@ -255,8 +260,9 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
   EXPECT_FALSE(f.GetBool("t.u8").ok());
   EXPECT_FALSE(f.GetStringArray("t.arr_i32").ok());
   EXPECT_FALSE(f.GetIntArray("t.arr_str").ok());
+}
 
-  ASSERT_EQ(f.tensors().size(), 4u);
+void CheckRichF32Tensor(const GgufFile& f) {
   const GgufTensor* w = f.FindTensor("blk.0.w");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->type, GgmlType::kF32);
@@ -271,12 +277,14 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
   EXPECT_EQ(m.cols, 4);
   EXPECT_EQ(m.row_bytes, 16);
   EXPECT_EQ(m.data, w->data);
+}
 
+void CheckRichQuantizedTensors(const GgufFile& f) {
   const GgufTensor* q = f.FindTensor("blk.0.q");
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->type, GgmlType::kQ8_0);
   EXPECT_EQ(q->nbytes, 68u);
-  m = q->AsMatrix();
+  kernels::WeightMatrix m = q->AsMatrix();
   EXPECT_EQ(m.rows, 2);
   EXPECT_EQ(m.row_bytes, 34);
   std::vector<float> row(32);
@@ -295,6 +303,12 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
   EXPECT_EQ(row[1], 2.0f);
   EXPECT_EQ(row[2], -2.0f);
   EXPECT_EQ(row[4], 0.5f);
+}
+
+void CheckRichTensors(const GgufFile& f, uint64_t alignment) {
+  ASSERT_EQ(f.tensors().size(), 4u);
+  CheckRichF32Tensor(f);
+  CheckRichQuantizedTensors(f);
 
   const GgufTensor* cube = f.FindTensor("cube");
   ASSERT_NE(cube, nullptr);
@@ -309,6 +323,15 @@ void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
     // to the mapping (which is page-aligned).
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % alignment, 0u) << t.name;
   }
+}
+
+void CheckRich(const GgufFile& f, uint32_t version, uint64_t alignment) {
+  EXPECT_EQ(f.version(), version);
+  EXPECT_EQ(f.alignment(), alignment);
+  CheckRichScalars(f);
+  CheckRichArrays(f);
+  CheckRichAccessorErrors(f);
+  CheckRichTensors(f, alignment);
 }
 
 TEST_F(GgufTest, ParsesVersion3EveryValueType) {

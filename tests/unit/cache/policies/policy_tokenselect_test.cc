@@ -17,7 +17,7 @@
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
-#include "tests/unit/model_session_test_util.h"
+#include "tests/unit/model/model_session_test_util.h"
 
 namespace winnow::cache::policies {
 namespace {
