@@ -10,6 +10,7 @@
 #include "cache/kv_device.h"
 #include "cache/policies/scoring_helpers.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/token_select_vote.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache::policies {
@@ -61,107 +62,18 @@ const std::vector<int32_t>& TokenSelectSelector::cached_selection(int32_t layer)
 std::vector<float> TokenSelectSelector::Vote(int32_t layer, std::span<const float> query,
                                              int32_t begin, int32_t end, const SequenceKv& kv,
                                              const BlockPool& pool) {
-  const int32_t num_heads = options_.num_heads;
-  const int32_t num_kv = options_.num_kv_heads;
-  const int32_t d = options_.head_dim;
-  const int32_t group = num_heads / num_kv;
-  const int32_t block_size = pool.layout().block_size;
-  const int32_t n = end - begin;
-  const float scale = options_.scaled_vote ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f;
+  const float scale =
+      options_.scaled_vote ? 1.0f / std::sqrt(static_cast<float>(options_.head_dim)) : 1.0f;
   const std::span<const int32_t> table = kv.block_table(layer);
+  std::vector<float> vote(end - begin, 0.0f);
   if (KvDevice* device = pool.device()) {
     // The keys are on the device (the CUDA worker): vote there, only the vote comes back.
-    std::vector<float> vote(n, 0.0f);
-    error_.Update(device->TokenSelectVote(table, query, num_heads, begin, end, scale,
+    error_.Update(device->TokenSelectVote(table, query, options_.num_heads, begin, end, scale,
                                           options_.gqa_mod, vote.data()));
-    return vote;
+  } else {
+    kernels::TokenSelectVote(pool.View(), table, query, options_.num_heads, begin, end, scale,
+                             options_.gqa_mod, vote.data(), &logits_, threads_);
   }
-  logits_.resize(static_cast<size_t>(num_heads) * n);
-  // Query heads scored against each KV head. The model's attention pairs h with h / group; the
-  // reference code's h % num_kv mis-pairs them under GQA (brief §1.7), kept only as an option.
-  std::vector<std::vector<int32_t>> heads_of_kv(num_kv);
-  for (int32_t h = 0; h < num_heads; ++h) {
-    heads_of_kv[options_.gqa_mod ? h % num_kv : h / group].push_back(h);
-  }
-  // Fixed-size chunks of candidates, spread over the pool: the result does not depend on the
-  // number of threads (every reduction runs in chunk order).
-  constexpr int32_t kChunk = 512;
-  const int32_t num_chunks = (n + kChunk - 1) / kChunk;
-  auto parallel = [&](const std::function<void(int64_t, int64_t)>& fn) {
-    if (threads_ != nullptr && num_chunks > 1) {
-      threads_->ParallelFor(num_chunks, 1, fn);
-    } else {
-      fn(0, num_chunks);
-    }
-  };
-  std::vector<float> chunk_max(static_cast<size_t>(num_chunks) * num_heads);
-  std::vector<double> chunk_sum(static_cast<size_t>(num_chunks) * num_heads);
-  // Pass 1: logits, each key row read once for every query head of its group; chunk maxima.
-  const kernels::PagedKvView view = pool.View();
-  parallel([&](int64_t c_begin, int64_t c_end) {
-    std::vector<float> key_row(d);  // a key converted to float32 (unused for f32 pools)
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      const int32_t t0 = static_cast<int32_t>(c) * kChunk;
-      const int32_t t1 = std::min(n, t0 + kChunk);
-      for (int32_t g = 0; g < num_kv; ++g) {
-        for (int32_t t = t0; t < t1; ++t) {
-          const int32_t slot = begin + t;
-          const float* key = view.Row(view.Keys(table[slot / block_size], g), slot % block_size,
-                                      key_row.data());
-          for (int32_t h : heads_of_kv[g]) {
-            logits_[static_cast<int64_t>(h) * n + t] =
-                kernels::Dot(query.data() + static_cast<int64_t>(h) * d, key, d) * scale;
-          }
-        }
-      }
-      for (int32_t h = 0; h < num_heads; ++h) {
-        const float* row = logits_.data() + static_cast<int64_t>(h) * n;
-        chunk_max[c * num_heads + h] = *std::max_element(row + t0, row + t1);
-      }
-    }
-  });
-  std::vector<float> max_logit(num_heads, -std::numeric_limits<float>::infinity());
-  for (int32_t c = 0; c < num_chunks; ++c) {
-    for (int32_t h = 0; h < num_heads; ++h) {
-      max_logit[h] = std::max(max_logit[h], chunk_max[c * num_heads + h]);
-    }
-  }
-  // Pass 2: exponentials in place (fp32), partial sums in double: at long contexts single
-  // probabilities are tiny and a float sum of ~1e5 of them drops the small ones (the release's
-  // bf16 drops more).
-  parallel([&](int64_t c_begin, int64_t c_end) {
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      const int32_t t0 = static_cast<int32_t>(c) * kChunk;
-      const int32_t t1 = std::min(n, t0 + kChunk);
-      for (int32_t h = 0; h < num_heads; ++h) {
-        float* row = logits_.data() + static_cast<int64_t>(h) * n;
-        double sum = 0.0;
-        for (int32_t t = t0; t < t1; ++t) {
-          row[t] = std::exp(row[t] - max_logit[h]);
-          sum += row[t];
-        }
-        chunk_sum[c * num_heads + h] = sum;
-      }
-    }
-  });
-  std::vector<float> inv_sum(num_heads);
-  for (int32_t h = 0; h < num_heads; ++h) {
-    double sum = 0.0;
-    for (int32_t c = 0; c < num_chunks; ++c) sum += chunk_sum[c * num_heads + h];
-    inv_sum[h] = static_cast<float>(1.0 / sum);
-  }
-  // Pass 3, eq. 7: each head's softmax over the candidates, summed over heads.
-  std::vector<float> vote(n, 0.0f);
-  parallel([&](int64_t c_begin, int64_t c_end) {
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      const int32_t t0 = static_cast<int32_t>(c) * kChunk;
-      const int32_t t1 = std::min(n, t0 + kChunk);
-      for (int32_t h = 0; h < num_heads; ++h) {
-        const float* row = logits_.data() + static_cast<int64_t>(h) * n;
-        for (int32_t t = t0; t < t1; ++t) vote[t] += row[t] * inv_sum[h];
-      }
-    }
-  });
   return vote;
 }
 
