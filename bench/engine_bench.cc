@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/cli.h"
+#include "base/status_macros.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/kv_dtype.h"
@@ -150,15 +151,13 @@ absl::StatusOr<Timing> TimePrefill(model::Model& model, cache::BlockPool& pool,
 }
 
 absl::StatusOr<Timing> BestPrefill(model::Model& model, const Options& opt, int32_t chunk) {
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool =
-      MakePool(model, 1, opt.prompt_tokens, opt.kv_cache_dtype);
-  if (!pool.ok()) return pool.status();
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
+                          MakePool(model, 1, opt.prompt_tokens, opt.kv_cache_dtype));
   const std::vector<int32_t> tokens = Prompt(/*seq=*/0, opt.prompt_tokens);
   Timing best;
   for (int32_t rep = -1; rep < opt.reps; ++rep) {  // rep -1 is the warm-up
-    absl::StatusOr<Timing> t = TimePrefill(model, **pool, tokens, chunk);
-    if (!t.ok()) return t.status();
-    if (rep >= 0) KeepBest(*t, rep == 0, &best);
+    WINNOW_ASSIGN_OR_RETURN(const Timing t, TimePrefill(model, *pool, tokens, chunk));
+    if (rep >= 0) KeepBest(t, rep == 0, &best);
   }
   return best;
 }
@@ -222,7 +221,7 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
       batch[i].start_position = position[i];
       batch[i].logits = model::LogitsMode::kLast;
     }
-    if (absl::Status s = model.Forward(batch, pool, &out); !s.ok()) return s;
+    WINNOW_RETURN_IF_ERROR(model.Forward(batch, pool, &out));
     for (int32_t i = 0; i < b; ++i) {
       next[i] = Argmax(out.Row(out.first_row[i]));
       ++position[i];
@@ -243,19 +242,17 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
 
 absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Options& opt) {
   const int32_t max_tokens = opt.decode_context + kDecodeWarmupSteps + opt.decode_tokens;
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool =
-      MakePool(model, b, max_tokens, opt.kv_cache_dtype);
-  if (!pool.ok()) return pool.status();
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
+                          MakePool(model, b, max_tokens, opt.kv_cache_dtype));
   // TimeDecode warms up inside; the first rep also warms the pool's pages.
   DecodeRun best;
   for (int32_t rep = 0; rep < opt.reps; ++rep) {
-    absl::StatusOr<DecodeRun> run = TimeDecode(model, **pool, b, opt);
-    if (!run.ok()) return run.status();
+    WINNOW_ASSIGN_OR_RETURN(DecodeRun run, TimeDecode(model, *pool, b, opt));
     // Greedy tokens are the same every repetition; only the times differ.
     if (rep == 0) {
-      best = std::move(*run);
+      best = std::move(run);
     } else {
-      KeepBest(run->time, false, &best.time);
+      KeepBest(run.time, false, &best.time);
     }
   }
   return best;

@@ -54,6 +54,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/cli.h"
+#include "base/status_macros.h"
 #include "bench/bench_util.h"
 #include "cache/block_pool.h"
 #include "cache/compression.h"
@@ -147,9 +148,8 @@ absl::StatusOr<std::vector<Task>> LoadTasks(const std::string& path,
     if (j.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": bad JSON line ", tasks.size() + 1));
     }
-    absl::StatusOr<Task> t = ParseTask(j, tok);
-    if (!t.ok()) return t.status();
-    tasks.push_back(*std::move(t));
+    WINNOW_ASSIGN_OR_RETURN(Task t, ParseTask(j, tok));
+    tasks.push_back(std::move(t));
   }
   return tasks;
 }
@@ -167,7 +167,7 @@ absl::StatusOr<cache::SequenceKv> CloneKv(const cache::SequenceKv& src, cache::B
     const std::span<const int32_t> to = dst.block_table(l);
     const int32_t blocks = (src.num_slots(l) + src.block_size() - 1) / src.block_size();
     for (int32_t b = 0; b < blocks; ++b) {
-      if (absl::Status st = pool.CopyBlock(from[b], to[b]); !st.ok()) return st;
+      WINNOW_RETURN_IF_ERROR(pool.CopyBlock(from[b], to[b]));
     }
     dst.AppendSlots(l, src.num_slots(l));
   }
@@ -294,8 +294,7 @@ struct Reference {
 absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& pool,
                                        const Prefilled& pre, int32_t gen_tokens) {
   Reference ref;
-  absl::StatusOr<cache::SequenceKv> kv = CloneKv(pre.kv, pool);
-  if (!kv.ok()) return kv.status();
+  WINNOW_ASSIGN_OR_RETURN(cache::SequenceKv kv, CloneKv(pre.kv, pool));
   const Clock::time_point t0 = Clock::now();
   ref.log_probs.push_back(LogSoftmax(pre.last_logits));
   ref.tokens.push_back(Argmax(pre.last_logits));
@@ -304,12 +303,12 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
   absl::Status status;
   while (static_cast<int32_t>(ref.tokens.size()) < gen_tokens &&
          !model.tokenizer().IsEndOfGeneration(ref.tokens.back())) {
-    if (!kv->Reserve(pool, 1)) {
+    if (!kv.Reserve(pool, 1)) {
       status = absl::ResourceExhaustedError("KV pool too small");
       break;
     }
     model::BatchEntry e;
-    e.kv = &*kv;
+    e.kv = &kv;
     e.tokens = std::span<const int32_t>(&ref.tokens.back(), 1);
     e.start_position = position++;
     if (status = model.Forward({&e, 1}, pool, &out); !status.ok()) break;
@@ -318,7 +317,7 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
     ref.tokens.push_back(Argmax(row));
   }
   ref.decode_seconds = SecondsSince(t0);
-  kv->Release(pool);
+  kv.Release(pool);
   if (!status.ok()) return status;
   return ref;
 }
@@ -328,16 +327,14 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> CreateSession(
     const std::string& entry, double budget, const pol::PolicyContext& context,
     const Options& opt) {
-  absl::StatusOr<PolicyEntry> parsed = ParsePolicyEntry(entry);
-  if (!parsed.ok()) return parsed.status();
+  WINNOW_ASSIGN_OR_RETURN(const PolicyEntry parsed, ParsePolicyEntry(entry));
   // Flag text becomes typed as a client would send it: numbers as params, the rest as options.
   pol::PolicyParams params;
-  if (auto it = opt.params.find(parsed->name); it != opt.params.end()) {
+  if (auto it = opt.params.find(parsed.name); it != opt.params.end()) {
     for (const auto& [k, v] : it->second) params[k] = pol::ParsePolicyParam(v);
   }
-  for (const auto& [k, v] : parsed->params) params[k] = v;
-  return cache::CompressionSession::Create(parsed->name, pol::PolicyConfig(budget, params),
-                                          context);
+  for (const auto& [k, v] : parsed.params) params[k] = v;
+  return cache::CompressionSession::Create(parsed.name, pol::PolicyConfig(budget, params), context);
 }
 
 // --------------------------------------------------------------------------------------------
@@ -370,9 +367,7 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockP
   auto run = std::make_unique<Run>();
   run->budget = budget;
   run->forced = forced;
-  absl::StatusOr<cache::SequenceKv> kv = CloneKv(pre.kv, pool);
-  if (!kv.ok()) return kv.status();
-  run->kv = *std::move(kv);
+  WINNOW_ASSIGN_OR_RETURN(run->kv, CloneKv(pre.kv, pool));
   pol::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
   context.layout = task.layout;
@@ -442,15 +437,14 @@ absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Refer
         e.selector = r.session->selector();
       }
     }
-    if (absl::Status s = model.Forward(batch, pool, &out); !s.ok()) return s;
+    WINNOW_RETURN_IF_ERROR(model.Forward(batch, pool, &out));
     for (size_t i = 0; i < active.size(); ++i) {
       Run& r = *active[i];
       if (r.session != nullptr) {
         const bool lookahead = r.session->prompt_plan_pending();
-        absl::StatusOr<cache::CompactionStats> st =
-            r.session->AfterDecodeStep(r.position, r.kv, pool);
-        if (!st.ok()) return st.status();
-        if (lookahead && !r.session->prompt_plan_pending()) RecordPromptPlan(r, *st);
+        WINNOW_ASSIGN_OR_RETURN(const cache::CompactionStats st,
+                                r.session->AfterDecodeStep(r.position, r.kv, pool));
+        if (lookahead && !r.session->prompt_plan_pending()) RecordPromptPlan(r, st);
       }
       ++r.position;
       const std::span<const float> row = out.Row(out.first_row[i]);
@@ -508,21 +502,20 @@ absl::StatusOr<json> CheckReplay(model::Model& model, cache::BlockPool& pool, co
   pol::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
   context.layout = task.layout;
-  absl::StatusOr<std::unique_ptr<cache::CompressionSession>> session =
-      CreateSession(policy, budget, context, opt);
-  if (!session.ok()) return session.status();
-  if (*session == nullptr) return json();
-  absl::StatusOr<Prefilled> real = Prefill(model, pool, task.tokens, opt.chunk, session->get());
-  if (!real.ok()) return real.status();
-  absl::Status s = (*session)->Compress(real->kv, pool, model.threads()).status();
-  real->kv.Release(pool);
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::CompressionSession> session,
+                          CreateSession(policy, budget, context, opt));
+  if (session == nullptr) return json();
+  WINNOW_ASSIGN_OR_RETURN(Prefilled real,
+                          Prefill(model, pool, task.tokens, opt.chunk, session.get()));
+  absl::Status s = session->Compress(real.kv, pool, model.threads()).status();
+  real.kv.Release(pool);
   if (!s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Run>> replay =
-      StartRun(model, pool, task, pre, ref, policy, budget, /*forced=*/true, opt);
-  if (!replay.ok()) return replay.status();
-  (*replay)->kv.Release(pool);
-  const pol::SlotPositions& a = (*session)->slot_positions();
-  const pol::SlotPositions& b = (*replay)->session->slot_positions();
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<Run> replay,
+                          StartRun(model, pool, task, pre, ref, policy, budget,
+                                   /*forced=*/true, opt));
+  replay->kv.Release(pool);
+  const pol::SlotPositions& a = session->slot_positions();
+  const pol::SlotPositions& b = replay->session->slot_positions();
   int64_t same = 0;
   int64_t total = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -563,6 +556,24 @@ bool ParseParams(const std::string& value, Options* opt) {
   return true;
 }
 
+// --cpu-activations and --kv-dtype into `opt`; false (after saying which is wrong) when one
+// names no known type.
+bool ParseNumerics(const std::string& activations, const std::string& kv_dtype, Options* opt) {
+  absl::StatusOr<model::CpuActivations> parsed_activations =
+      model::ParseCpuActivations(activations);
+  absl::StatusOr<kernels::KvDtype> parsed_kv_dtype = kernels::ParseKvDtype(kv_dtype);
+  for (const auto& [flag, status] : {std::pair{"--cpu-activations", parsed_activations.status()},
+                                     std::pair{"--kv-dtype", parsed_kv_dtype.status()}}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "quality_bench: %s: %s\n", flag, std::string(status.message()).c_str());
+      return false;
+    }
+  }
+  opt->activations = *parsed_activations;
+  opt->kv_dtype = *parsed_kv_dtype;
+  return true;
+}
+
 // std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
   CLI::App app("Compression quality: each policy and budget against the full-cache reference "
@@ -597,19 +608,7 @@ std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
       ->capture_default_str();
   if (std::optional<int> exit = base::ParseCommandLine(app, argc, argv)) return exit;
 
-  absl::StatusOr<model::CpuActivations> parsed_activations =
-      model::ParseCpuActivations(activations);
-  absl::StatusOr<kernels::KvDtype> parsed_kv_dtype = kernels::ParseKvDtype(kv_dtype);
-  for (const auto& [flag, status] : {std::pair{"--cpu-activations", parsed_activations.status()},
-                                     std::pair{"--kv-dtype", parsed_kv_dtype.status()}}) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "quality_bench: %s: %s\n", flag, std::string(status.message()).c_str());
-      return 2;
-    }
-  }
-  opt->activations = *parsed_activations;
-  opt->kv_dtype = *parsed_kv_dtype;
-
+  if (!ParseNumerics(activations, kv_dtype, opt)) return 2;
   if (*policies_flag) opt->policies = absl::StrSplit(policies, ',', absl::SkipEmpty());
   if (*params_flag && !ParseParams(params, opt)) {
     std::fputs("quality_bench: --params: expected POLICY:k=v,k=v;POLICY2:k=v\n", stderr);
@@ -628,36 +627,29 @@ std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
 }
 
 // --------------------------------------------------------------------------------------------
+// The benchmark.
 
-int Main(int argc, char** argv) {
-  Options opt;
-  if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "quality_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
 
-  auto fail = [](const std::string& what, const absl::Status& s) {
-    std::fprintf(stderr, "quality_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
-    return 1;
-  };
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
-  if (!loaded.ok()) return fail("load " + opt.model, loaded.status());
-  model::Model& model = **loaded;
-  const model::Tokenizer& tok = model.tokenizer();
-  absl::StatusOr<std::vector<Task>> tasks = LoadTasks(opt.tasks, tok);
-  if (!tasks.ok()) return fail("tasks", tasks.status());
-
-  // One pool for the largest task: prompt cache + reference + one policy's runs (2 per budget),
-  // each at most prompt + generated tokens uncompressed (tokenselect and none free nothing).
+// One pool for the largest task: prompt cache + reference + one policy's runs (2 per budget),
+// each at most prompt + generated tokens uncompressed (tokenselect and none free nothing).
+absl::StatusOr<std::unique_ptr<cache::BlockPool>> CreatePool(model::Model& model,
+                                                             const std::vector<Task>& tasks,
+                                                             const Options& opt) {
   int32_t max_tokens = 0;
-  for (const Task& t : *tasks) max_tokens = std::max(max_tokens, t.layout.num_tokens);
+  for (const Task& t : tasks) max_tokens = std::max(max_tokens, t.layout.num_tokens);
   const int32_t seqs = 2 + 2 * static_cast<int32_t>(opt.budgets.size()) + 1;
   const cache::KvLayout layout = model.KvLayoutFor(kBlockSize, opt.kv_dtype);
   const int32_t per_seq =
       layout.num_layers * ((max_tokens + opt.gen_tokens + 1 + kBlockSize - 1) / kBlockSize + 1);
-  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool_or =
-      cache::BlockPool::Create(layout, seqs * per_seq);
-  if (!pool_or.ok()) return fail("pool", pool_or.status());
-  cache::BlockPool& pool = **pool_or;
+  return cache::BlockPool::Create(layout, seqs * per_seq);
+}
 
+// The settings part of the JSON; tasks, runs, errors and replay checks are appended as they run.
+json ResultHeader(const Options& opt) {
   json result;
   result["model"] = opt.model;
   result["gen_tokens"] = opt.gen_tokens;
@@ -676,136 +668,210 @@ int Main(int argc, char** argv) {
   result["runs"] = json::array();
   result["errors"] = json::array();
   result["replay_checks"] = json::array();
+  return result;
+}
 
+json TaskJson(const Task& task, const Prefilled& pre, const Reference& ref,
+              const model::Tokenizer& tok) {
+  json tj;
+  tj["id"] = task.id;
+  tj["kind"] = task.kind;
+  tj["answer"] = task.answer;
+  tj["num_tokens"] = task.layout.num_tokens;
+  json spans = json::array();
+  for (const pol::PromptSpan& s : task.layout.spans) spans.push_back({s.begin, s.end});
+  tj["context_spans"] = spans;
+  tj["ref_tokens"] = ref.tokens;
+  tj["ref_text"] = tok.Decode(ref.tokens, /*render_special=*/false);
+  json margins = json::array();
+  for (const std::vector<double>& log_p : ref.log_probs) margins.push_back(TopTwoMargin(log_p));
+  tj["ref_margins"] = margins;
+  tj["prefill_seconds"] = pre.seconds;
+  tj["ref_decode_seconds"] = ref.decode_seconds;
+  return tj;
+}
+
+// What every run of one task shares.
+struct TaskInputs {
+  model::Model& model;
+  cache::BlockPool& pool;
+  const Task& task;
+  const Prefilled& pre;
+  const Reference& ref;
+  const Options& opt;
+};
+
+// Phase 1: a teacher-forced run of every budget, decoded as one batch. The runs' caches are
+// released whether or not it succeeds; their metrics stay.
+absl::Status RunForced(const TaskInputs& in, const std::string& policy,
+                       std::vector<std::unique_ptr<Run>>* forced) {
+  absl::Status status;
+  for (double budget : in.opt.budgets) {
+    absl::StatusOr<std::unique_ptr<Run>> r = StartRun(in.model, in.pool, in.task, in.pre, in.ref,
+                                                      policy, budget, /*forced=*/true, in.opt);
+    if (!r.ok()) {
+      status = r.status();
+      break;
+    }
+    forced->push_back(*std::move(r));
+  }
+  if (status.ok()) status = DecodeRuns(in.model, in.pool, in.ref, in.opt.gen_tokens, *forced);
+  for (auto& r : *forced) r->kv.Release(in.pool);
+  return status;
+}
+
+// Phase 2, free runs, only where the forced run's argmax ever left the reference: where it never
+// did, greedy decoding reproduces the reference token for token (same context at every step), so
+// the free run would be the reference itself. Saves the compressions (H2O's and Elastic Cache's
+// replay a full QK pass) of the budgets that lose nothing. (*free_runs)[i] is forced[i]'s.
+absl::Status RunFree(const TaskInputs& in, const std::string& policy,
+                     const std::vector<std::unique_ptr<Run>>& forced,
+                     std::vector<std::unique_ptr<Run>>* free_runs) {
+  absl::Status status;
+  std::vector<std::unique_ptr<Run>> batch;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < forced.size(); ++i) {
+    if (forced[i]->top1_match == forced[i]->steps) continue;
+    absl::StatusOr<std::unique_ptr<Run>> r =
+        StartRun(in.model, in.pool, in.task, in.pre, in.ref, policy, forced[i]->budget,
+                 /*forced=*/false, in.opt);
+    if (!r.ok()) {
+      status = r.status();
+      break;
+    }
+    batch.push_back(*std::move(r));
+    index.push_back(i);
+  }
+  if (status.ok()) status = DecodeRuns(in.model, in.pool, in.ref, in.opt.gen_tokens, batch);
+  for (size_t k = 0; k < batch.size(); ++k) {
+    batch[k]->kv.Release(in.pool);
+    (*free_runs)[index[k]] = std::move(batch[k]);
+  }
+  return status;
+}
+
+// One (policy, budget) record: the forced run's metrics, the free run's answer (the reference's
+// when the free run was skipped because it would have been the reference); logs its summary.
+json BudgetJson(const TaskInputs& in, const std::string& policy, const Run& r, const Run* free,
+                bool free_run) {
+  const model::Tokenizer& tok = in.model.tokenizer();
+  json j = RunJson(r, tok, in.ref);
+  if (free != nullptr) {
+    json f = RunJson(*free, tok, in.ref);
+    for (auto it = f.begin(); it != f.end(); ++it) {
+      if (!j.contains(it.key())) j[it.key()] = it.value();
+    }
+  } else if (free_run) {
+    j["tokens"] = in.ref.tokens;
+    j["text"] = tok.Decode(in.ref.tokens, /*render_special=*/false);
+    j["agree_prefix"] = static_cast<int32_t>(in.ref.tokens.size());
+  }
+  j["task"] = in.task.id;
+  j["policy"] = policy;
+  j["retention"] = static_cast<double>(r.slots_after_compress) /
+                   (static_cast<double>(in.model.config().num_layers) * in.task.layout.num_tokens);
+  double kl = 0;
+  for (double v : r.kl) kl += v;
+  kl = r.kl.empty() ? 0 : kl / static_cast<double>(r.kl.size());
+  std::fprintf(stderr, "  %-14s budget %.2f kept %.3f  KL %.4f  top1 %2d/%2d  %s\n", policy.c_str(),
+               r.budget, j["retention"].get<double>(), kl, r.top1_match, r.steps,
+               j.contains("text") ? j["text"].dump().c_str() : "");
+  return j;
+}
+
+void RunPolicy(const TaskInputs& in, const std::string& policy, json* result) {
+  const std::vector<std::string>& free_list = in.opt.free_run;
+  const bool free_run = std::find(free_list.begin(), free_list.end(), "*") != free_list.end() ||
+                        std::find(free_list.begin(), free_list.end(), policy) != free_list.end();
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::unique_ptr<Run>> forced;
+  absl::Status status = RunForced(in, policy, &forced);
+  std::vector<std::unique_ptr<Run>> free_runs(forced.size());
+  if (status.ok() && free_run) status = RunFree(in, policy, forced, &free_runs);
+  if (!status.ok()) {
+    // An unregistered or failing policy is recorded, not fatal: the table shows the gap.
+    std::fprintf(stderr, "  %s: %s\n", policy.c_str(), status.ToString().c_str());
+    (*result)["errors"].push_back(
+        {{"task", in.task.id}, {"policy", policy}, {"error", status.ToString()}});
+    return;
+  }
+  for (size_t i = 0; i < forced.size(); ++i) {
+    (*result)["runs"].push_back(BudgetJson(in, policy, *forced[i], free_runs[i].get(), free_run));
+  }
+  std::fprintf(stderr, "  %s: %.1fs\n", policy.c_str(), SecondsSince(t0));
+}
+
+void CheckReplays(const TaskInputs& in, json* result) {
+  for (const std::string& policy : in.opt.policies) {
+    absl::StatusOr<json> c =
+        CheckReplay(in.model, in.pool, in.task, in.pre, in.ref, policy, 0.1, in.opt);
+    if (c.ok() && !c->is_null()) (*result)["replay_checks"].push_back(*c);
+    if (!c.ok()) {
+      std::fprintf(stderr, "  check-replay %s: %s\n", policy.c_str(),
+                   c.status().ToString().c_str());
+    }
+  }
+}
+
+// Task `ti` of `num_tasks`: its prefill and reference, then every policy. Returns 0, or the exit
+// status when the prefill or the reference fails.
+int RunTask(model::Model& model, cache::BlockPool& pool, const Task& task, size_t ti,
+            size_t num_tasks, const Options& opt, json* result) {
+  absl::StatusOr<Prefilled> pre = Prefill(model, pool, task.tokens, opt.chunk, nullptr);
+  if (!pre.ok()) return Fail("prefill " + task.id, pre.status());
+  absl::StatusOr<Reference> ref = RunReference(model, pool, *pre, opt.gen_tokens);
+  if (!ref.ok()) return Fail("reference " + task.id, ref.status());
+  json tj = TaskJson(task, *pre, *ref, model.tokenizer());
+  (*result)["tasks"].push_back(tj);
+  std::fprintf(stderr, "[%zu/%zu] %s: %d tokens, prefill %.1fs, full: %s\n", ti + 1, num_tasks,
+               task.id.c_str(), task.layout.num_tokens, pre->seconds,
+               json(tj["ref_text"]).dump().c_str());
+
+  const TaskInputs in{model, pool, task, *pre, *ref, opt};
+  for (const std::string& policy : opt.policies) RunPolicy(in, policy, result);
+  if (opt.check_replay && ti == 0) CheckReplays(in, result);
+  pre->kv.Release(pool);
+  return 0;
+}
+
+int WriteResult(const json& result, const Options& opt) {
+  const std::string text = result.dump(1);
+  if (!opt.json_out.empty()) {
+    std::ofstream out(opt.json_out);
+    out << text << "\n";
+    if (!out) return Fail("write " + opt.json_out, absl::InternalError("write failed"));
+  } else {
+    std::printf("%s\n", text.c_str());
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Options opt;
+  if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
+
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
+      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
+  if (!loaded.ok()) return Fail("load " + opt.model, loaded.status());
+  model::Model& model = **loaded;
+  absl::StatusOr<std::vector<Task>> tasks = LoadTasks(opt.tasks, model.tokenizer());
+  if (!tasks.ok()) return Fail("tasks", tasks.status());
+  absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool_or = CreatePool(model, *tasks, opt);
+  if (!pool_or.ok()) return Fail("pool", pool_or.status());
+  cache::BlockPool& pool = **pool_or;
+
+  json result = ResultHeader(opt);
   const Clock::time_point start = Clock::now();
   for (size_t ti = 0; ti < tasks->size(); ++ti) {
-    const Task& task = (*tasks)[ti];
-    absl::StatusOr<Prefilled> pre = Prefill(model, pool, task.tokens, opt.chunk, nullptr);
-    if (!pre.ok()) return fail("prefill " + task.id, pre.status());
-    absl::StatusOr<Reference> ref = RunReference(model, pool, *pre, opt.gen_tokens);
-    if (!ref.ok()) return fail("reference " + task.id, ref.status());
-    json tj;
-    tj["id"] = task.id;
-    tj["kind"] = task.kind;
-    tj["answer"] = task.answer;
-    tj["num_tokens"] = task.layout.num_tokens;
-    json spans = json::array();
-    for (const pol::PromptSpan& s : task.layout.spans) spans.push_back({s.begin, s.end});
-    tj["context_spans"] = spans;
-    tj["ref_tokens"] = ref->tokens;
-    tj["ref_text"] = tok.Decode(ref->tokens, /*render_special=*/false);
-    json margins = json::array();
-    for (const std::vector<double>& log_p : ref->log_probs) margins.push_back(TopTwoMargin(log_p));
-    tj["ref_margins"] = margins;
-    tj["prefill_seconds"] = pre->seconds;
-    tj["ref_decode_seconds"] = ref->decode_seconds;
-    result["tasks"].push_back(tj);
-    std::fprintf(stderr, "[%zu/%zu] %s: %d tokens, prefill %.1fs, full: %s\n", ti + 1,
-                 tasks->size(), task.id.c_str(), task.layout.num_tokens, pre->seconds,
-                 json(tj["ref_text"]).dump().c_str());
-
-    for (const std::string& policy : opt.policies) {
-      const bool free_run =
-          std::find(opt.free_run.begin(), opt.free_run.end(), "*") != opt.free_run.end() ||
-          std::find(opt.free_run.begin(), opt.free_run.end(), policy) != opt.free_run.end();
-      const Clock::time_point t0 = Clock::now();
-      absl::Status status;
-      // Phase 1, teacher-forced runs of every budget, batched.
-      std::vector<std::unique_ptr<Run>> forced;
-      for (double budget : opt.budgets) {
-        absl::StatusOr<std::unique_ptr<Run>> r =
-            StartRun(model, pool, task, *pre, *ref, policy, budget, /*forced=*/true, opt);
-        if (!r.ok()) {
-          status = r.status();
-          break;
-        }
-        forced.push_back(*std::move(r));
-      }
-      if (status.ok()) status = DecodeRuns(model, pool, *ref, opt.gen_tokens, forced);
-      for (auto& r : forced) r->kv.Release(pool);
-      // Phase 2, free runs, only where the forced run's argmax ever left the reference: where
-      // it never did, greedy decoding reproduces the reference token for token (same context at
-      // every step), so the free run would be the reference itself. Saves the compressions
-      // (H2O's and Elastic Cache's replay a full QK pass) of the budgets that lose nothing.
-      std::vector<std::unique_ptr<Run>> free_runs(forced.size());
-      if (status.ok() && free_run) {
-        std::vector<std::unique_ptr<Run>> batch;
-        std::vector<size_t> index;
-        for (size_t i = 0; i < forced.size(); ++i) {
-          if (forced[i]->top1_match == forced[i]->steps) continue;
-          absl::StatusOr<std::unique_ptr<Run>> r = StartRun(
-              model, pool, task, *pre, *ref, policy, forced[i]->budget, /*forced=*/false, opt);
-          if (!r.ok()) {
-            status = r.status();
-            break;
-          }
-          batch.push_back(*std::move(r));
-          index.push_back(i);
-        }
-        if (status.ok()) status = DecodeRuns(model, pool, *ref, opt.gen_tokens, batch);
-        for (size_t k = 0; k < batch.size(); ++k) {
-          batch[k]->kv.Release(pool);
-          free_runs[index[k]] = std::move(batch[k]);
-        }
-      }
-      if (!status.ok()) {
-        // An unregistered or failing policy is recorded, not fatal: the table shows the gap.
-        std::fprintf(stderr, "  %s: %s\n", policy.c_str(), status.ToString().c_str());
-        result["errors"].push_back({{"task", task.id}, {"policy", policy},
-                                    {"error", status.ToString()}});
-        continue;
-      }
-      for (size_t i = 0; i < forced.size(); ++i) {
-        const Run& r = *forced[i];
-        json j = RunJson(r, tok, *ref);
-        if (free_runs[i] != nullptr) {
-          json f = RunJson(*free_runs[i], tok, *ref);
-          for (auto it = f.begin(); it != f.end(); ++it) {
-            if (!j.contains(it.key())) j[it.key()] = it.value();
-          }
-        } else if (free_run) {
-          j["tokens"] = ref->tokens;
-          j["text"] = tok.Decode(ref->tokens, /*render_special=*/false);
-          j["agree_prefix"] = static_cast<int32_t>(ref->tokens.size());
-        }
-        j["task"] = task.id;
-        j["policy"] = policy;
-        j["retention"] = static_cast<double>(r.slots_after_compress) /
-                         (static_cast<double>(model.config().num_layers) *
-                          task.layout.num_tokens);
-        double kl = 0;
-        for (double v : r.kl) kl += v;
-        kl = r.kl.empty() ? 0 : kl / static_cast<double>(r.kl.size());
-        std::fprintf(stderr, "  %-14s budget %.2f kept %.3f  KL %.4f  top1 %2d/%2d  %s\n",
-                     policy.c_str(), r.budget, j["retention"].get<double>(), kl, r.top1_match,
-                     r.steps, j.contains("text") ? j["text"].dump().c_str() : "");
-        result["runs"].push_back(j);
-      }
-      std::fprintf(stderr, "  %s: %.1fs\n", policy.c_str(), SecondsSince(t0));
+    if (int exit = RunTask(model, pool, (*tasks)[ti], ti, tasks->size(), opt, &result)) {
+      return exit;
     }
-    if (opt.check_replay && ti == 0) {
-      for (const std::string& policy : opt.policies) {
-        absl::StatusOr<json> c = CheckReplay(model, pool, task, *pre, *ref, policy, 0.1, opt);
-        if (c.ok() && !c->is_null()) result["replay_checks"].push_back(*c);
-        if (!c.ok()) std::fprintf(stderr, "  check-replay %s: %s\n", policy.c_str(),
-                                  c.status().ToString().c_str());
-      }
-    }
-    pre->kv.Release(pool);
   }
   result["seconds"] = SecondsSince(start);
   if (pool.num_used() != 0) {
     std::fprintf(stderr, "quality_bench: %d KV blocks leaked\n", pool.num_used());
   }
-  const std::string text = result.dump(1);
-  if (!opt.json_out.empty()) {
-    std::ofstream out(opt.json_out);
-    out << text << "\n";
-    if (!out) return fail("write " + opt.json_out, absl::InternalError("write failed"));
-  } else {
-    std::printf("%s\n", text.c_str());
-  }
-  return 0;
+  return WriteResult(result, opt);
 }
 
 }  // namespace

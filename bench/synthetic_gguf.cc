@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace winnow::bench {
 namespace {
@@ -233,7 +234,7 @@ absl::StatusOr<std::string> EnsureSyntheticGguf(const SyntheticShape& shape,
   const std::string file = path.empty() ? "/tmp/winnow-synthetic-" + shape.name + ".gguf" : path;
   if (std::filesystem::exists(file)) return file;
   const auto t0 = std::chrono::steady_clock::now();
-  if (absl::Status s = WriteSyntheticGguf(shape, file); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(WriteSyntheticGguf(shape, file));
   std::printf("wrote %s in %.1f s\n", file.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return file;

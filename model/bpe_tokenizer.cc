@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "model/unicode.h"
 
 namespace winnow::model {
@@ -38,9 +39,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
   std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
   std::string pre;
   if (absl::StatusOr<std::string> p = file.GetString("tokenizer.ggml.pre"); p.ok()) pre = *p;
-  absl::StatusOr<std::unique_ptr<PreTokenizer>> pre_tok = PreTokenizer::ForName(pre);
-  if (!pre_tok.ok()) return pre_tok.status();
-  tok->pre_ = std::move(*pre_tok);
+  WINNOW_ASSIGN_OR_RETURN(tok->pre_, PreTokenizer::ForName(pre));
 
   absl::StatusOr<std::vector<std::string>> merges = file.GetStringArray("tokenizer.ggml.merges");
   if (!merges.ok()) {
@@ -65,7 +64,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufF
   defaults.bos = 11;  // llama.cpp's BPE defaults when the metadata names no BOS/EOS
   defaults.eos = 11;
   defaults.add_bos = tok->pre_->default_add_bos();
-  if (absl::Status s = tok->LoadVocab(file, defaults); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(tok->LoadVocab(file, defaults));
   return tok;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/unicode.h"
 
 namespace winnow::model {
@@ -146,13 +147,12 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& file) {
     return absl::FailedPreconditionError(
         "model has no chat template (tokenizer.chat_template); send a raw prompt instead");
   }
-  absl::StatusOr<ChatTemplate> tmpl = FromTemplateText(*text);
-  if (!tmpl.ok()) return tmpl.status();
+  WINNOW_ASSIGN_OR_RETURN(ChatTemplate tmpl, FromTemplateText(*text));
   // The template's bos_token is the model's BOS text.
   absl::StatusOr<int64_t> bos = file.GetInt("tokenizer.ggml.bos_token_id");
   absl::StatusOr<std::vector<std::string>> tokens = file.GetStringArray("tokenizer.ggml.tokens");
   if (bos.ok() && tokens.ok() && *bos >= 0 && *bos < static_cast<int64_t>(tokens->size())) {
-    tmpl->bos_text_ = (*tokens)[*bos];
+    tmpl.bos_text_ = (*tokens)[*bos];
   }
   return tmpl;
 }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/dequantize.h"
 
 namespace winnow::model {
@@ -102,7 +103,7 @@ class Reader {
 
   template <typename T>
   absl::Status Read(T* out, std::string_view what) {
-    if (absl::Status s = Need(sizeof(T), what); !s.ok()) return s;
+    WINNOW_RETURN_IF_ERROR(Need(sizeof(T), what));
     std::memcpy(out, base_ + pos_, sizeof(T));
     pos_ += sizeof(T);
     return absl::OkStatus();
@@ -111,7 +112,7 @@ class Reader {
   absl::Status ReadString(std::string* out, std::string_view what) {
     const uint64_t start = pos_;
     uint64_t len = 0;
-    if (absl::Status s = Read(&len, what); !s.ok()) return s;
+    WINNOW_RETURN_IF_ERROR(Read(&len, what));
     if (len > remaining()) {
       pos_ = start;
       return absl::DataLossError(absl::StrCat(AbslView(what), ": string length ", len,
@@ -136,8 +137,8 @@ absl::Status ReadArray(Reader& r, int depth, const std::string& what, GgufValue*
   const uint64_t start = r.pos();
   uint32_t elem_type = 0;
   uint64_t count = 0;
-  if (absl::Status s = r.Read(&elem_type, what + " (array element type)"); !s.ok()) return s;
-  if (absl::Status s = r.Read(&count, what + " (array length)"); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(r.Read(&elem_type, what + " (array element type)"));
+  WINNOW_RETURN_IF_ERROR(r.Read(&count, what + " (array length)"));
   const uint64_t min_bytes = MinValueBytes(elem_type);
   if (min_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": unknown array element type ",
@@ -160,10 +161,29 @@ absl::Status ReadArray(Reader& r, int depth, const std::string& what, GgufValue*
   out->array_type = static_cast<GgufValueType>(elem_type);
   out->array.resize(count);
   for (uint64_t i = 0; i < count; ++i) {
-    if (absl::Status s = ReadValue(r, out->array_type, depth + 1, what, &out->array[i]); !s.ok()) {
-      return s;
-    }
+    WINNOW_RETURN_IF_ERROR(ReadValue(r, out->array_type, depth + 1, what, &out->array[i]));
   }
+  return absl::OkStatus();
+}
+
+// Reads a little-endian T and widens it into the GgufValue field that holds its kind.
+template <typename T, typename Field>
+absl::Status ReadScalar(Reader& r, const std::string& what, Field* field) {
+  T v = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&v, what));
+  *field = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(Reader& r, const std::string& what, GgufValue* out) {
+  const uint64_t at = r.pos();
+  uint8_t v = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&v, what));
+  if (v > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": bool byte ", v, " at offset ", at, " is neither 0 nor 1"));
+  }
+  out->u = v;
   return absl::OkStatus();
 }
 
@@ -171,65 +191,28 @@ absl::Status ReadValue(Reader& r, GgufValueType type, int depth, const std::stri
                        GgufValue* out) {
   out->type = type;
   switch (type) {
-    case GgufValueType::kUint8: {
-      uint8_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->u = v;
-      return absl::OkStatus();
-    }
-    case GgufValueType::kInt8: {
-      int8_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->i = v;
-      return absl::OkStatus();
-    }
-    case GgufValueType::kUint16: {
-      uint16_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->u = v;
-      return absl::OkStatus();
-    }
-    case GgufValueType::kInt16: {
-      int16_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->i = v;
-      return absl::OkStatus();
-    }
-    case GgufValueType::kUint32: {
-      uint32_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->u = v;
-      return absl::OkStatus();
-    }
-    case GgufValueType::kInt32: {
-      int32_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->i = v;
-      return absl::OkStatus();
-    }
+    case GgufValueType::kUint8:
+      return ReadScalar<uint8_t>(r, what, &out->u);
+    case GgufValueType::kInt8:
+      return ReadScalar<int8_t>(r, what, &out->i);
+    case GgufValueType::kUint16:
+      return ReadScalar<uint16_t>(r, what, &out->u);
+    case GgufValueType::kInt16:
+      return ReadScalar<int16_t>(r, what, &out->i);
+    case GgufValueType::kUint32:
+      return ReadScalar<uint32_t>(r, what, &out->u);
+    case GgufValueType::kInt32:
+      return ReadScalar<int32_t>(r, what, &out->i);
     case GgufValueType::kUint64:
       return r.Read(&out->u, what);
     case GgufValueType::kInt64:
       return r.Read(&out->i, what);
-    case GgufValueType::kFloat32: {
-      float v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      out->f = v;
-      return absl::OkStatus();
-    }
+    case GgufValueType::kFloat32:
+      return ReadScalar<float>(r, what, &out->f);
     case GgufValueType::kFloat64:
       return r.Read(&out->f, what);
-    case GgufValueType::kBool: {
-      const uint64_t at = r.pos();
-      uint8_t v = 0;
-      if (absl::Status s = r.Read(&v, what); !s.ok()) return s;
-      if (v > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": bool byte ", v, " at offset ",
-                                                       at, " is neither 0 nor 1"));
-      }
-      out->u = v;
-      return absl::OkStatus();
-    }
+    case GgufValueType::kBool:
+      return ReadBool(r, what, out);
     case GgufValueType::kString:
       return r.ReadString(&out->s, what);
     case GgufValueType::kArray:
@@ -269,6 +252,252 @@ absl::StatusOr<double> FloatOf(std::string_view key, const GgufValue& v) {
     return IsUnsigned(v.type) ? static_cast<double>(v.u) : static_cast<double>(v.i);
   }
   return WrongType(key, v, "a number");
+}
+
+// The smallest metadata entry is an empty key, a type and one byte; the smallest tensor entry an
+// empty name, n_dims, one dim, a type and an offset. Counts that cannot fit are rejected before
+// anything is allocated for them.
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
+constexpr uint64_t kMinTensorBytes = 8 + 4 + 8 + 4 + 8;
+
+using Metadata = std::vector<std::pair<std::string, GgufValue>>;
+using NameIndex = absl::flat_hash_map<std::string, size_t>;
+
+absl::Status ReadMagic(Reader& r) {
+  uint32_t magic = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&magic, "magic"));
+  if (magic == kMagic) return absl::OkStatus();
+  // Show the four bytes as text (unprintable ones as '?'): a wrong file type is easier to spot.
+  char shown[5] = {};
+  std::memcpy(shown, &magic, 4);
+  for (char& c : shown) {
+    if (c != '\0' && (c < 0x20 || c > 0x7e)) c = '?';
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad magic '", shown, "' at offset 0 (expected 'GGUF')"));
+}
+
+absl::StatusOr<uint32_t> ReadVersion(Reader& r) {
+  uint32_t version = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&version, "version"));
+  if (version == 2 || version == 3) return version;
+  if (version == 1) {
+    return absl::InvalidArgumentError(
+        "GGUF version 1 is not supported (only versions 2 and 3); re-convert the model");
+  }
+  if ((version & 0xffffu) == 0 && (version >> 16) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("version field 0x", absl::Hex(version),
+                                                   " looks like a big-endian GGUF, which is "
+                                                   "not supported"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported GGUF version ", version, " (only 2 and 3)"));
+}
+
+struct SectionCounts {
+  uint64_t tensors = 0;
+  uint64_t metadata = 0;
+};
+
+absl::StatusOr<SectionCounts> ReadSectionCounts(Reader& r) {
+  SectionCounts counts;
+  WINNOW_RETURN_IF_ERROR(r.Read(&counts.tensors, "tensor count"));
+  WINNOW_RETURN_IF_ERROR(r.Read(&counts.metadata, "metadata count"));
+  if (counts.metadata > r.remaining() / kMinKvBytes) {
+    return absl::DataLossError(absl::StrCat("metadata count ", counts.metadata,
+                                            " at offset 16 cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+  if (counts.tensors > r.remaining() / kMinTensorBytes) {
+    return absl::DataLossError(absl::StrCat("tensor count ", counts.tensors,
+                                            " at offset 8 cannot fit in the remaining ",
+                                            r.remaining(), " bytes"));
+  }
+  return counts;
+}
+
+// Entry `k` of the metadata; `seen` holds the keys before it, so that a duplicate is an error.
+absl::Status ReadMetadataEntry(Reader& r, uint64_t k, const NameIndex& seen, std::string* key,
+                               GgufValue* value) {
+  const uint64_t entry_at = r.pos();
+  WINNOW_RETURN_IF_ERROR(r.ReadString(key, absl::StrCat("key of metadata entry ", k)));
+  const std::string what = KeyContext(*key);
+  if (seen.contains(*key)) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate ", what, " at offset ", entry_at));
+  }
+  const uint64_t type_at = r.pos();
+  uint32_t type = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&type, what + " (value type)"));
+  if (MinValueBytes(type) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": unknown value type ", type, " at offset ", type_at));
+  }
+  return ReadValue(r, static_cast<GgufValueType>(type), 0, what, value);
+}
+
+absl::Status ReadMetadata(Reader& r, uint64_t count, Metadata* metadata, NameIndex* index) {
+  metadata->reserve(count);
+  index->reserve(count);
+  for (uint64_t k = 0; k < count; ++k) {
+    std::string key;
+    GgufValue value;
+    WINNOW_RETURN_IF_ERROR(ReadMetadataEntry(r, k, *index, &key, &value));
+    index->emplace(key, metadata->size());
+    metadata->emplace_back(std::move(key), std::move(value));
+  }
+  return absl::OkStatus();
+}
+
+// general.alignment when the file sets it (`a`), else the GGUF default.
+absl::StatusOr<uint64_t> AlignmentOf(const GgufValue* a) {
+  if (a == nullptr) return kDefaultAlignment;
+  WINNOW_ASSIGN_OR_RETURN(const int64_t v, IntOf("general.alignment", *a));
+  if (v <= 0 || (v & (v - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata key 'general.alignment' = ", v, " is not a power of two"));
+  }
+  // The GGUF spec asks for a multiple of 8. Below that, tensor data can start at an address
+  // its type cannot be read from (an F32 row at an odd offset): UBSan found the kernels
+  // reading floats through such pointers.
+  if (v % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata key 'general.alignment' = ", v,
+                                                   " is not a multiple of 8 (GGUF requires it)"));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+// The dimensions and element count of a tensor entry; `what` names the tensor in errors.
+absl::Status ReadTensorDims(Reader& r, const std::string& what, GgufTensor* tensor) {
+  const uint64_t dims_at = r.pos();
+  uint32_t n_dims = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&n_dims, what + " (dimension count)"));
+  if (n_dims == 0 || n_dims > kMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": dimension count ", n_dims, " at offset ", dims_at, " is not in 1..", kMaxDims));
+  }
+  int64_t elements = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    const uint64_t dim_at = r.pos();
+    uint64_t dim = 0;
+    WINNOW_RETURN_IF_ERROR(r.Read(&dim, what + " (dimensions)"));
+    if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        static_cast<int64_t>(dim) > std::numeric_limits<int64_t>::max() / elements) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " = ", dim,
+                                                     " at offset ", dim_at,
+                                                     " is zero or overflows the element count"));
+    }
+    tensor->dims.push_back(static_cast<int64_t>(dim));
+    elements *= static_cast<int64_t>(dim);
+  }
+  tensor->num_elements = elements;
+  return absl::OkStatus();
+}
+
+// Bytes of a tensor with these dims and type. Rows must be whole blocks, and every product is
+// checked before it is formed: a hostile file must not overflow the size it is checked against.
+absl::StatusOr<uint64_t> TensorBytes(const std::string& what, const GgmlTypeTraits& traits,
+                                     const GgufTensor& tensor) {
+  if (tensor.dims[0] % traits.block_elements != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": first dimension ", tensor.dims[0], " is not a multiple of the ",
+                     std::string(traits.name), " block size ", traits.block_elements));
+  }
+  // A first dimension near 2^63 overflows the row's byte count itself, not only the product
+  // with the rows below (found by fuzz/gguf_fuzz.cc).
+  const int64_t row_blocks = tensor.dims[0] / traits.block_elements;
+  if (row_blocks > std::numeric_limits<int64_t>::max() / traits.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": byte size overflows (a row of ",
+                                                   tensor.dims[0], " ", std::string(traits.name),
+                                                   " elements)"));
+  }
+  const int64_t row_bytes = row_blocks * traits.block_bytes;
+  const int64_t rows = tensor.num_elements / tensor.dims[0];
+  if (rows > std::numeric_limits<int64_t>::max() / row_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": byte size overflows (", rows, " rows of ", row_bytes, " bytes)"));
+  }
+  return static_cast<uint64_t>(rows * row_bytes);
+}
+
+// The ggml type of a tensor entry (after its dims) and the byte size it gives the tensor.
+absl::Status ReadTensorType(Reader& r, const std::string& what, GgufTensor* tensor) {
+  const uint64_t type_at = r.pos();
+  uint32_t type_id = 0;
+  WINNOW_RETURN_IF_ERROR(r.Read(&type_id, what + " (type)"));
+  const GgmlTypeTraits traits = kernels::TraitsOf(type_id);
+  if (!traits.known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": unknown ggml type ", type_id, " at offset ", type_at));
+  }
+  tensor->type = static_cast<GgmlType>(type_id);
+  WINNOW_ASSIGN_OR_RETURN(tensor->nbytes, TensorBytes(what, traits, *tensor));
+  return absl::OkStatus();
+}
+
+absl::Status ReadTensorOffset(Reader& r, const std::string& what, uint64_t alignment,
+                              GgufTensor* tensor) {
+  const uint64_t offset_at = r.pos();
+  WINNOW_RETURN_IF_ERROR(r.Read(&tensor->offset, what + " (data offset)"));
+  if (tensor->offset % alignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": data offset ", tensor->offset, " at offset ", offset_at,
+                     " is not a multiple of the alignment ", alignment));
+  }
+  return absl::OkStatus();
+}
+
+// Entry `t` of the tensor table: name, dims, type, offset. `seen` holds the names before it.
+absl::StatusOr<GgufTensor> ReadTensorInfo(Reader& r, uint64_t t, uint64_t alignment,
+                                          const NameIndex& seen) {
+  const uint64_t entry_at = r.pos();
+  GgufTensor tensor;
+  WINNOW_RETURN_IF_ERROR(r.ReadString(&tensor.name, absl::StrCat("name of tensor ", t)));
+  const std::string what = absl::StrCat("tensor '", tensor.name, "'");
+  if (seen.contains(tensor.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate ", what, " at offset ", entry_at));
+  }
+  WINNOW_RETURN_IF_ERROR(ReadTensorDims(r, what, &tensor));
+  WINNOW_RETURN_IF_ERROR(ReadTensorType(r, what, &tensor));
+  WINNOW_RETURN_IF_ERROR(ReadTensorOffset(r, what, alignment, &tensor));
+  return tensor;
+}
+
+absl::Status ReadTensorTable(Reader& r, uint64_t count, uint64_t alignment,
+                             std::vector<GgufTensor>* tensors, NameIndex* index) {
+  // Checked again now that the metadata's size is known (the header check allowed for none).
+  if (count > r.remaining() / kMinTensorBytes) {
+    return absl::DataLossError(absl::StrCat("tensor count ", count, " cannot fit in the ",
+                                            r.remaining(), " bytes after the metadata (offset ",
+                                            r.pos(), ")"));
+  }
+  tensors->reserve(count);
+  index->reserve(count);
+  for (uint64_t t = 0; t < count; ++t) {
+    WINNOW_ASSIGN_OR_RETURN(GgufTensor tensor, ReadTensorInfo(r, t, alignment, *index));
+    index->emplace(tensor.name, tensors->size());
+    tensors->push_back(std::move(tensor));
+  }
+  return absl::OkStatus();
+}
+
+// Points each tensor at its bytes in the data section, which starts at the next multiple of
+// the alignment after the tensor table (at `table_end`), and returns where that section starts.
+absl::StatusOr<uint64_t> PlaceTensorData(const uint8_t* map, uint64_t map_size, uint64_t table_end,
+                                         uint64_t alignment, std::vector<GgufTensor>* tensors) {
+  const uint64_t pad = (alignment - table_end % alignment) % alignment;
+  // Cannot overflow: table_end <= file size, pad < alignment.
+  const uint64_t data_offset = table_end + pad;
+  const uint64_t data_size = map_size > data_offset ? map_size - data_offset : 0;
+  for (GgufTensor& tensor : *tensors) {
+    if (tensor.offset > data_size || tensor.nbytes > data_size - tensor.offset) {
+      return absl::DataLossError(
+          absl::StrCat("tensor '", tensor.name, "': data [", tensor.offset, ", +", tensor.nbytes,
+                       ") relative to the data section at offset ", data_offset,
+                       " runs past the end of the ", map_size, "-byte file"));
+    }
+    tensor.data = map + data_offset + tensor.offset;
+  }
+  return data_offset;
 }
 
 }  // namespace
@@ -361,199 +590,15 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes,
 
 absl::Status GgufFile::Parse() {
   Reader r(map_, map_size_);
-  uint32_t magic = 0;
-  if (absl::Status s = r.Read(&magic, "magic"); !s.ok()) return s;
-  if (magic != kMagic) {
-    char shown[5] = {};
-    std::memcpy(shown, &magic, 4);
-    for (char& c : shown) {
-      if (c != '\0' && (c < 0x20 || c > 0x7e)) c = '?';
-    }
-    return absl::InvalidArgumentError(absl::StrCat("bad magic '", shown,
-                                                   "' at offset 0 (expected 'GGUF')"));
-  }
-  if (absl::Status s = r.Read(&version_, "version"); !s.ok()) return s;
-  if (version_ == 1) {
-    return absl::InvalidArgumentError(
-        "GGUF version 1 is not supported (only versions 2 and 3); re-convert the model");
-  }
-  if (version_ != 2 && version_ != 3) {
-    if ((version_ & 0xffffu) == 0 && (version_ >> 16) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("version field 0x", absl::Hex(version_),
-                                                     " looks like a big-endian GGUF, which is "
-                                                     "not supported"));
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported GGUF version ", version_, " (only 2 and 3)"));
-  }
-  uint64_t tensor_count = 0;
-  uint64_t kv_count = 0;
-  if (absl::Status s = r.Read(&tensor_count, "tensor count"); !s.ok()) return s;
-  if (absl::Status s = r.Read(&kv_count, "metadata count"); !s.ok()) return s;
-
-  // The smallest metadata entry is an empty key, a type and one byte; the smallest tensor entry an
-  // empty name, n_dims, one dim, a type and an offset. Counts that cannot fit are rejected before
-  // anything is allocated for them.
-  constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
-  constexpr uint64_t kMinTensorBytes = 8 + 4 + 8 + 4 + 8;
-  if (kv_count > r.remaining() / kMinKvBytes) {
-    return absl::DataLossError(absl::StrCat("metadata count ", kv_count,
-                                            " at offset 16 cannot fit in the remaining ",
-                                            r.remaining(), " bytes"));
-  }
-  if (tensor_count > r.remaining() / kMinTensorBytes) {
-    return absl::DataLossError(absl::StrCat("tensor count ", tensor_count,
-                                            " at offset 8 cannot fit in the remaining ",
-                                            r.remaining(), " bytes"));
-  }
-
-  metadata_.reserve(kv_count);
-  metadata_index_.reserve(kv_count);
-  for (uint64_t k = 0; k < kv_count; ++k) {
-    const uint64_t entry_at = r.pos();
-    std::string key;
-    if (absl::Status s = r.ReadString(&key, absl::StrCat("key of metadata entry ", k)); !s.ok()) {
-      return s;
-    }
-    const std::string what = KeyContext(key);
-    if (metadata_index_.contains(key)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("duplicate ", what, " at offset ", entry_at));
-    }
-    const uint64_t type_at = r.pos();
-    uint32_t type = 0;
-    if (absl::Status s = r.Read(&type, what + " (value type)"); !s.ok()) return s;
-    if (MinValueBytes(type) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown value type ", type,
-                                                     " at offset ", type_at));
-    }
-    GgufValue value;
-    if (absl::Status s = ReadValue(r, static_cast<GgufValueType>(type), 0, what, &value);
-        !s.ok()) {
-      return s;
-    }
-    metadata_index_.emplace(key, metadata_.size());
-    metadata_.emplace_back(std::move(key), std::move(value));
-  }
-
-  if (const GgufValue* a = Find("general.alignment"); a != nullptr) {
-    absl::StatusOr<int64_t> v = IntOf("general.alignment", *a);
-    if (!v.ok()) return v.status();
-    if (*v <= 0 || (*v & (*v - 1)) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("metadata key 'general.alignment' = ", *v, " is not a power of two"));
-    }
-    // The GGUF spec asks for a multiple of 8. Below that, tensor data can start at an address
-    // its type cannot be read from (an F32 row at an odd offset): UBSan found the kernels
-    // reading floats through such pointers.
-    if (*v % 8 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata key 'general.alignment' = ", *v, " is not a multiple of 8 (GGUF requires it)"));
-    }
-    alignment_ = static_cast<uint64_t>(*v);
-  } else {
-    alignment_ = kDefaultAlignment;
-  }
-
-  if (tensor_count > r.remaining() / kMinTensorBytes) {
-    return absl::DataLossError(absl::StrCat("tensor count ", tensor_count,
-                                            " cannot fit in the ", r.remaining(),
-                                            " bytes after the metadata (offset ", r.pos(), ")"));
-  }
-  tensors_.reserve(tensor_count);
-  tensor_index_.reserve(tensor_count);
-  for (uint64_t t = 0; t < tensor_count; ++t) {
-    const uint64_t entry_at = r.pos();
-    GgufTensor tensor;
-    if (absl::Status s = r.ReadString(&tensor.name, absl::StrCat("name of tensor ", t));
-        !s.ok()) {
-      return s;
-    }
-    const std::string what = absl::StrCat("tensor '", tensor.name, "'");
-    if (tensor_index_.contains(tensor.name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("duplicate ", what, " at offset ", entry_at));
-    }
-    const uint64_t dims_at = r.pos();
-    uint32_t n_dims = 0;
-    if (absl::Status s = r.Read(&n_dims, what + " (dimension count)"); !s.ok()) return s;
-    if (n_dims == 0 || n_dims > kMaxDims) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": dimension count ", n_dims,
-                                                     " at offset ", dims_at, " is not in 1..",
-                                                     kMaxDims));
-    }
-    int64_t elements = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      const uint64_t dim_at = r.pos();
-      uint64_t dim = 0;
-      if (absl::Status s = r.Read(&dim, what + " (dimensions)"); !s.ok()) return s;
-      if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          static_cast<int64_t>(dim) > std::numeric_limits<int64_t>::max() / elements) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " = ", dim,
-                                                       " at offset ", dim_at,
-                                                       " is zero or overflows the element count"));
-      }
-      tensor.dims.push_back(static_cast<int64_t>(dim));
-      elements *= static_cast<int64_t>(dim);
-    }
-    tensor.num_elements = elements;
-
-    const uint64_t type_at = r.pos();
-    uint32_t type_id = 0;
-    if (absl::Status s = r.Read(&type_id, what + " (type)"); !s.ok()) return s;
-    const GgmlTypeTraits traits = kernels::TraitsOf(type_id);
-    if (!traits.known) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown ggml type ", type_id,
-                                                     " at offset ", type_at));
-    }
-    tensor.type = static_cast<GgmlType>(type_id);
-    if (tensor.dims[0] % traits.block_elements != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": first dimension ", tensor.dims[0], " is not a multiple of the ",
-          std::string(traits.name), " block size ", traits.block_elements));
-    }
-    // A first dimension near 2^63 overflows the row's byte count itself, not only the product
-    // with the rows below (found by fuzz/gguf_fuzz.cc).
-    const int64_t row_blocks = tensor.dims[0] / traits.block_elements;
-    if (row_blocks > std::numeric_limits<int64_t>::max() / traits.block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": byte size overflows (a row of ",
-                                                     tensor.dims[0], " ",
-                                                     std::string(traits.name), " elements)"));
-    }
-    const int64_t row_bytes = row_blocks * traits.block_bytes;
-    const int64_t rows = elements / tensor.dims[0];
-    if (rows > std::numeric_limits<int64_t>::max() / row_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": byte size overflows (", rows, " rows of ", row_bytes, " bytes)"));
-    }
-    tensor.nbytes = static_cast<uint64_t>(rows * row_bytes);
-
-    const uint64_t offset_at = r.pos();
-    if (absl::Status s = r.Read(&tensor.offset, what + " (data offset)"); !s.ok()) return s;
-    if (tensor.offset % alignment_ != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": data offset ", tensor.offset,
-                                                     " at offset ", offset_at,
-                                                     " is not a multiple of the alignment ",
-                                                     alignment_));
-    }
-    tensor_index_.emplace(tensor.name, tensors_.size());
-    tensors_.push_back(std::move(tensor));
-  }
-
-  // The data section starts at the next multiple of the alignment after the tensor table.
-  const uint64_t table_end = r.pos();
-  const uint64_t pad = (alignment_ - table_end % alignment_) % alignment_;
-  data_offset_ = table_end + pad;  // cannot overflow: table_end <= file size, pad < alignment
-  const uint64_t data_size = map_size_ > data_offset_ ? map_size_ - data_offset_ : 0;
-  for (GgufTensor& tensor : tensors_) {
-    if (tensor.offset > data_size || tensor.nbytes > data_size - tensor.offset) {
-      return absl::DataLossError(absl::StrCat(
-          "tensor '", tensor.name, "': data [", tensor.offset, ", +", tensor.nbytes,
-          ") relative to the data section at offset ", data_offset_,
-          " runs past the end of the ", map_size_, "-byte file"));
-    }
-    tensor.data = map_ + data_offset_ + tensor.offset;
-  }
+  WINNOW_RETURN_IF_ERROR(ReadMagic(r));
+  WINNOW_ASSIGN_OR_RETURN(version_, ReadVersion(r));
+  WINNOW_ASSIGN_OR_RETURN(const SectionCounts counts, ReadSectionCounts(r));
+  WINNOW_RETURN_IF_ERROR(ReadMetadata(r, counts.metadata, &metadata_, &metadata_index_));
+  // Tensor offsets are checked against the alignment, so it has to be known before the table.
+  WINNOW_ASSIGN_OR_RETURN(alignment_, AlignmentOf(Find("general.alignment")));
+  WINNOW_RETURN_IF_ERROR(ReadTensorTable(r, counts.tensors, alignment_, &tensors_, &tensor_index_));
+  WINNOW_ASSIGN_OR_RETURN(data_offset_,
+                          PlaceTensorData(map_, map_size_, r.pos(), alignment_, &tensors_));
   return absl::OkStatus();
 }
 
@@ -626,9 +671,8 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
   std::vector<int64_t> out;
   out.reserve(v->array.size());
   for (const GgufValue& e : v->array) {
-    absl::StatusOr<int64_t> i = IntOf(key, e);
-    if (!i.ok()) return i.status();
-    out.push_back(*i);
+    WINNOW_ASSIGN_OR_RETURN(const int64_t i, IntOf(key, e));
+    out.push_back(i);
   }
   return out;
 }
@@ -643,9 +687,8 @@ absl::StatusOr<std::vector<double>> GgufFile::GetFloatArray(std::string_view key
   std::vector<double> out;
   out.reserve(v->array.size());
   for (const GgufValue& e : v->array) {
-    absl::StatusOr<double> f = FloatOf(key, e);
-    if (!f.ok()) return f.status();
-    out.push_back(*f);
+    WINNOW_ASSIGN_OR_RETURN(const double f, FloatOf(key, e));
+    out.push_back(f);
   }
   return out;
 }

@@ -31,14 +31,13 @@ absl::StatusOr<double> FloatOr(const GgufFile& file, const std::string& key, dou
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
   ModelConfig c;
-  absl::StatusOr<std::string> arch = file.GetString("general.architecture");
-  if (!arch.ok()) return arch.status();
-  if (*arch != "llama" && *arch != "qwen2") {
+  WINNOW_ASSIGN_OR_RETURN(const std::string arch, file.GetString("general.architecture"));
+  if (arch != "llama" && arch != "qwen2") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported architecture '", *arch, "' (general.architecture); winnow runs llama and "
+        "unsupported architecture '", arch, "' (general.architecture); winnow runs llama and "
         "qwen2 models"));
   }
-  c.architecture = *arch;
+  c.architecture = arch;
   c.name = file.GetString("general.name").value_or("");
   const std::string p = c.architecture + ".";
 
@@ -58,10 +57,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
   c.rms_norm_eps = static_cast<float>(eps);
   c.rope_theta = static_cast<float>(theta);
 
-  absl::StatusOr<std::vector<std::string>> tokens = file.GetStringArray("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return tokens.status();
-  WINNOW_ASSIGN_OR_RETURN(c.vocab_size, PositiveInt(file, p + "vocab_size",
-                                                    static_cast<int32_t>(tokens->size())));
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<std::string> tokens,
+                          file.GetStringArray("tokenizer.ggml.tokens"));
+  WINNOW_ASSIGN_OR_RETURN(c.vocab_size,
+                          PositiveInt(file, p + "vocab_size", static_cast<int32_t>(tokens.size())));
 
   // Rope scaling: "linear" divides positions by the factor; "yarn" blends interpolated and
   // extrapolated frequencies. Llama-3.1-style scaling arrives as a rope_freqs tensor instead

@@ -20,6 +20,24 @@ absl::Status OutOfRange(const std::string& field, double value, const std::strin
 // std::uniform_real_distribution.
 double UniformUnit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
+// How many of the `keep` candidates (probabilities highest first, summing to `total`) top-p
+// keeps: the fewest whose share of the mass reaches `top_p`.
+int32_t TopPKeep(const std::vector<double>& probs, double total, float top_p, int32_t keep) {
+  double cumulative = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    cumulative += probs[i] / total;
+    if (cumulative >= top_p) return i + 1;
+  }
+  return keep;
+}
+
+// How many min-p keeps: probs[0] is the largest; those at least min_p times as likely stay.
+int32_t MinPKeep(const std::vector<double>& probs, float min_p, int32_t keep) {
+  int32_t n = 1;
+  while (n < keep && probs[n] >= min_p * probs[0]) ++n;
+  return n;
+}
+
 }  // namespace
 
 absl::Status SamplingParams::Validate() const {
@@ -55,7 +73,6 @@ void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
 }
 
 SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float> log_norm) {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
   const bool penalized = params_.repetition_penalty != 1.0f ||
                          params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   if (params_.temperature == 0.0f && !penalized) {
@@ -64,9 +81,20 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float>
     return Finish(logits, static_cast<int32_t>(best - logits.begin()), log_norm);
   }
   work_.assign(logits.begin(), logits.end());
+  ApplyPenalties();
+  int32_t chosen = 0;
+  if (params_.temperature == 0.0f) {
+    // Greedy; ties go to the lowest id so the choice never depends on iteration order.
+    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else {
+    chosen = SampleWithTemperature();
+  }
+  return Finish(logits, chosen, log_norm);
+}
 
-  // Penalties: repetition (CTRL-style) over prompt and output, as transformers and vLLM do;
-  // frequency and presence (OpenAI-style) over output tokens only.
+// Repetition (CTRL-style) over prompt and output, as transformers and vLLM do; frequency and
+// presence (OpenAI-style) over output tokens only.
+void Sampler::ApplyPenalties() {
   if (params_.repetition_penalty != 1.0f) {
     auto penalize = [&](int32_t id) {
       float& v = work_[id];
@@ -82,63 +110,54 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float>
       work_[id] -= params_.frequency_penalty * count + params_.presence_penalty;
     }
   }
+}
 
-  int32_t chosen = 0;
-  if (params_.temperature == 0.0f) {
-    // Greedy; ties go to the lowest id so the choice never depends on iteration order.
-    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
-  } else {
-    for (float& v : work_) v /= params_.temperature;
-    order_.resize(vocab);
-    std::iota(order_.begin(), order_.end(), 0);
-    auto by_logit = [&](int32_t a, int32_t b) {
-      return work_[a] > work_[b] || (work_[a] == work_[b] && a < b);
-    };
-    int32_t keep = vocab;
-    if (params_.top_k > 0 && params_.top_k < vocab) {
-      keep = params_.top_k;
-      std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
-    } else {
-      std::sort(order_.begin(), order_.end(), by_logit);
-    }
-    // Probabilities of the kept candidates, highest first.
-    const float max_logit = work_[order_[0]];
-    std::vector<double> probs(keep);
-    double total = 0.0;
-    for (int32_t i = 0; i < keep; ++i) {
-      probs[i] = std::exp(static_cast<double>(work_[order_[i]]) - max_logit);
-      total += probs[i];
-    }
-    if (params_.top_p < 1.0f) {
-      double cumulative = 0.0;
-      for (int32_t i = 0; i < keep; ++i) {
-        cumulative += probs[i] / total;
-        if (cumulative >= params_.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-    }
-    if (params_.min_p > 0.0f) {
-      // probs[0] is the largest; keep those at least min_p times as likely.
-      int32_t n = 1;
-      while (n < keep && probs[n] >= params_.min_p * probs[0]) ++n;
-      keep = n;
-    }
-    double kept_total = 0.0;
-    for (int32_t i = 0; i < keep; ++i) kept_total += probs[i];
-    double target = UniformUnit(rng_) * kept_total;
-    chosen = order_[keep - 1];
-    for (int32_t i = 0; i < keep; ++i) {
-      target -= probs[i];
-      if (target < 0.0) {
-        chosen = order_[i];
-        break;
-      }
+int32_t Sampler::SampleWithTemperature() {
+  for (float& v : work_) v /= params_.temperature;
+  int32_t keep = RankCandidates();
+  // Probabilities of the kept candidates, highest first.
+  const float max_logit = work_[order_[0]];
+  std::vector<double> probs(keep);
+  double total = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    probs[i] = std::exp(static_cast<double>(work_[order_[i]]) - max_logit);
+    total += probs[i];
+  }
+  if (params_.top_p < 1.0f) keep = TopPKeep(probs, total, params_.top_p, keep);
+  if (params_.min_p > 0.0f) keep = MinPKeep(probs, params_.min_p, keep);
+  return Draw(probs, keep);
+}
+
+int32_t Sampler::RankCandidates() {
+  const int32_t vocab = static_cast<int32_t>(work_.size());
+  order_.resize(vocab);
+  std::iota(order_.begin(), order_.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return work_[a] > work_[b] || (work_[a] == work_[b] && a < b);
+  };
+  // Top-k needs only the first k in order, which a partial sort gives for less.
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    std::partial_sort(order_.begin(), order_.begin() + params_.top_k, order_.end(), by_logit);
+    return params_.top_k;
+  }
+  std::sort(order_.begin(), order_.end(), by_logit);
+  return vocab;
+}
+
+int32_t Sampler::Draw(const std::vector<double>& probs, int32_t keep) {
+  double kept_total = 0.0;
+  for (int32_t i = 0; i < keep; ++i) kept_total += probs[i];
+  double target = UniformUnit(rng_) * kept_total;
+  // Rounding can leave `target` just short of zero after the last candidate: that one wins.
+  int32_t chosen = order_[keep - 1];
+  for (int32_t i = 0; i < keep; ++i) {
+    target -= probs[i];
+    if (target < 0.0) {
+      chosen = order_[i];
+      break;
     }
   }
-
-  return Finish(logits, chosen, log_norm);
+  return chosen;
 }
 
 SampledToken Sampler::Finish(std::span<const float> logits, int32_t chosen,

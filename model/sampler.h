@@ -48,6 +48,15 @@ class Sampler {
                       std::optional<float> log_norm = std::nullopt);
 
  private:
+  // Penalties applied to work_, a copy of the logits.
+  void ApplyPenalties();
+  // Temperature, top-k, top-p and min-p over work_, then a seeded draw among what is left.
+  int32_t SampleWithTemperature();
+  // Orders candidate ids in order_ by descending work_ logit (ties: lower id first), only as far
+  // as top-k needs; returns how many are kept.
+  int32_t RankCandidates();
+  // Draws one of order_'s first `keep` ids in proportion to `probs`.
+  int32_t Draw(const std::vector<double>& probs, int32_t keep);
   // The result for `chosen`: its log-probability and the top log-probabilities asked for, under
   // the raw logits; records it as generated.
   SampledToken Finish(std::span<const float> logits, int32_t chosen,

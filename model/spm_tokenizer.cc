@@ -2,6 +2,7 @@
 
 #include <queue>
 
+#include "base/status_macros.h"
 #include "model/unicode.h"
 #include "spdlog/spdlog.h"
 
@@ -40,7 +41,7 @@ absl::StatusOr<std::unique_ptr<SpmTokenizer>> SpmTokenizer::FromGguf(const GgufF
   defaults.eos = 2;
   defaults.unk = 0;
   defaults.add_bos = true;
-  if (absl::Status s = tok->LoadVocab(file, defaults); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(tok->LoadVocab(file, defaults));
   if (absl::StatusOr<bool> b = file.GetBool("tokenizer.ggml.add_space_prefix"); b.ok()) {
     tok->add_space_prefix_ = *b;
   }

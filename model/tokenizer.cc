@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/bpe_tokenizer.h"
 #include "model/spm_tokenizer.h"
 #include "model/unicode.h"
@@ -17,14 +18,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
         "model file has no usable tokenizer.ggml.model: ", model.status().message()));
   }
   if (*model == "gpt2") {
-    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizer::FromGguf(file);
-    if (!bpe.ok()) return bpe.status();
-    return std::unique_ptr<Tokenizer>(std::move(*bpe));
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> bpe, BpeTokenizer::FromGguf(file));
+    return std::unique_ptr<Tokenizer>(std::move(bpe));
   }
   if (*model == "llama") {
-    absl::StatusOr<std::unique_ptr<SpmTokenizer>> spm = SpmTokenizer::FromGguf(file);
-    if (!spm.ok()) return spm.status();
-    return std::unique_ptr<Tokenizer>(std::move(*spm));
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> spm, SpmTokenizer::FromGguf(file));
+    return std::unique_ptr<Tokenizer>(std::move(spm));
   }
   return absl::UnimplementedError(absl::StrCat(
       "tokenizer model '", *model, "' is not supported (only 'gpt2' BPE and 'llama' SPM)"));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::model {
@@ -106,7 +107,9 @@ int32_t VocabTokenizer::FindSpecialToken(std::string_view text) const {
   return id;
 }
 
-absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& defaults) {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> ReadTokenTexts(const GgufFile& file) {
   absl::StatusOr<std::vector<std::string>> tokens = file.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens.ok()) {
     return absl::InvalidArgumentError(
@@ -117,30 +120,69 @@ absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& def
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer: tokenizer.ggml.tokens has ", n, " entries"));
   }
-  if (file.Find("tokenizer.ggml.scores") != nullptr) {
-    absl::StatusOr<std::vector<double>> scores = file.GetFloatArray("tokenizer.ggml.scores");
-    if (!scores.ok()) return scores.status();
-    if (scores->size() < n) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: tokenizer.ggml.scores has ",
-                                                     scores->size(), " entries for ", n,
-                                                     " tokens"));
-    }
-    scores_.assign(scores->begin(), scores->begin() + n);
-  } else {
-    scores_.assign(n, 0.0f);
-  }
-  std::vector<int64_t> types(n, 1);
-  if (file.Find("tokenizer.ggml.token_type") != nullptr) {
-    absl::StatusOr<std::vector<int64_t>> t = file.GetIntArray("tokenizer.ggml.token_type");
-    if (!t.ok()) return t.status();
-    if (t->size() < n) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: tokenizer.ggml.token_type has ",
-                                                     t->size(), " entries for ", n, " tokens"));
-    }
-    types.assign(t->begin(), t->begin() + n);
-  }
+  return tokens;
+}
 
-  tokens_ = std::move(*tokens);
+// Scores of the first `n` tokens; all 0 when the file has none (BPE vocabularies).
+absl::StatusOr<std::vector<float>> ReadScores(const GgufFile& file, size_t n) {
+  if (file.Find("tokenizer.ggml.scores") == nullptr) return std::vector<float>(n, 0.0f);
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<double> scores,
+                          file.GetFloatArray("tokenizer.ggml.scores"));
+  if (scores.size() < n) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer: tokenizer.ggml.scores has ",
+                                                   scores.size(), " entries for ", n, " tokens"));
+  }
+  return std::vector<float>(scores.begin(), scores.begin() + n);
+}
+
+// llama.cpp token types of the first `n` tokens; all 1 (normal) when the file has none.
+absl::StatusOr<std::vector<int64_t>> ReadTokenTypes(const GgufFile& file, size_t n) {
+  if (file.Find("tokenizer.ggml.token_type") == nullptr) return std::vector<int64_t>(n, 1);
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
+                          file.GetIntArray("tokenizer.ggml.token_type"));
+  if (types.size() < n) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer: tokenizer.ggml.token_type has ",
+                                                   types.size(), " entries for ", n, " tokens"));
+  }
+  return std::vector<int64_t>(types.begin(), types.begin() + n);
+}
+
+// Overrides `*id` with metadata `key` when that names one of the `n` tokens. Out-of-range values
+// are ignored, and a default past the vocabulary becomes -1, as llama.cpp does.
+void ReadSpecialId(const GgufFile& file, std::string_view key, size_t n, int32_t* id) {
+  if (*id >= static_cast<int32_t>(n)) *id = -1;
+  absl::StatusOr<int64_t> v = file.GetInt(key);
+  if (!v.ok()) return;
+  if (*v < 0 || *v >= static_cast<int64_t>(n)) {
+    spdlog::warn("tokenizer: bad special token {} = {}, keeping {}", key, *v, *id);
+    return;
+  }
+  *id = static_cast<int32_t>(*v);
+}
+
+}  // namespace
+
+absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& defaults) {
+  WINNOW_ASSIGN_OR_RETURN(std::vector<std::string> tokens, ReadTokenTexts(file));
+  const size_t n = tokens.size();
+  WINNOW_ASSIGN_OR_RETURN(scores_, ReadScores(file, n));
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<int64_t> types, ReadTokenTypes(file, n));
+  IndexTokens(std::move(tokens), types);
+
+  FimIds fim = ReadSpecialIds(file, defaults);
+  ReadAddBosEos(file, defaults);
+  DetectSpecialTokensByText(&fim);
+  eog_ids_ = EndOfGenerationIds();
+  MarkAlwaysRenderedTokens();
+
+  BuildCaches(file);
+  return absl::OkStatus();
+}
+
+void VocabTokenizer::IndexTokens(std::vector<std::string> tokens,
+                                 const std::vector<int64_t>& types) {
+  const size_t n = tokens.size();
+  tokens_ = std::move(tokens);
   token_types_.resize(n);
   attrs_.resize(n);
   text_to_id_.reserve(n);
@@ -153,38 +195,35 @@ absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& def
     token_types_[i] = static_cast<int32_t>(types[i]);
     attrs_[i] = AttrFromType(types[i]);
   }
+}
 
-  // Special ids: the model family's defaults, then metadata. Out-of-range values are ignored as
-  // llama.cpp does.
+// Special ids: the model family's defaults, then metadata. The FIM prefix/suffix/middle ids are
+// only needed while loading (to mark their tokens control), so they are returned, not kept.
+VocabTokenizer::FimIds VocabTokenizer::ReadSpecialIds(const GgufFile& file,
+                                                      const Defaults& defaults) {
+  const size_t n = tokens_.size();
   bos_id_ = defaults.bos;
   eos_id_ = defaults.eos;
   unk_id_ = defaults.unk;
-  int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1;
-  auto read_id = [&](std::string_view key, int32_t* id) {
-    if (*id >= static_cast<int32_t>(n)) *id = -1;
-    absl::StatusOr<int64_t> v = file.GetInt(key);
-    if (!v.ok()) return;
-    if (*v < 0 || *v >= static_cast<int64_t>(n)) {
-      spdlog::warn("tokenizer: bad special token {} = {}, keeping {}", key, *v, *id);
-      return;
-    }
-    *id = static_cast<int32_t>(*v);
-  };
-  read_id("tokenizer.ggml.bos_token_id", &bos_id_);
-  read_id("tokenizer.ggml.eos_token_id", &eos_id_);
-  read_id("tokenizer.ggml.eot_token_id", &eot_id_);
-  read_id("tokenizer.ggml.eom_token_id", &eom_id_);
-  read_id("tokenizer.ggml.unknown_token_id", &unk_id_);
-  read_id("tokenizer.ggml.fim_pre_token_id", &fim_pre);
-  read_id("tokenizer.ggml.fim_suf_token_id", &fim_suf);
-  read_id("tokenizer.ggml.fim_mid_token_id", &fim_mid);
-  read_id("tokenizer.ggml.fim_pad_token_id", &fim_pad_id_);
-  read_id("tokenizer.ggml.fim_rep_token_id", &fim_rep_id_);
-  read_id("tokenizer.ggml.fim_sep_token_id", &fim_sep_id_);
-  read_id("tokenizer.ggml.prefix_token_id", &fim_pre);
-  read_id("tokenizer.ggml.suffix_token_id", &fim_suf);
-  read_id("tokenizer.ggml.middle_token_id", &fim_mid);
+  FimIds fim;
+  ReadSpecialId(file, "tokenizer.ggml.bos_token_id", n, &bos_id_);
+  ReadSpecialId(file, "tokenizer.ggml.eos_token_id", n, &eos_id_);
+  ReadSpecialId(file, "tokenizer.ggml.eot_token_id", n, &eot_id_);
+  ReadSpecialId(file, "tokenizer.ggml.eom_token_id", n, &eom_id_);
+  ReadSpecialId(file, "tokenizer.ggml.unknown_token_id", n, &unk_id_);
+  ReadSpecialId(file, "tokenizer.ggml.fim_pre_token_id", n, &fim.pre);
+  ReadSpecialId(file, "tokenizer.ggml.fim_suf_token_id", n, &fim.suf);
+  ReadSpecialId(file, "tokenizer.ggml.fim_mid_token_id", n, &fim.mid);
+  ReadSpecialId(file, "tokenizer.ggml.fim_pad_token_id", n, &fim_pad_id_);
+  ReadSpecialId(file, "tokenizer.ggml.fim_rep_token_id", n, &fim_rep_id_);
+  ReadSpecialId(file, "tokenizer.ggml.fim_sep_token_id", n, &fim_sep_id_);
+  ReadSpecialId(file, "tokenizer.ggml.prefix_token_id", n, &fim.pre);
+  ReadSpecialId(file, "tokenizer.ggml.suffix_token_id", n, &fim.suf);
+  ReadSpecialId(file, "tokenizer.ggml.middle_token_id", n, &fim.mid);
+  return fim;
+}
 
+void VocabTokenizer::ReadAddBosEos(const GgufFile& file, const Defaults& defaults) {
   add_bos_ = defaults.add_bos;
   add_eos_ = defaults.add_eos;
   if (absl::StatusOr<bool> b = file.GetBool("tokenizer.ggml.add_bos_token"); b.ok()) add_bos_ = *b;
@@ -194,37 +233,46 @@ absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& def
     add_bos_ = false;
   }
   if (add_eos_ && eos_id_ < 0) add_eos_ = false;
+}
 
-  // Tokens recognised by text. llama.cpp walks a hash map here; walking ids in order makes the
-  // choice deterministic when several candidates exist.
-  auto force_control = [&](int32_t id) {
-    if ((attrs_[id] & kAttrControl) == 0) {
-      spdlog::warn("tokenizer: control-looking token {} '{}' was not control-type; treating it as "
-                   "control",
-                   id, tokens_[id]);
-      attrs_[id] |= kAttrControl;
-    }
-  };
-  auto canonical = [&](int32_t id) { return TextToId(tokens_[id]) == id; };
-  for (int32_t id = 0; id < static_cast<int32_t>(n); ++id) {
-    if (!canonical(id)) continue;
+// Only the id a text maps to is considered when texts repeat.
+bool VocabTokenizer::IsCanonical(int32_t id) const { return TextToId(tokens_[id]) == id; }
+
+void VocabTokenizer::ForceControl(int32_t id) {
+  if ((attrs_[id] & kAttrControl) == 0) {
+    spdlog::warn("tokenizer: control-looking token {} '{}' was not control-type; treating it as "
+                 "control",
+                 id, tokens_[id]);
+    attrs_[id] |= kAttrControl;
+  }
+}
+
+// Tokens recognised by text, for the ids the metadata left unset. llama.cpp walks a hash map
+// here; walking ids in order makes the choice deterministic when several candidates exist.
+void VocabTokenizer::DetectSpecialTokensByText(FimIds* fim) {
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (!IsCanonical(id)) continue;
     const std::string& text = tokens_[id];
     auto detect = [&](int32_t* slot, bool matches) {
       if (*slot == -1 && matches) {
         *slot = id;
-        force_control(id);
+        ForceControl(id);
       }
     };
     detect(&eot_id_, OneOf(text, kEotTexts));
     detect(&eom_id_, OneOf(text, kEomTexts));
-    detect(&fim_pre, OneOf(text, kFimPreTexts));
-    detect(&fim_suf, OneOf(text, kFimSufTexts));
-    detect(&fim_mid, OneOf(text, kFimMidTexts));
+    detect(&fim->pre, OneOf(text, kFimPreTexts));
+    detect(&fim->suf, OneOf(text, kFimSufTexts));
+    detect(&fim->mid, OneOf(text, kFimMidTexts));
     detect(&fim_pad_id_, OneOf(text, kFimPadTexts));
     detect(&fim_rep_id_, OneOf(text, kFimRepTexts));
     detect(&fim_sep_id_, OneOf(text, kFimSepTexts));
   }
+}
 
+// The sorted end-of-generation ids: the FIM pad/repo/separator tokens, every token with an
+// end-of-generation text (made control), and the EOS/EOT/EOM tokens.
+std::vector<int32_t> VocabTokenizer::EndOfGenerationIds() {
   std::vector<int32_t> eog;
   auto add_eog = [&](int32_t id) {
     if (id >= 0 && std::find(eog.begin(), eog.end(), id) == eog.end()) eog.push_back(id);
@@ -232,45 +280,50 @@ absl::Status VocabTokenizer::LoadVocab(const GgufFile& file, const Defaults& def
   add_eog(fim_pad_id_);
   add_eog(fim_rep_id_);
   add_eog(fim_sep_id_);
-  for (int32_t id = 0; id < static_cast<int32_t>(n); ++id) {
-    if (!canonical(id)) continue;
-    if (OneOf(tokens_[id], kEogTexts)) {
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (IsCanonical(id) && OneOf(tokens_[id], kEogTexts)) {
       add_eog(id);
-      force_control(id);
+      ForceControl(id);
     }
-  }
-  for (int32_t id = 0; id < static_cast<int32_t>(n); ++id) {
-    if (canonical(id) && OneOf(tokens_[id], kAlwaysRenderedTexts)) attrs_[id] = kAttrUserDefined;
   }
   add_eog(eos_id_);
   add_eog(eot_id_);
   add_eog(eom_id_);
-  // Harmony-style vocabularies end a message with <|end|> but a turn with <|return|>/<|call|>.
-  {
-    auto eog_text = [&](std::string_view t) {
-      for (int32_t id : eog) {
-        if (tokens_[id] == t) return id;
-      }
-      return -1;
-    };
-    const bool has_call = eog_text("<|call|>") >= 0 || eog_text("<|calls|>") >= 0;
-    const int32_t end_id = eog_text("<|end|>");
-    if (end_id >= 0 && has_call &&
-        (eog_text("<|return|>") >= 0 || eog_text("<|flush|>") >= 0)) {
-      eog.erase(std::find(eog.begin(), eog.end(), end_id));
-      attrs_[end_id] = kAttrUserDefined;
+  DropMessageEnds(&eog);
+  std::sort(eog.begin(), eog.end());
+  return eog;
+}
+
+// Harmony-style vocabularies end a message with <|end|> but a turn with <|return|>/<|call|>;
+// likewise </s> is an ordinary token where <|tool_response> or <|plamo:eos|> ends the turn.
+void VocabTokenizer::DropMessageEnds(std::vector<int32_t>* eog) {
+  auto eog_text = [&](std::string_view t) {
+    for (int32_t id : *eog) {
+      if (tokens_[id] == t) return id;
     }
-    const int32_t s_id = eog_text("</s>");
-    if (s_id >= 0 && (eog_text("<|tool_response>") >= 0 || eog_text("<|plamo:eos|>") >= 0)) {
-      eog.erase(std::find(eog.begin(), eog.end(), s_id));
-      attrs_[s_id] = kAttrNormal;
+    return -1;
+  };
+  const bool has_call = eog_text("<|call|>") >= 0 || eog_text("<|calls|>") >= 0;
+  const int32_t end_id = eog_text("<|end|>");
+  if (end_id >= 0 && has_call && (eog_text("<|return|>") >= 0 || eog_text("<|flush|>") >= 0)) {
+    eog->erase(std::find(eog->begin(), eog->end(), end_id));
+    attrs_[end_id] = kAttrUserDefined;
+  }
+  const int32_t s_id = eog_text("</s>");
+  if (s_id >= 0 && (eog_text("<|tool_response>") >= 0 || eog_text("<|plamo:eos|>") >= 0)) {
+    eog->erase(std::find(eog->begin(), eog->end(), s_id));
+    attrs_[s_id] = kAttrNormal;
+  }
+}
+
+// gpt-oss channel markers, which llama.cpp always renders. No end-of-generation, EOT/EOM or FIM
+// text is among them, so no other step touches these tokens and the order does not matter.
+void VocabTokenizer::MarkAlwaysRenderedTokens() {
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (IsCanonical(id) && OneOf(tokens_[id], kAlwaysRenderedTexts)) {
+      attrs_[id] = kAttrUserDefined;
     }
   }
-  std::sort(eog.begin(), eog.end());
-  eog_ids_ = std::move(eog);
-
-  BuildCaches(file);
-  return absl::OkStatus();
 }
 
 void VocabTokenizer::BuildCaches(const GgufFile& file) {

@@ -79,7 +79,21 @@ class VocabTokenizer : public Tokenizer {
   int32_t unk_id_ = -1;
 
  private:
-  void DetectSpecialTokens(const GgufFile& file);
+  // Steps of LoadVocab, in the order it runs them.
+  struct FimIds {
+    int32_t pre = -1;
+    int32_t suf = -1;
+    int32_t mid = -1;
+  };
+  void IndexTokens(std::vector<std::string> tokens, const std::vector<int64_t>& types);
+  FimIds ReadSpecialIds(const GgufFile& file, const Defaults& defaults);
+  void ReadAddBosEos(const GgufFile& file, const Defaults& defaults);
+  void DetectSpecialTokensByText(FimIds* fim);
+  std::vector<int32_t> EndOfGenerationIds();
+  void DropMessageEnds(std::vector<int32_t>* eog);
+  void MarkAlwaysRenderedTokens();
+  bool IsCanonical(int32_t id) const;
+  void ForceControl(int32_t id);
   void BuildCaches(const GgufFile& file);
   // Ids of special tokens whose text occurs in `text`, in partition order.
   std::vector<int32_t> SpecialsPresent(std::string_view text, bool parse_special) const;

@@ -10,7 +10,9 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -125,95 +127,129 @@ void SetConnectionLimits(const ServeOptions& options, grpc::ServerBuilder* build
   }
 }
 
-}  // namespace
+// Everything the daemon starts and owns, in start order: the members are destroyed in reverse,
+// so the engine goes before the model it runs and the servers before the state they read.
+struct Daemon {
+  explicit Daemon(const ServeOptions& options) : options(options) {}
 
-int RunDaemon(const ServeOptions& options) {
-  if (absl::Status st = ConfigureLogging(options.log_format, options.log_level); !st.ok()) {
-    std::fprintf(stderr, "winnow serve: %s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  signal(SIGPIPE, SIG_IGN);  // a scraper hanging up must not kill the daemon
-  SignalWatcher signals;
+  const ServeOptions& options;
+  TlsConfig tls;
+  ServingState state;
+  std::string model_name;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<http::HttpServer> http_server;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<grpc::Server> server;
+  absl::Time load_start;
+  std::unique_ptr<model::Model> model;
+  RequestLogger request_logger;
+  std::unique_ptr<FanoutObserver> observer;
+  std::unique_ptr<scheduler::Engine> engine;
+};
+
+void LogStarting(const ServeOptions& options) {
   LogEvent(spdlog::level::info, "starting", {{"options", options.DebugString()}});
   for (const UnknownVariable& v : options.unknown_env) {
     LogEvent(spdlog::level::warn, "ignoring unknown environment variable",
              {{"variable", v.name}, {"closest_variable", v.closest}, {"closest_flag", v.flag}});
   }
+}
 
-  // Certificates and keys are read before anything listens: a bad file stops the start.
+// Certificates and keys are read before anything listens: a bad file stops the start.
+bool LoadSecurity(Daemon* d) {
+  const ServeOptions& options = d->options;
   absl::StatusOr<TlsConfig> tls = LoadTlsConfig(options);
   absl::StatusOr<ApiKeys> api_keys =
       options.api_key_file.empty() ? ApiKeys() : ApiKeys::Load(options.api_key_file);
   for (const absl::Status& st : {tls.status(), api_keys.status()}) {
     if (!st.ok()) {
       spdlog::error("{}", std::string(st.message()));
-      return 2;
+      return false;
     }
   }
 
-  ServingState state;
-  state.options = options;
+  d->tls = *std::move(tls);
+  d->state.options = options;
   LogEvent(spdlog::level::info, "security",
-           {{"tls", tls->enabled() ? "on" : "off"},
-            {"client_certificates", tls->verifies_clients() ? "required" : "off"},
+           {{"tls", d->tls.enabled() ? "on" : "off"},
+            {"client_certificates", d->tls.verifies_clients() ? "required" : "off"},
             {"api_keys", absl::StrCat(api_keys->size())}});
-  state.authenticator = Authenticator(std::move(*api_keys), tls->verifies_clients());
+  d->state.authenticator = Authenticator(std::move(*api_keys), d->tls.verifies_clients());
+  return true;
+}
 
-  // Metrics first: a probe or scrape during a slow model load should already see the daemon.
-  const std::string model_name = ServedModelName(options);
-  auto metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768, model_name);
-  metrics->SetServing(false);
+// Metrics first: a probe or scrape during a slow model load should already see the daemon.
+bool StartMetrics(Daemon* d) {
+  const ServeOptions& options = d->options;
+  d->model_name = ServedModelName(options);
+  d->metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768, d->model_name);
+  d->metrics->SetServing(false);
   if (options.metrics_port >= 0) {
-    if (absl::Status st = metrics->StartExposer(options.host, options.metrics_port); !st.ok()) {
+    if (absl::Status st = d->metrics->StartExposer(options.host, options.metrics_port); !st.ok()) {
       spdlog::error("{}", std::string(st.message()));
-      return 1;
+      return false;
     }
   }
-  state.metrics = metrics.get();
+  d->state.metrics = d->metrics.get();
+  return true;
+}
 
-  // The HTTP port (OpenAI API, /health, /metrics) answers 503 until the model is loaded.
-  std::unique_ptr<http::HttpServer> http_server;
-  if (options.http_port >= 0) {
-    http::HttpOptions http_options;
-    http_options.host = options.host;
-    http_options.port = options.http_port;
-    http_options.max_body_bytes = static_cast<size_t>(options.max_message_bytes);
-    http_options.tls = *tls;
-    // Every request the engine can hold (running or queued) gets a connection thread, plus
-    // room for probes, scrapes and tokenizer calls.
-    http_options.max_connections =
-        static_cast<size_t>(options.max_seqs) + static_cast<size_t>(options.max_queue) + 64;
-    http_server = std::make_unique<http::HttpServer>(&state, http_options);
-    http_server->SetModelName(model_name);
-    if (absl::Status st = http_server->Start(); !st.ok()) {
-      spdlog::error("{}", std::string(st.message()));
-      return 1;
-    }
+// The HTTP port (OpenAI API, /health, /metrics) answers 503 until the model is loaded.
+bool StartHttp(Daemon* d) {
+  const ServeOptions& options = d->options;
+  if (options.http_port < 0) return true;
+  http::HttpOptions http_options;
+  http_options.host = options.host;
+  http_options.port = options.http_port;
+  http_options.max_body_bytes = static_cast<size_t>(options.max_message_bytes);
+  http_options.tls = d->tls;
+  // Every request the engine can hold (running or queued) gets a connection thread, plus
+  // room for probes, scrapes and tokenizer calls.
+  http_options.max_connections =
+      static_cast<size_t>(options.max_seqs) + static_cast<size_t>(options.max_queue) + 64;
+  d->http_server = std::make_unique<http::HttpServer>(&d->state, http_options);
+  d->http_server->SetModelName(d->model_name);
+  if (absl::Status st = d->http_server->Start(); !st.ok()) {
+    spdlog::error("{}", std::string(st.message()));
+    return false;
   }
+  return true;
+}
 
-  InferenceService service(&state);
+// The gRPC port reports NOT_SERVING (and requests get UNAVAILABLE) until the engine runs.
+bool StartGrpc(Daemon* d) {
+  const ServeOptions& options = d->options;
+  d->service = std::make_unique<InferenceService>(&d->state);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(HostPort(options.host, options.port), GrpcServerCredentials(*tls),
+  builder.AddListeningPort(HostPort(options.host, options.port), GrpcServerCredentials(d->tls),
                            &grpc_port);
-  builder.RegisterService(&service);
+  builder.RegisterService(d->service.get());
   SetConnectionLimits(options, &builder);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
+  d->server = builder.BuildAndStart();
+  if (d->server == nullptr || grpc_port == 0) {
     spdlog::error("cannot listen for gRPC on {}", HostPort(options.host, options.port));
-    return 1;
+    return false;
   }
-  SetHealth(server.get(), false);
+  SetHealth(d->server.get(), false);
+  const std::string http_address =
+      d->http_server != nullptr ? HostPort(options.host, d->http_server->port()) : "off";
+  const std::string metrics_address =
+      options.metrics_port >= 0 ? HostPort(options.host, d->metrics->port()) : "off";
   LogEvent(spdlog::level::info, "listening",
            {{"grpc", HostPort(options.host, grpc_port)},
-            {"http", http_server != nullptr ? HostPort(options.host, http_server->port()) : "off"},
-            {"metrics", options.metrics_port >= 0 ? HostPort(options.host, metrics->port())
-                                                  : "off"}});
+            {"http", http_address},
+            {"metrics", metrics_address}});
+  return true;
+}
 
-  // Load the model and start the engine; requests meanwhile get UNAVAILABLE.
-  absl::Time load_start = absl::Now();
+bool StartListeners(Daemon* d) { return StartMetrics(d) && StartHttp(d) && StartGrpc(d); }
+
+bool LoadModel(Daemon* d) {
+  const ServeOptions& options = d->options;
+  d->load_start = absl::Now();
   model::ModelOptions model_options;
   model_options.num_threads = options.threads;
   model_options.activations = options.cpu_activations;
@@ -221,12 +257,13 @@ int RunDaemon(const ServeOptions& options) {
   if (!loaded.ok()) {
     spdlog::error("cannot load model '{}': {}", options.model,
                   std::string(loaded.status().message()));
-    server->Shutdown(std::chrono::system_clock::now());
-    server->Wait();
-    return 1;
+    return false;
   }
-  std::unique_ptr<model::Model> model = std::move(*loaded);
+  d->model = *std::move(loaded);
+  return true;
+}
 
+scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
   scheduler::EngineOptions engine_options;
   engine_options.max_batched_tokens = options.max_batched_tokens;
   engine_options.max_seqs = options.max_seqs;
@@ -238,75 +275,122 @@ int RunDaemon(const ServeOptions& options) {
   engine_options.device = options.device;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
+  // An explicit cache size (bytes or blocks) wins over sizing the cache from free GPU memory.
   if (options.device.is_cuda() && options.kv_cache_bytes == 0 && options.kv_blocks == 0) {
     engine_options.gpu_memory_utilization = options.gpu_memory_utilization;
   }
   engine_options.max_prompt_tokens = options.max_prompt_tokens;
   engine_options.max_tokens_limit = options.max_tokens_limit;
-  RequestLogger request_logger;
-  FanoutObserver observer({metrics.get(), &request_logger});
-  auto created = scheduler::Engine::Create(model.get(), engine_options, &observer);
+  return engine_options;
+}
+
+bool StartEngine(Daemon* d) {
+  d->observer = std::make_unique<FanoutObserver>(
+      std::vector<scheduler::EngineObserver*>{d->metrics.get(), &d->request_logger});
+  auto created =
+      scheduler::Engine::Create(d->model.get(), EngineOptionsFor(d->options), d->observer.get());
   if (!created.ok()) {
     spdlog::error("cannot start the engine: {}", std::string(created.status().message()));
-    server->Shutdown(std::chrono::system_clock::now());
-    server->Wait();
-    return 1;
+    return false;
   }
-  std::unique_ptr<scheduler::Engine> engine = std::move(*created);
-  const scheduler::EngineLimits& limits = engine->limits();
-  state.limits = LimitsFor(limits);
-  metrics->SetCacheConfig(limits.block_size, limits.kv_blocks_total, model->config().num_layers);
-  state.model.store(model.get());
-  state.engine.store(engine.get());
-  state.phase.store(Phase::kServing);
-  SetHealth(server.get(), true);
-  metrics->SetServing(true);
+  d->engine = *std::move(created);
+  return true;
+}
+
+// Publishes the model and engine to the request handlers, then turns health on.
+void Serve(Daemon* d) {
+  const scheduler::EngineLimits& limits = d->engine->limits();
+  d->state.limits = LimitsFor(limits);
+  d->metrics->SetCacheConfig(limits.block_size, limits.kv_blocks_total,
+                             d->model->config().num_layers);
+  d->state.model.store(d->model.get());
+  d->state.engine.store(d->engine.get());
+  d->state.phase.store(Phase::kServing);
+  SetHealth(d->server.get(), true);
+  d->metrics->SetServing(true);
   LogEvent(spdlog::level::info, "serving",
-           {{"model", model->config().name},
-            {"served_model_name", model_name},
-            {"architecture", model->config().architecture},
-            {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - load_start))},
+           {{"model", d->model->config().name},
+            {"served_model_name", d->model_name},
+            {"architecture", d->model->config().architecture},
+            {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - d->load_start))},
             {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
             {"block_size", absl::StrCat(limits.block_size)},
             {"kv_cache_dtype", kernels::KvDtypeName(limits.kv_cache_dtype)},
             {"device", limits.device},
             {"max_tokens_in_pool", absl::StrCat(limits.max_tokens_in_pool)}});
+}
 
-  signals.WaitFor(1, absl::InfiniteDuration());
-
-  // Drain. Health goes first so that load balancers stop routing before requests are refused.
-  state.phase.store(Phase::kDraining);
-  SetHealth(server.get(), false);
-  metrics->SetServing(false);
-  engine->BeginDrain();
-  scheduler::EngineSnapshot snap = engine->Snapshot();
+// Returns whether the engine went idle before --drain-timeout or a second signal. Health goes
+// first so that load balancers stop routing before requests are refused.
+bool Drain(Daemon* d, SignalWatcher* signals) {
+  d->state.phase.store(Phase::kDraining);
+  SetHealth(d->server.get(), false);
+  d->metrics->SetServing(false);
+  d->engine->BeginDrain();
+  scheduler::EngineSnapshot snap = d->engine->Snapshot();
   LogEvent(spdlog::level::info, "draining",
            {{"running", absl::StrCat(snap.running)},
             {"waiting", absl::StrCat(snap.waiting)},
-            {"timeout", absl::FormatDuration(options.drain_timeout)}});
-  const absl::Time drain_deadline = absl::Now() + options.drain_timeout;
+            {"timeout", absl::FormatDuration(d->options.drain_timeout)}});
+  const absl::Time drain_deadline = absl::Now() + d->options.drain_timeout;
   bool idle = false;
-  while (!(idle = engine->WaitForIdle(absl::Milliseconds(100)))) {
-    if (absl::Now() >= drain_deadline || signals.count() >= 2) break;
+  while (!(idle = d->engine->WaitForIdle(absl::Milliseconds(100)))) {
+    if (absl::Now() >= drain_deadline || signals->count() >= 2) break;
   }
   if (!idle) {
-    snap = engine->Snapshot();
+    snap = d->engine->Snapshot();
     LogEvent(spdlog::level::warn, "drain incomplete; cancelling",
              {{"running", absl::StrCat(snap.running)}, {"waiting", absl::StrCat(snap.waiting)}});
   }
+  return idle;
+}
+
+void Stop(Daemon* d, bool drained) {
   // Cancels whatever is left (their streams end with CANCELLED + UNAVAILABLE) and joins the
   // engine thread.
-  engine->Shutdown();
+  d->engine->Shutdown();
   // Let the final messages flush, then stop; anything still open after that is cut.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  server->Wait();
-  if (http_server != nullptr) http_server->Stop();  // streams have their last events by now
-  state.engine.store(nullptr);
-  state.model.store(nullptr);
-  engine.reset();
-  model.reset();
-  LogEvent(spdlog::level::info, "stopped", {{"drained", idle ? "true" : "false"}});
+  d->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  d->server->Wait();
+  if (d->http_server != nullptr) d->http_server->Stop();  // streams have their last events by now
+  d->state.engine.store(nullptr);
+  d->state.model.store(nullptr);
+  d->engine.reset();
+  d->model.reset();
+  LogEvent(spdlog::level::info, "stopped", {{"drained", drained ? "true" : "false"}});
   spdlog::default_logger()->flush();
+}
+
+// A failed start after gRPC listens: close the port at once, nothing is in flight yet.
+void AbortGrpc(grpc::Server* server) {
+  server->Shutdown(std::chrono::system_clock::now());
+  server->Wait();
+}
+
+}  // namespace
+
+int RunDaemon(const ServeOptions& options) {
+  if (absl::Status st = ConfigureLogging(options.log_format, options.log_level); !st.ok()) {
+    std::fprintf(stderr, "winnow serve: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);  // a scraper hanging up must not kill the daemon
+  SignalWatcher signals;
+  LogStarting(options);
+
+  Daemon daemon(options);
+  if (!LoadSecurity(&daemon)) return 2;
+  if (!StartListeners(&daemon)) return 1;
+  // Load the model and start the engine; requests meanwhile get UNAVAILABLE.
+  if (!LoadModel(&daemon) || !StartEngine(&daemon)) {
+    AbortGrpc(daemon.server.get());
+    return 1;
+  }
+  Serve(&daemon);
+
+  signals.WaitFor(1, absl::InfiniteDuration());
+  const bool drained = Drain(&daemon, &signals);
+  Stop(&daemon, drained);
   return 0;
 }
 

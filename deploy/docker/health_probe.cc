@@ -113,13 +113,21 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_file
   return grpc::SslCredentials(ssl);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const char* port = std::getenv("WINNOW_PORT");
-  std::string addr = std::string("127.0.0.1:") + (port != nullptr && *port ? port : "50051");
-  std::string service, tls_ca, tls_server_name;
+struct ProbeOptions {
+  std::string addr;
+  std::string service;
+  std::string tls_ca;
+  std::string tls_server_name;
   double timeout_s = 3.0;
+};
+
+constexpr int kParsed = -1;  // ParseArgs: go on and probe
+
+// Fills *options from the command line. Returns kParsed, or the exit status to stop with: 0
+// after --help, 2 after a usage error (already printed).
+int ParseArgs(int argc, char** argv, ProbeOptions* options) {
+  const char* port = std::getenv("WINNOW_PORT");
+  options->addr = std::string("127.0.0.1:") + (port != nullptr && *port ? port : "50051");
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -129,47 +137,54 @@ int main(int argc, char** argv) {
     if (i + 1 >= argc) return Usage(("missing value for " + arg).c_str());
     std::string value = argv[++i];
     if (arg == "--addr") {
-      addr = value;
+      options->addr = value;
     } else if (arg == "--service") {
-      service = value;
+      options->service = value;
     } else if (arg == "--tls-ca") {
-      tls_ca = value;
+      options->tls_ca = value;
     } else if (arg == "--tls-server-name") {
-      tls_server_name = value;
+      options->tls_server_name = value;
     } else if (arg == "--timeout") {
       char* end = nullptr;
-      timeout_s = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end != '\0' || !(timeout_s > 0)) {
+      options->timeout_s = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(options->timeout_s > 0)) {
         return Usage("--timeout must be a positive number of seconds");
       }
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }
   }
+  if (!options->tls_server_name.empty() && options->tls_ca.empty()) {
+    return Usage("--tls-server-name needs --tls-ca");
+  }
+  return kParsed;
+}
 
-  // HealthCheckRequest { string service = 1; } (empty message for the whole server).
+// HealthCheckRequest { string service = 1; } (empty message for the whole server).
+std::string EncodeRequest(const std::string& service) {
   std::string request_bytes;
   if (!service.empty()) {
     request_bytes.push_back(0x0a);
     AppendVarint(&request_bytes, service.size());
     request_bytes += service;
   }
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
+  return request_bytes;
+}
 
-  if (!tls_server_name.empty() && tls_ca.empty()) {
-    return Usage("--tls-server-name needs --tls-ca");
-  }
-  bool readable = false;
-  std::shared_ptr<grpc::ChannelCredentials> credentials = Credentials(tls_ca, &readable);
-  if (!readable) return Usage(("--tls-ca " + tls_ca + " cannot be read").c_str());
+// Calls Check and leaves the response's bytes in *response_bytes; false (after saying why on
+// stderr) when the call fails or does not complete in time.
+bool CallCheck(const ProbeOptions& options,
+               const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+               std::string* response_bytes) {
+  grpc::Slice slice(EncodeRequest(options.service));
+  grpc::ByteBuffer request(&slice, 1);
   grpc::ChannelArguments args;
-  if (!tls_server_name.empty()) args.SetSslTargetNameOverride(tls_server_name);
-  auto channel = grpc::CreateCustomChannel(addr, credentials, args);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  auto channel = grpc::CreateCustomChannel(options.addr, credentials, args);
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
+                       std::chrono::microseconds(static_cast<int64_t>(options.timeout_s * 1e6)));
   grpc::CompletionQueue cq;
   auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &cq);
   call->StartCall();
@@ -178,27 +193,42 @@ int main(int argc, char** argv) {
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   void* tag = nullptr;
   bool ok = false;
+  const char* addr = options.addr.c_str();
   if (!cq.Next(&tag, &ok) || !ok) {
-    std::fprintf(stderr, "winnow-health-probe: %s: call did not complete\n", addr.c_str());
-    return 1;
+    std::fprintf(stderr, "winnow-health-probe: %s: call did not complete\n", addr);
+    return false;
   }
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "winnow-health-probe: %s: rpc failed: code %d: %s\n", addr.c_str(),
+    std::fprintf(stderr, "winnow-health-probe: %s: rpc failed: code %d: %s\n", addr,
                  static_cast<int>(status.error_code()), status.error_message().c_str());
-    return 1;
+    return false;
   }
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) {
-    std::fprintf(stderr, "winnow-health-probe: %s: unreadable response\n", addr.c_str());
-    return 1;
+    std::fprintf(stderr, "winnow-health-probe: %s: unreadable response\n", addr);
+    return false;
   }
-  std::string bytes;
   for (const grpc::Slice& s : slices) {
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ProbeOptions options;
+  if (int exit_status = ParseArgs(argc, argv, &options); exit_status != kParsed) {
+    return exit_status;
+  }
+  bool readable = false;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = Credentials(options.tls_ca, &readable);
+  if (!readable) return Usage(("--tls-ca " + options.tls_ca + " cannot be read").c_str());
+  std::string bytes;
+  if (!CallCheck(options, credentials, &bytes)) return 1;
   int serving = ParseStatus(bytes);
   std::printf("%s\n", StatusName(serving));
   return serving == 1 ? 0 : 1;

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/vec.h"
@@ -860,7 +861,7 @@ absl::Status ValidateWeightMatrix(const WeightMatrix& w) {
 }
 
 absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
-  if (absl::Status s = ValidateWeightMatrix(w); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(ValidateWeightMatrix(w));
   if (m < 0) return absl::InvalidArgumentError(absl::StrCat("matmul: negative m ", m));
   if (m == 0 || w.rows == 0) return absl::OkStatus();
   if (w.cols == 0) {
@@ -907,7 +908,7 @@ absl::Status MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, 
 }
 
 absl::Status GetRow(const WeightMatrix& w, int64_t row, float* dst) {
-  if (absl::Status s = ValidateWeightMatrix(w); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(ValidateWeightMatrix(w));
   if (row < 0 || row >= w.rows) {
     return absl::OutOfRangeError(
         absl::StrCat("GetRow: row ", row, " outside a matrix of ", w.rows, " rows"));

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/vec.h"
 
@@ -771,7 +772,7 @@ absl::Status Validate(const WeightMatrix& w, const Q8Activations& x) {
 
 template <bool kPortable>
 absl::Status Dispatch(const WeightMatrix& w, const Q8Activations& x, float* y, ThreadPool& pool) {
-  if (absl::Status s = Validate(w, x); !s.ok()) return s;
+  WINNOW_RETURN_IF_ERROR(Validate(w, x));
   if (x.m == 0 || w.rows == 0) return absl::OkStatus();
   if (w.cols == 0) {
     std::fill(y, y + x.m * w.rows, 0.0f);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace winnow::kernels::cuda {
@@ -33,9 +34,8 @@ class DeviceBuffer {
   }
   // A device copy of `host`.
   static absl::StatusOr<DeviceBuffer> FromHost(std::span<const T> host) {
-    absl::StatusOr<DeviceBuffer> buffer = Allocate(static_cast<int64_t>(host.size()));
-    if (!buffer.ok()) return buffer.status();
-    if (absl::Status copied = buffer->CopyFromHost(host); !copied.ok()) return copied;
+    WINNOW_ASSIGN_OR_RETURN(DeviceBuffer buffer, Allocate(static_cast<int64_t>(host.size())));
+    WINNOW_RETURN_IF_ERROR(buffer.CopyFromHost(host));
     return buffer;
   }
 
@@ -90,10 +90,8 @@ class DeviceBuffer {
 template <typename T>
 absl::Status Reserve(DeviceBuffer<T>& buffer, int64_t count) {
   if (buffer.size() >= count) return absl::OkStatus();
-  absl::StatusOr<DeviceBuffer<T>> grown = DeviceBuffer<T>::Allocate(
-      count > 2 * buffer.size() ? count : 2 * buffer.size());
-  if (!grown.ok()) return grown.status();
-  buffer = *std::move(grown);
+  WINNOW_ASSIGN_OR_RETURN(
+      buffer, DeviceBuffer<T>::Allocate(count > 2 * buffer.size() ? count : 2 * buffer.size()));
   return absl::OkStatus();
 }
 
@@ -102,10 +100,7 @@ absl::Status Reserve(DeviceBuffer<T>& buffer, int64_t count) {
 template <typename T>
 absl::Status UploadAsync(DeviceBuffer<T>& buffer, const std::vector<T>& host,
                          cudaStream_t stream) {
-  if (absl::Status s = Reserve(buffer, host.empty() ? 1 : static_cast<int64_t>(host.size()));
-      !s.ok()) {
-    return s;
-  }
+  WINNOW_RETURN_IF_ERROR(Reserve(buffer, host.empty() ? 1 : static_cast<int64_t>(host.size())));
   if (host.empty()) return absl::OkStatus();
   return CudaStatus(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(T),
                                     cudaMemcpyHostToDevice, stream),
@@ -165,10 +160,7 @@ class PinnedStager {
  public:
   template <typename T>
   absl::Status Upload(std::span<const T> host, DeviceBuffer<T>& dst, cudaStream_t stream) {
-    if (absl::Status s = Reserve(dst, host.empty() ? 1 : static_cast<int64_t>(host.size()));
-        !s.ok()) {
-      return s;
-    }
+    WINNOW_RETURN_IF_ERROR(Reserve(dst, host.empty() ? 1 : static_cast<int64_t>(host.size())));
     if (host.empty()) return absl::OkStatus();
     const int64_t bytes = static_cast<int64_t>(host.size_bytes());
     const int64_t aligned = (bytes + 15) / 16 * 16;
@@ -176,10 +168,8 @@ class PinnedStager {
       WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       used_ = 0;
       if (aligned > staging_.size()) {
-        absl::StatusOr<PinnedBuffer<std::byte>> grown = PinnedBuffer<std::byte>::Allocate(
-            std::max<int64_t>(4 * aligned, int64_t{1} << 20));
-        if (!grown.ok()) return grown.status();
-        staging_ = *std::move(grown);
+        WINNOW_ASSIGN_OR_RETURN(staging_, PinnedBuffer<std::byte>::Allocate(
+                                              std::max<int64_t>(4 * aligned, int64_t{1} << 20)));
       }
     }
     std::byte* staged = staging_.data() + used_;

@@ -217,11 +217,8 @@ absl::Status DumpTensor(const model::GgufFile& f, const std::string& name) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   std::string out = "[";
   for (int64_t r = 0; r < w.rows; ++r) {
-    if (absl::Status s = kernels::DequantizeRow(w.type, w.data + r * w.row_bytes, w.cols,
-                                                row.data());
-        !s.ok()) {
-      return s;
-    }
+    WINNOW_RETURN_IF_ERROR(
+        kernels::DequantizeRow(w.type, w.data + r * w.row_bytes, w.cols, row.data()));
     for (int64_t c = 0; c < w.cols; ++c) {
       if (r > 0 || c > 0) out.append(", ");
       AppendNumber(row[c], "%.9g", &out);

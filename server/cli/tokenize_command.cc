@@ -60,9 +60,8 @@ std::string DumpJson(const json& j) {
 
 absl::Status RunJsonl(const model::Tokenizer& tok, const std::string& path, bool add_special,
                       bool parse_special, bool round_trip) {
-  absl::StatusOr<std::string> data = ReadFile(path);
-  if (!data.ok()) return data.status();
-  std::istringstream lines(*data);
+  WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
+  std::istringstream lines(data);
   std::string line;
   std::string out;
   int line_no = 0;
@@ -92,9 +91,8 @@ absl::Status RunJsonl(const model::Tokenizer& tok, const std::string& path, bool
 
 absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
                      const std::string& path, bool add_special) {
-  absl::StatusOr<std::string> data = ReadFile(path);
-  if (!data.ok()) return data.status();
-  json doc = json::parse(*data, nullptr, /*allow_exceptions=*/false);
+  WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
+  json doc = json::parse(data, nullptr, /*allow_exceptions=*/false);
   bool add_generation_prompt = true;
   json messages = doc;
   if (doc.is_object()) {
@@ -110,13 +108,11 @@ absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
     }
     chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
-  absl::StatusOr<model::ChatTemplate> tmpl = model::ChatTemplate::FromGguf(file);
-  if (!tmpl.ok()) return tmpl.status();
-  absl::StatusOr<std::string> prompt = tmpl->Apply(chat, add_generation_prompt);
-  if (!prompt.ok()) return prompt.status();
-  const std::vector<int32_t> ids = model::EncodeRenderedChat(tok, *prompt, add_special);
+  WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl, model::ChatTemplate::FromGguf(file));
+  WINNOW_ASSIGN_OR_RETURN(const std::string prompt, tmpl.Apply(chat, add_generation_prompt));
+  const std::vector<int32_t> ids = model::EncodeRenderedChat(tok, prompt, add_special);
   json obj;
-  obj["prompt"] = *prompt;
+  obj["prompt"] = prompt;
   obj["ids"] = ids;
   std::string out = DumpJson(obj) + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);

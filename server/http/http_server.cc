@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "server/http/completion_handler.h"
@@ -49,15 +50,15 @@ absl::StatusOr<Json> Tokenize(const model::Model& model, const std::string& body
   if (!error.ok()) return error;
   const bool chat = json.contains("messages");
   // The completion/chat parser checks the shape of prompt or messages, with the same errors.
-  absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(chat ? Endpoint::kChat : Endpoint::kCompletions, body);
-  if (!parsed.ok()) return parsed.status();
+  WINNOW_ASSIGN_OR_RETURN(
+      const OpenAiRequest parsed,
+      ParseOpenAiRequest(chat ? Endpoint::kChat : Endpoint::kCompletions, body));
   bool add_special = true;
   if (auto it = json.find("add_special_tokens"); it != json.end() && it->is_boolean()) {
     add_special = it->get<bool>();
   }
   std::vector<int32_t> ids;
-  const v1::GenerateRequest& g = parsed->generate;
+  const v1::GenerateRequest& g = parsed.generate;
   if (chat) {
     v1::ChatMessages messages = g.chat();
     if (auto it = json.find("add_generation_prompt"); it != json.end() && it->is_boolean()) {
@@ -66,8 +67,8 @@ absl::StatusOr<Json> Tokenize(const model::Model& model, const std::string& body
     absl::StatusOr<std::vector<int32_t>> r = TokenizeChat(messages, model, add_special, "chat");
     if (!r.ok()) {
       std::string param;
-      const std::string message = OpenAiFieldMessage(*parsed, std::string(r.status().message()),
-                                                     &param);
+      const std::string message =
+          OpenAiFieldMessage(parsed, std::string(r.status().message()), &param);
       return absl::Status(r.status().code(), message);
     }
     ids = std::move(*r);
