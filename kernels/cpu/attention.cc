@@ -112,99 +112,156 @@ constexpr int32_t kTokenTile = 8;
 // are. Every output is the same sum in the same order whatever the dtype, the tile or the loop
 // nesting, so a token's result depends only on its own inputs. `scores` holds count x group x
 // (visible of the last token) floats.
+class TokenTile {
+ public:
+  TokenTile(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0, int32_t count,
+            int32_t kv_head, int32_t group, const float* q, int64_t q_stride, float* out,
+            const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows)
+      : kv_(kv), seq_(seq), token0_(token0), count_(count), kv_head_(kv_head), group_(group),
+        q_(q), q_stride_(q_stride), out_(out), slots_(slots), rows_(rows),
+        max_visible_(VisibleOf(count - 1)),
+        stride_(int64_t{group} * max_visible_) {
+    scores.resize(static_cast<size_t>(count * stride_));
+    scores_ = scores.data();
+  }
+
+  void Attend(float scale, int32_t num_heads) {
+    if (slots_ != nullptr) {
+      ScoreSelected(scale);
+    } else {
+      ScoreBlocks(scale);
+    }
+    Softmax();
+    if (slots_ != nullptr) {
+      WeighSelected();
+    } else {
+      WeighBlocks();
+    }
+    if (seq_.probs != nullptr) RecordProbabilities(num_heads);
+  }
+
+ private:
+  int32_t VisibleOf(int32_t t) const {
+    return slots_ != nullptr ? static_cast<int32_t>(slots_->size())
+                             : seq_.num_slots - seq_.num_new + token0_ + t + 1;
+  }
+  float* ScoreRow(int32_t t, int32_t g) const {
+    return scores_ + t * stride_ + int64_t{g} * max_visible_;
+  }
+  const float* Query(int32_t t, int32_t g) const {
+    return q_ + t * q_stride_ + int64_t{g} * kv_.head_dim;
+  }
+  float* Output(int32_t t, int32_t g) const {
+    return out_ + t * q_stride_ + int64_t{g} * kv_.head_dim;
+  }
+  const std::byte* KeyBlock(int32_t slot) const {
+    return kv_.Keys(seq_.block_table[slot / kv_.block_size], kv_head_);
+  }
+  const std::byte* ValueBlock(int32_t slot) const {
+    return kv_.Values(seq_.block_table[slot / kv_.block_size], kv_head_);
+  }
+
+  // Sparse path: eight keys at a time, each converted into its own row of `rows`, so that
+  // every dot is the dense path's arithmetic.
+  void ScoreSelected(float scale) {
+    const int32_t head_dim = kv_.head_dim;
+    for (int32_t j = 0; j < max_visible_; j += 8) {
+      const int32_t n = std::min(8, max_visible_ - j);
+      const float* keys[8];
+      for (int32_t k = 0; k < n; ++k) {
+        const int32_t slot = (*slots_)[j + k];
+        keys[k] = kv_.Row(KeyBlock(slot), slot % kv_.block_size, rows_ + int64_t{k} * head_dim);
+      }
+      for (int32_t g = 0; g < group_; ++g) {
+        ScaledDotsUpTo8(Query(0, g), keys, n, head_dim, scale, ScoreRow(0, g) + j);
+      }
+    }
+  }
+
+  void ScoreBlocks(float scale) {
+    for (int32_t start = 0; start < max_visible_; start += kv_.block_size) {
+      const int32_t n = std::min(kv_.block_size, max_visible_ - start);
+      const float* keys = kv_.Rows(KeyBlock(start), n, rows_);
+      for (int32_t t = 0; t < count_; ++t) {
+        const int32_t nt = std::min(n, VisibleOf(t) - start);
+        for (int32_t g = 0; g < group_; ++g) {
+          ScaledDots(Query(t, g), keys, nt, kv_.head_dim, scale, ScoreRow(t, g) + start);
+        }
+      }
+    }
+  }
+
+  // Softmax weights, normalised in place; the outputs zeroed for the weighted sums.
+  void Softmax() {
+    for (int32_t t = 0; t < count_; ++t) {
+      const int32_t visible = VisibleOf(t);
+      for (int32_t g = 0; g < group_; ++g) {
+        float* s = ScoreRow(t, g);
+        const float max_score = MaxOf(s, visible);
+        vec::ExpShifted(s, visible, max_score);
+        const float inv_sum = static_cast<float>(1.0 / SumAsDouble(s, visible));
+        for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
+        std::fill(Output(t, g), Output(t, g) + kv_.head_dim, 0.0f);
+      }
+    }
+  }
+
+  void WeighSelected() {
+    for (int32_t j = 0; j < max_visible_; ++j) {
+      const int32_t slot = (*slots_)[j];
+      const float* value = kv_.Row(ValueBlock(slot), slot % kv_.block_size, rows_);
+      for (int32_t g = 0; g < group_; ++g) {
+        Axpy(ScoreRow(0, g)[j], value, Output(0, g), kv_.head_dim);
+      }
+    }
+  }
+
+  void WeighBlocks() {
+    for (int32_t start = 0; start < max_visible_; start += kv_.block_size) {
+      const int32_t n = std::min(kv_.block_size, max_visible_ - start);
+      const float* values = kv_.Rows(ValueBlock(start), n, rows_);
+      for (int32_t t = 0; t < count_; ++t) {
+        const int32_t nt = std::min(n, VisibleOf(t) - start);
+        for (int32_t g = 0; g < group_; ++g) {
+          WeightedRowSum(ScoreRow(t, g) + start, values, nt, kv_.head_dim, Output(t, g));
+        }
+      }
+    }
+  }
+
+  // The weights as the sequence's attention probabilities (this work item is the only writer
+  // of its (token, head) rows).
+  void RecordProbabilities(int32_t num_heads) {
+    for (int32_t t = 0; t < count_; ++t) {
+      for (int32_t g = 0; g < group_; ++g) {
+        const int32_t h = kv_head_ * group_ + g;
+        const float* s = ScoreRow(t, g);
+        float* p =
+            seq_.probs + (static_cast<int64_t>(token0_ + t) * num_heads + h) * seq_.num_slots;
+        for (int32_t j = 0; j < VisibleOf(t); ++j) p[slots_ != nullptr ? (*slots_)[j] : j] = s[j];
+      }
+    }
+  }
+
+  const PagedKvView& kv_;
+  const AttentionSequence& seq_;
+  const int32_t token0_, count_, kv_head_, group_;
+  const float* q_;
+  const int64_t q_stride_;
+  float* out_;
+  const std::vector<int32_t>* slots_;
+  float* rows_;
+  const int32_t max_visible_;
+  const int64_t stride_;  // the scores of token t start at t * stride_
+  float* scores_ = nullptr;
+};
+
 void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0,
                   int32_t count, int32_t kv_head, int32_t group, int32_t num_heads,
                   const float* q, int64_t q_stride, float scale, float* out,
                   const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows) {
-  const int32_t head_dim = kv.head_dim;
-  const int32_t past = seq.num_slots - seq.num_new;
-  auto visible_of = [&](int32_t t) {
-    return slots != nullptr ? static_cast<int32_t>(slots->size()) : past + token0 + t + 1;
-  };
-  const int32_t max_visible = visible_of(count - 1);
-  const int64_t stride = int64_t{group} * max_visible;  // scores of token t start at t * stride
-  scores.resize(static_cast<size_t>(count * stride));
-  auto score_row = [&](int32_t t, int32_t g) {
-    return scores.data() + t * stride + int64_t{g} * max_visible;
-  };
-  auto query = [&](int32_t t, int32_t g) { return q + t * q_stride + int64_t{g} * head_dim; };
-  auto output = [&](int32_t t, int32_t g) { return out + t * q_stride + int64_t{g} * head_dim; };
-
-  if (slots != nullptr) {
-    // Eight keys at a time, each converted into its own row of `rows`, so that every dot is the
-    // dense path's arithmetic.
-    for (int32_t j = 0; j < max_visible; j += 8) {
-      const int32_t n = std::min(8, max_visible - j);
-      const float* keys[8];
-      for (int32_t k = 0; k < n; ++k) {
-        const int32_t slot = (*slots)[j + k];
-        keys[k] = kv.Row(kv.Keys(seq.block_table[slot / kv.block_size], kv_head),
-                         slot % kv.block_size, rows + int64_t{k} * head_dim);
-      }
-      for (int32_t g = 0; g < group; ++g) {
-        ScaledDotsUpTo8(query(0, g), keys, n, head_dim, scale, score_row(0, g) + j);
-      }
-    }
-  } else {
-    for (int32_t start = 0; start < max_visible; start += kv.block_size) {
-      const int32_t n = std::min(kv.block_size, max_visible - start);
-      const float* keys = kv.Rows(kv.Keys(seq.block_table[start / kv.block_size], kv_head), n,
-                                  rows);
-      for (int32_t t = 0; t < count; ++t) {
-        const int32_t nt = std::min(n, visible_of(t) - start);
-        for (int32_t g = 0; g < group; ++g) {
-          ScaledDots(query(t, g), keys, nt, head_dim, scale, score_row(t, g) + start);
-        }
-      }
-    }
-  }
-
-  // Softmax weights, normalised in place.
-  for (int32_t t = 0; t < count; ++t) {
-    const int32_t visible = visible_of(t);
-    for (int32_t g = 0; g < group; ++g) {
-      float* s = score_row(t, g);
-      const float max_score = MaxOf(s, visible);
-      vec::ExpShifted(s, visible, max_score);
-      const float inv_sum = static_cast<float>(1.0 / SumAsDouble(s, visible));
-      for (int32_t j = 0; j < visible; ++j) s[j] *= inv_sum;
-      std::fill(output(t, g), output(t, g) + head_dim, 0.0f);
-    }
-  }
-
-  if (slots != nullptr) {
-    for (int32_t j = 0; j < max_visible; ++j) {
-      const int32_t slot = (*slots)[j];
-      const float* value = kv.Row(kv.Values(seq.block_table[slot / kv.block_size], kv_head),
-                                  slot % kv.block_size, rows);
-      for (int32_t g = 0; g < group; ++g) Axpy(score_row(0, g)[j], value, output(0, g), head_dim);
-    }
-  } else {
-    for (int32_t start = 0; start < max_visible; start += kv.block_size) {
-      const int32_t n = std::min(kv.block_size, max_visible - start);
-      const float* values = kv.Rows(kv.Values(seq.block_table[start / kv.block_size], kv_head),
-                                    n, rows);
-      for (int32_t t = 0; t < count; ++t) {
-        const int32_t nt = std::min(n, visible_of(t) - start);
-        for (int32_t g = 0; g < group; ++g) {
-          WeightedRowSum(score_row(t, g) + start, values, nt, head_dim, output(t, g));
-        }
-      }
-    }
-  }
-
-  if (seq.probs != nullptr) {
-    for (int32_t t = 0; t < count; ++t) {
-      for (int32_t g = 0; g < group; ++g) {
-        // This work item is the only writer of its (token, head) rows.
-        const int32_t h = kv_head * group + g;
-        const float* s = score_row(t, g);
-        float* p =
-            seq.probs + (static_cast<int64_t>(token0 + t) * num_heads + h) * seq.num_slots;
-        for (int32_t j = 0; j < visible_of(t); ++j) p[slots != nullptr ? (*slots)[j] : j] = s[j];
-      }
-    }
-  }
+  TokenTile(kv, seq, token0, count, kv_head, group, q, q_stride, out, slots, scores, rows)
+      .Attend(scale, num_heads);
 }
 
 }  // namespace
