@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace winnow::fuzz {
 

@@ -10,7 +10,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
 
 // The tokenizer warns about odd vocabularies (empty tokens, bad special ids); on fuzzed files that

@@ -14,7 +14,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace {
 

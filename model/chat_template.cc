@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 namespace winnow::model {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace winnow::model {
 

@@ -20,7 +20,7 @@
 #include "model/cpu_activations.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace winnow::kernels {
 struct AttentionSequence;  // kernels/cpu/attention.h

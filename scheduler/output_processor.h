@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/engine_observer.h"
 #include "scheduler/request.h"
 #include "scheduler/sequence.h"

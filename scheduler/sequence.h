@@ -15,7 +15,7 @@
 #include "cache/policies/policy.h"
 #include "cache/sequence_kv.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/stop_strings.h"
 

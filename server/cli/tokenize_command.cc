@@ -24,7 +24,7 @@
 #include "base/status_macros.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "server/http/openai_request.h"
 

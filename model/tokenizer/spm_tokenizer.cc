@@ -1,9 +1,9 @@
-#include "model/spm_tokenizer.h"
+#include "model/tokenizer/spm_tokenizer.h"
 
 #include <queue>
 
 #include "base/status_macros.h"
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::model {

@@ -1,4 +1,4 @@
-#include "model/vocab_tokenizer.h"
+#include "model/tokenizer/vocab_tokenizer.h"
 
 #include <algorithm>
 #include <iterator>

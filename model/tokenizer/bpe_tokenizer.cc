@@ -1,11 +1,11 @@
-#include "model/bpe_tokenizer.h"
+#include "model/tokenizer/bpe_tokenizer.h"
 
 #include <queue>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 namespace winnow::model {
 namespace {

@@ -1,13 +1,13 @@
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "model/bpe_tokenizer.h"
-#include "model/spm_tokenizer.h"
-#include "model/unicode.h"
-#include "model/vocab_tokenizer.h"
+#include "model/tokenizer/bpe_tokenizer.h"
+#include "model/tokenizer/spm_tokenizer.h"
+#include "model/tokenizer/unicode.h"
+#include "model/tokenizer/vocab_tokenizer.h"
 
 namespace winnow::model {
 

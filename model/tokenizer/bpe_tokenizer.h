@@ -13,8 +13,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
-#include "model/pre_tokenizer.h"
-#include "model/vocab_tokenizer.h"
+#include "model/tokenizer/pre_tokenizer.h"
+#include "model/tokenizer/vocab_tokenizer.h"
 
 namespace winnow::model {
 

@@ -1,4 +1,4 @@
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "model/gguf.h"
-#include "model/pre_tokenizer.h"
-#include "model/unicode.h"
+#include "model/tokenizer/pre_tokenizer.h"
+#include "model/tokenizer/unicode.h"
 
 namespace winnow::model {
 namespace {

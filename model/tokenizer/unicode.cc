@@ -1,4 +1,4 @@
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 #include <array>
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
-#include "model/vocab_tokenizer.h"
+#include "model/tokenizer/vocab_tokenizer.h"
 
 namespace winnow::model {
 

@@ -1,4 +1,4 @@
-#include "model/pre_tokenizer.h"
+#include "model/tokenizer/pre_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::model {
