@@ -12,11 +12,11 @@
 namespace winnow::cache::policies {
 namespace {
 
-class AirCachePolicy : public CompressionPolicy {
+class AirCachePolicy : public SplitBudgetPolicy {
  public:
   AirCachePolicy(const PolicyConfig& config, const PolicyContext& context,
                  const AirCacheOptions& options)
-      : CompressionPolicy(config, context), options_(options) {
+      : SplitBudgetPolicy(config, context, /*min_text=*/1), options_(options) {
     const int32_t n = context.layout.num_tokens;
     const int32_t layers = context.dims.num_layers;
     const bool span_mode = context.layout.HasCompressibleSpans();
@@ -35,22 +35,14 @@ class AirCachePolicy : public CompressionPolicy {
     }
     cap_ = std::clamp<int64_t>(cap_, 0, int64_t{layers} * base);
     strength_.assign(layers, 0.0);
-    observed_.assign(layers, 0);
     skewness_.assign(layers, 0.0);
     elite_mean_.assign(layers, 0.0f);
-    scores_.resize(layers);
   }
 
   std::string name() const override { return "aircache"; }
 
-  ObservationRequest Observation() const override {
-    return ObservationRequest{window_.begin, false};
-  }
-
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
-    WINNOW_RETURN_IF_ERROR(
-        CheckObservation(name(), attention, dims(), layout().num_tokens, window_.size()));
-    observed_[attention.layer] = 1;
+    WINNOW_RETURN_IF_ERROR(BeginObservation(attention, window_.size()));
     const std::span<const int32_t> visual = split_.evictable;
     const int32_t v = static_cast<int32_t>(visual.size());
     if (v == 0) {
@@ -115,22 +107,12 @@ class AirCachePolicy : public CompressionPolicy {
     });
   }
 
-  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    return SplitSteadyStateSlots(split_, dims().num_layers, prompt_tokens, cap_, generated,
-                                 /*min_text=*/1);
-  }
 
  private:
   AirCacheOptions options_;
-  WindowRange window_;
-  EvictableSplit split_;
-  int64_t cap_ = 0;                         // evictable tokens kept, summed over layers
-  std::vector<double> strength_;            // [layer]
-  std::vector<char> observed_;              // [layer]
-  std::vector<double> skewness_;            // [layer]
-  std::vector<float> elite_mean_;           // [layer] elite window size, mean over heads
-  std::vector<std::vector<float>> scores_;  // [layer][kv_head or 1][slot]
-  std::vector<int32_t> budgets_;            // [layer] evictable tokens kept
+  std::vector<double> strength_;   // [layer]
+  std::vector<double> skewness_;   // [layer]
+  std::vector<float> elite_mean_;  // [layer] elite window size, mean over heads
 };
 
 }  // namespace

@@ -82,10 +82,8 @@ class ElasticCachePolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    WINNOW_RETURN_IF_ERROR(CheckColumnSums(name(), attention));
     const int32_t n = attention.num_slots;
-    if (attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
-      return absl::InternalError("elastic_cache: column sums missing from the observation");
-    }
     // I_n = (1/H_q) sum_h sum_m A[h][m][n]: averaging over every query head equals averaging each
     // GQA group first, and anchors are per layer, so GQA needs nothing else.
     const std::vector<float> scores =

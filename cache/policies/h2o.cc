@@ -31,10 +31,8 @@ class H2oPolicy : public CompressionPolicy {
   }
 
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
+    WINNOW_RETURN_IF_ERROR(CheckColumnSums(name(), attention));
     const int32_t n = attention.num_slots;
-    if (attention.column_sums.size() != static_cast<size_t>(attention.num_heads) * n) {
-      return absl::InternalError("h2o: column sums missing from the observation");
-    }
     std::vector<float> sums(attention.column_sums.begin(), attention.column_sums.end());
     if (normalize_) {
       // Key j is seen by the n - j prompt rows at or after it.

@@ -139,11 +139,21 @@ std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, 
   return out;
 }
 
-int64_t SplitSteadyStateSlots(const EvictableSplit& split, int32_t layers, int32_t prompt_tokens,
-                              int64_t cap, int32_t generated, int64_t min_text) {
+int64_t SplitBudgetPolicy::SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const {
+  const int64_t layers = dims().num_layers;
   const int64_t kept_text = std::max<int64_t>(
-      min_text, prompt_tokens - static_cast<int64_t>(split.evictable.size()));
-  return int64_t{layers} * kept_text + cap + int64_t{layers} * generated;
+      min_text_, prompt_tokens - static_cast<int64_t>(split_.evictable.size()));
+  return layers * kept_text + cap_ + layers * generated;
+}
+
+absl::Status SplitBudgetPolicy::BeginObservation(const ObservationAttention& attention,
+                                                 int32_t rows) {
+  if (absl::Status s = CheckObservation(name(), attention, dims(), layout().num_tokens, rows);
+      !s.ok()) {
+    return s;
+  }
+  observed_[attention.layer] = 1;
+  return absl::OkStatus();
 }
 
 }  // namespace winnow::cache::policies

@@ -57,10 +57,40 @@ std::vector<double> WaterFill(std::span<const double> weights, double total, dou
 std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
                                   int32_t hi);
 
-// SteadyStateSlots for a policy that keeps, in every layer, the prompt's tokens outside
-// `split.evictable` (at least `min_text` of them), plus `cap` evictable tokens summed over
-// layers, plus everything generated.
-int64_t SplitSteadyStateSlots(const EvictableSplit& split, int32_t layers, int32_t prompt_tokens,
-                              int64_t cap, int32_t generated, int64_t min_text);
+// The skeleton of the policies that rank a split prompt under per-layer budgets (aircache,
+// vl_cache): the observation window, the split, the cap on evictable tokens kept summed over
+// layers, and per layer whether it was observed, its selection scores and its budget. A
+// subclass sets window_, split_ and cap_ in its constructor, starts ObserveLayer with
+// BeginObservation and fills scores_, and sets budgets_ in Plan. What the papers differ in (the
+// scores, the layer weights, the recent window) stays in the subclass.
+class SplitBudgetPolicy : public CompressionPolicy {
+ public:
+  ObservationRequest Observation() const override {
+    return ObservationRequest{window_.begin, false};
+  }
+  // Every layer keeps the prompt's tokens outside split_.evictable (at least min_text of
+  // them), plus cap_ evictable tokens summed over layers, plus everything generated.
+  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override;
+
+ protected:
+  SplitBudgetPolicy(const PolicyConfig& config, const PolicyContext& context, int64_t min_text)
+      : CompressionPolicy(config, context),
+        observed_(context.dims.num_layers, 0),
+        scores_(context.dims.num_layers),
+        min_text_(min_text) {}
+
+  // CheckObservation with `rows` observed rows (< 0: any number), then marks the layer observed.
+  absl::Status BeginObservation(const ObservationAttention& attention, int32_t rows);
+
+  WindowRange window_;
+  EvictableSplit split_;
+  int64_t cap_ = 0;                         // evictable tokens kept, summed over layers
+  std::vector<char> observed_;              // [layer]
+  std::vector<std::vector<float>> scores_;  // [layer][kv_head or 1][slot]
+  std::vector<int32_t> budgets_;            // [layer] evictable tokens kept
+
+ private:
+  int64_t min_text_;
+};
 
 }  // namespace winnow::cache::policies

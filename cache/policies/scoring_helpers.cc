@@ -79,6 +79,14 @@ absl::Status CheckObservation(const std::string& policy, const ObservationAttent
   return absl::OkStatus();
 }
 
+absl::Status CheckColumnSums(const std::string& policy, const ObservationAttention& attention) {
+  if (attention.column_sums.size() !=
+      static_cast<size_t>(attention.num_heads) * attention.num_slots) {
+    return absl::InternalError(absl::StrCat(policy, ": column sums missing from the observation"));
+  }
+  return absl::OkStatus();
+}
+
 int32_t KeepCount(double budget, int32_t n) {
   if (n <= 0) return 0;
   const double kept = std::floor(budget * n + 1e-6);

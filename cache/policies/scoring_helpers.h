@@ -130,6 +130,10 @@ absl::Status CheckEveryLayerObserved(const std::string& policy, std::span<const 
 absl::Status CheckObservation(const std::string& policy, const ObservationAttention& attention,
                               const ModelDims& dims, int32_t num_tokens, int32_t rows);
 
+// InternalError unless the observation carries every-row column sums (num_heads x num_slots),
+// which a policy asking for accumulate_all_rows relies on.
+absl::Status CheckColumnSums(const std::string& policy, const ObservationAttention& attention);
+
 // Reorders per-slot state (e.g. accumulated H2O scores, [num_kv_heads][num_slots]) the way a
 // plan reorders a layer's slots: out[h][i] = in[h][layer.heads[h][i]], merged entries summing
 // their sources. A untouched layer is returned unchanged.

@@ -13,11 +13,11 @@
 namespace winnow::cache::policies {
 namespace {
 
-class VlCachePolicy : public CompressionPolicy {
+class VlCachePolicy : public SplitBudgetPolicy {
  public:
   VlCachePolicy(const PolicyConfig& config, const PolicyContext& context,
                 const VlCacheOptions& options)
-      : CompressionPolicy(config, context), options_(options) {
+      : SplitBudgetPolicy(config, context, /*min_text=*/0), options_(options) {
     window_ = ObservationWindow(context.layout, options.window, options.min_window,
                                 options.max_window);
     // The text-only fallback keeps a per-layer recent window sized from that layer's budget,
@@ -39,20 +39,12 @@ class VlCachePolicy : public CompressionPolicy {
       alpha_ = config.budget();
     }
     sparsity_.assign(layers, 0.0);
-    observed_.assign(layers, 0);
-    scores_.resize(layers);
   }
 
   std::string name() const override { return "vl_cache"; }
 
-  ObservationRequest Observation() const override {
-    return ObservationRequest{window_.begin, false};
-  }
-
   absl::Status ObserveLayer(const ObservationAttention& attention) override {
-    WINNOW_RETURN_IF_ERROR(
-        CheckObservation(name(), attention, dims(), layout().num_tokens, /*rows=*/-1));
-    observed_[attention.layer] = 1;
+    WINNOW_RETURN_IF_ERROR(BeginObservation(attention, /*rows=*/-1));
     sparsity_[attention.layer] = VlCacheLayerSparsity(attention, options_.p);
     const int32_t n = attention.num_slots;
     // Accumulated post-vision attention: the column sums over the observed rows (a sum, as in
@@ -110,21 +102,11 @@ class VlCachePolicy : public CompressionPolicy {
     });
   }
 
-  int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
-    return SplitSteadyStateSlots(split_, dims().num_layers, prompt_tokens, cap_, generated,
-                                 /*min_text=*/0);
-  }
 
  private:
   VlCacheOptions options_;
-  WindowRange window_;
-  EvictableSplit split_;
-  int64_t cap_ = 0;                          // evictable tokens kept, summed over layers
-  double alpha_ = 1.0;                       // cap_ as a fraction of the evictable tokens
-  std::vector<double> sparsity_;             // [layer]
-  std::vector<char> observed_;               // [layer]
-  std::vector<std::vector<float>> scores_;   // [layer][kv_head or 1][slot]
-  std::vector<int32_t> budgets_;             // [layer] evictable tokens kept
+  double alpha_ = 1.0;            // cap_ as a fraction of the evictable tokens
+  std::vector<double> sparsity_;  // [layer]
 };
 
 }  // namespace
