@@ -163,7 +163,7 @@ int Run(const Options& opt) {
   Check(device.status(), "--device");
   absl::StatusOr<std::string> path = bench::EnsureSyntheticGguf(shape, opt.gguf);
   Check(path.status(), "writing the synthetic GGUF");
-  auto model = model::Model::Load(*path, {.num_threads = 0});
+  auto model = model::Model::Load(*path);
   Check(model.status(), "Model::Load");
 
   scheduler::EngineOptions eo;

@@ -35,6 +35,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/kv_dtype.h"
+#include "model/cpu_forward.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 
@@ -124,9 +125,9 @@ absl::StatusOr<std::unique_ptr<cache::BlockPool>> MakePool(const model::Model& m
 }
 
 // Feeds `tokens` to a fresh sequence in chunks of `chunk`; returns the wall time.
-absl::StatusOr<Timing> TimePrefill(model::Model& model, cache::BlockPool& pool,
+absl::StatusOr<Timing> TimePrefill(model::CpuForward& forward, cache::BlockPool& pool,
                                    const std::vector<int32_t>& tokens, int32_t chunk) {
-  cache::SequenceKv kv(model.config().num_layers, kBlockSize);
+  cache::SequenceKv kv(forward.model().config().num_layers, kBlockSize);
   model::ForwardOutput out;
   absl::Status status;
   const int32_t total = static_cast<int32_t>(tokens.size());
@@ -142,7 +143,7 @@ absl::StatusOr<Timing> TimePrefill(model::Model& model, cache::BlockPool& pool,
     entry.tokens = std::span<const int32_t>(tokens).subspan(start, n);
     entry.start_position = start;
     entry.logits = start + n == total ? model::LogitsMode::kLast : model::LogitsMode::kNone;
-    status = model.Forward({&entry, 1}, pool, &out);
+    status = forward.Forward({&entry, 1}, pool, &out);
   }
   const Timing t = watch.Elapsed();
   kv.Release(pool);
@@ -150,13 +151,13 @@ absl::StatusOr<Timing> TimePrefill(model::Model& model, cache::BlockPool& pool,
   return t;
 }
 
-absl::StatusOr<Timing> BestPrefill(model::Model& model, const Options& opt, int32_t chunk) {
+absl::StatusOr<Timing> BestPrefill(model::CpuForward& forward, const Options& opt, int32_t chunk) {
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
-                          MakePool(model, 1, opt.prompt_tokens, opt.kv_cache_dtype));
+                          MakePool(forward.model(), 1, opt.prompt_tokens, opt.kv_cache_dtype));
   const std::vector<int32_t> tokens = Prompt(/*seq=*/0, opt.prompt_tokens);
   Timing best;
   for (int32_t rep = -1; rep < opt.reps; ++rep) {  // rep -1 is the warm-up
-    WINNOW_ASSIGN_OR_RETURN(const Timing t, TimePrefill(model, *pool, tokens, chunk));
+    WINNOW_ASSIGN_OR_RETURN(const Timing t, TimePrefill(forward, *pool, tokens, chunk));
     if (rep >= 0) KeepBest(t, rep == 0, &best);
   }
   return best;
@@ -171,9 +172,9 @@ struct DecodeRun {
 
 // One decode measurement at batch `b`: prefill, warm-up steps, then `opt.decode_tokens` timed
 // steps.
-absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool, int32_t b,
+absl::StatusOr<DecodeRun> TimeDecode(model::CpuForward& forward, cache::BlockPool& pool, int32_t b,
                                      const Options& opt) {
-  const int32_t layers = model.config().num_layers;
+  const int32_t layers = forward.model().config().num_layers;
   std::vector<cache::SequenceKv> kvs;
   kvs.reserve(b);
   for (int32_t i = 0; i < b; ++i) kvs.emplace_back(layers, kBlockSize);
@@ -203,7 +204,7 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
       e.logits = model::LogitsMode::kLast;
       batch.push_back(e);
     }
-    if (absl::Status s = model.Forward(batch, pool, &out); !s.ok()) {
+    if (absl::Status s = forward.Forward(batch, pool, &out); !s.ok()) {
       release();
       return s;
     }
@@ -221,7 +222,7 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
       batch[i].start_position = position[i];
       batch[i].logits = model::LogitsMode::kLast;
     }
-    WINNOW_RETURN_IF_ERROR(model.Forward(batch, pool, &out));
+    WINNOW_RETURN_IF_ERROR(forward.Forward(batch, pool, &out));
     for (int32_t i = 0; i < b; ++i) {
       next[i] = Argmax(out.Row(out.first_row[i]));
       ++position[i];
@@ -240,14 +241,14 @@ absl::StatusOr<DecodeRun> TimeDecode(model::Model& model, cache::BlockPool& pool
   return run;
 }
 
-absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Options& opt) {
+absl::StatusOr<DecodeRun> BestDecode(model::CpuForward& forward, int32_t b, const Options& opt) {
   const int32_t max_tokens = opt.decode_context + kDecodeWarmupSteps + opt.decode_tokens;
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
-                          MakePool(model, b, max_tokens, opt.kv_cache_dtype));
+                          MakePool(forward.model(), b, max_tokens, opt.kv_cache_dtype));
   // TimeDecode warms up inside; the first rep also warms the pool's pages.
   DecodeRun best;
   for (int32_t rep = 0; rep < opt.reps; ++rep) {
-    WINNOW_ASSIGN_OR_RETURN(DecodeRun run, TimeDecode(model, *pool, b, opt));
+    WINNOW_ASSIGN_OR_RETURN(DecodeRun run, TimeDecode(forward, *pool, b, opt));
     // Greedy tokens are the same every repetition; only the times differ.
     if (rep == 0) {
       best = std::move(run);
@@ -260,7 +261,7 @@ absl::StatusOr<DecodeRun> BestDecode(model::Model& model, int32_t b, const Optio
 
 // std::nullopt: run with `opt`; otherwise the exit status (after --help or a usage error).
 std::optional<int> ParseFlags(int argc, char** argv, Options* opt) {
-  CLI::App app("Times Model::Forward: prefill in chunks, then decode at several batch sizes.",
+  CLI::App app("Times the CPU forward: prefill in chunks, then decode at several batch sizes.",
                "engine_bench");
   base::ConfigureApp(app);
   app.add_option("--model", opt->model, "GGUF model path");
@@ -295,13 +296,15 @@ int Main(int argc, char** argv) {
   Options opt;
   if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
   absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
+      model::Model::Load(opt.model);
   if (!loaded.ok()) {
     std::fprintf(stderr, "engine_bench: load %s: %s\n", opt.model.c_str(),
                  std::string(loaded.status().message()).c_str());
     return 1;
   }
   model::Model& model = **loaded;
+  kernels::ThreadPool thread_pool(opt.threads);
+  model::CpuForward forward(model, thread_pool, opt.activations);
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "engine_bench: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -310,7 +313,7 @@ int Main(int argc, char** argv) {
   nlohmann::json result;
   result["engine"] = "winnow";
   result["model"] = opt.model;
-  // Model::Load reads 0 as one thread per hardware thread; record the count it resolves to.
+  // The thread pool reads 0 as one thread per hardware thread; record the count it resolves to.
   const int32_t threads =
       opt.threads > 0 ? opt.threads : static_cast<int32_t>(std::thread::hardware_concurrency());
   result["threads"] = threads;
@@ -332,7 +335,7 @@ int Main(int argc, char** argv) {
   if (!opt.json) std::printf("model %s, threads %d\n", opt.model.c_str(), threads);
   for (const bool chunked : {false, true}) {
     const int32_t chunk = chunked ? opt.prefill_chunk : opt.prompt_tokens;
-    absl::StatusOr<Timing> t = BestPrefill(model, opt, chunk);
+    absl::StatusOr<Timing> t = BestPrefill(forward, opt, chunk);
     if (!t.ok()) return fail(t.status());
     nlohmann::json e = entry(opt.prompt_tokens, *t);
     e["tokens"] = opt.prompt_tokens;
@@ -347,7 +350,7 @@ int Main(int argc, char** argv) {
 
   nlohmann::json decode = nlohmann::json::array();
   for (int32_t b : opt.batches) {
-    absl::StatusOr<DecodeRun> run = BestDecode(model, b, opt);
+    absl::StatusOr<DecodeRun> run = BestDecode(forward, b, opt);
     if (!run.ok()) return fail(run.status());
     const Timing& t = run->time;
     const int64_t tokens = int64_t{b} * opt.decode_tokens;

@@ -119,7 +119,7 @@ class Bench {
     Check(pool.status(), "BlockPool::Create");
     pool_ = *std::move(pool);
     const double t0 = bench::Now(false);
-    auto cuda = model::CudaModel::Create(model_, *pool_, opt_.device);
+    auto cuda = model::CudaModel::Create(model_, *pool_, threads_, opt_.device);
     Check(cuda.status(), "CudaModel::Create");
     cuda_ = *std::move(cuda);
     std::printf("weights on the device: %.2f GB bf16 (uploaded in %.1f s); KV arena %.2f GB "
@@ -169,7 +169,7 @@ class Bench {
     std::printf("| batch | step ms | step ms, no CUDA graphs | step ms, 1 logits row | "
                 "tokens/s | bytes/step GB | roofline ms | of roofline | host greedy sampling "
                 "ms (%d threads) |\n|---|---|---|---|---|---|---|---|---|\n",
-                model_.threads().num_threads());
+                threads_.num_threads());
     std::vector<double> sampling;
     for (int32_t batch : opt_.batches) {
       // Steps that ask for every sequence's logits, as the engine does, then steps that ask
@@ -219,7 +219,7 @@ class Bench {
       times.push_back(t);
       if (sampling == nullptr) continue;
       const double s0 = bench::Now(false);
-      model_.threads().ParallelFor(batch, 1, [&](int64_t begin, int64_t end) {
+      threads_.ParallelFor(batch, 1, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
           model::Sampler sampler(model::SamplingParams{});
           const int32_t row = out.first_row[b];
@@ -281,6 +281,7 @@ class Bench {
 
   const Options& opt_;
   model::Model& model_;
+  kernels::ThreadPool threads_{0};  // the worker's: the CUDA forward's host side, sampling
   std::unique_ptr<cache::BlockPool> pool_;
   std::unique_ptr<model::CudaModel> cuda_;
   std::mt19937 rng_{7};
@@ -320,7 +321,7 @@ int Run(const Options& opt) {
   Check(bench::ShapeByName(opt.shape, &shape), "--shape");
   absl::StatusOr<std::string> path = bench::EnsureSyntheticGguf(shape, opt.gguf);
   Check(path.status(), "writing the synthetic GGUF");
-  auto model = model::Model::Load(*path, {.num_threads = 0});
+  auto model = model::Model::Load(*path);
   Check(model.status(), "Model::Load");
   cudaDeviceProp prop;
   CheckCuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");

@@ -63,6 +63,7 @@
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "model/cpu_activations.h"
+#include "model/cpu_forward.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
 
@@ -177,12 +178,11 @@ absl::StatusOr<cache::SequenceKv> CloneKv(const cache::SequenceKv& src, cache::B
 // Hands `session` the rows of `all` (every prompt position, one prefill) as the forward would
 // have during a single prefill chunk covering the whole prompt: per layer, the rows at positions
 // >= first_position are appended (positions at layer 0), then layer_done runs. Mirrors
-// Model::CaptureQueries; the cache already holds every layer's K/V, which is what layer_done
+// CpuForward::CaptureQueries; the cache already holds every layer's K/V, which is what layer_done
 // sees after a one-chunk forward.
 absl::Status ReplayCapture(const cache::QueryCapture& all, int32_t num_tokens,
                            cache::CompressionSession& session, const cache::SequenceKv& kv,
-                           const cache::BlockPool& pool, kernels::ThreadPool& threads,
-                           int32_t row_floats) {
+                           cache::ScoringBackend& scoring, int32_t row_floats) {
   cache::QueryCapture* cap = session.PrefillCapture(0, num_tokens);
   if (cap != nullptr) {
     const int32_t layers = static_cast<int32_t>(all.per_layer.size());
@@ -195,10 +195,10 @@ absl::Status ReplayCapture(const cache::QueryCapture& all, int32_t num_tokens,
       if (l == 0) {
         for (int32_t p = first; p < num_tokens; ++p) cap->positions.push_back(p);
       }
-      if (cap->layer_done) cap->layer_done(l, kv, pool, threads);
+      if (cap->layer_done) cap->layer_done(l, kv, scoring);
     }
   }
-  return session.AfterPrefillChunk(kv, pool, threads);
+  return session.AfterPrefillChunk();
 }
 
 // Log-softmax of a logits row, in double.
@@ -253,10 +253,10 @@ struct Prefilled {
   double seconds = 0;
 };
 
-absl::StatusOr<Prefilled> Prefill(model::Model& model, cache::BlockPool& pool,
+absl::StatusOr<Prefilled> Prefill(model::CpuForward& forward, cache::BlockPool& pool,
                                   const std::vector<int32_t>& tokens, int32_t chunk,
                                   cache::CompressionSession* session) {
-  Prefilled p{cache::SequenceKv(model.config().num_layers, kBlockSize), {}, {}, 0};
+  Prefilled p{cache::SequenceKv(forward.model().config().num_layers, kBlockSize), {}, {}, 0};
   const Clock::time_point t0 = Clock::now();
   const int32_t n = static_cast<int32_t>(tokens.size());
   model::ForwardOutput out;
@@ -272,8 +272,8 @@ absl::StatusOr<Prefilled> Prefill(model::Model& model, cache::BlockPool& pool,
     e.start_position = start;
     e.logits = start + count == n ? model::LogitsMode::kLast : model::LogitsMode::kNone;
     e.capture = session != nullptr ? session->PrefillCapture(start, count) : &p.capture;
-    absl::Status s = model.Forward({&e, 1}, pool, &out);
-    if (s.ok() && session != nullptr) s = session->AfterPrefillChunk(p.kv, pool, model.threads());
+    absl::Status s = forward.Forward({&e, 1}, pool, &out);
+    if (s.ok() && session != nullptr) s = session->AfterPrefillChunk();
     if (!s.ok()) {
       p.kv.Release(pool);
       return s;
@@ -291,7 +291,7 @@ struct Reference {
   double decode_seconds = 0;
 };
 
-absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& pool,
+absl::StatusOr<Reference> RunReference(model::CpuForward& forward, cache::BlockPool& pool,
                                        const Prefilled& pre, int32_t gen_tokens) {
   Reference ref;
   WINNOW_ASSIGN_OR_RETURN(cache::SequenceKv kv, CloneKv(pre.kv, pool));
@@ -302,7 +302,7 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
   model::ForwardOutput out;
   absl::Status status;
   while (static_cast<int32_t>(ref.tokens.size()) < gen_tokens &&
-         !model.tokenizer().IsEndOfGeneration(ref.tokens.back())) {
+         !forward.model().tokenizer().IsEndOfGeneration(ref.tokens.back())) {
     if (!kv.Reserve(pool, 1)) {
       status = absl::ResourceExhaustedError("KV pool too small");
       break;
@@ -311,7 +311,7 @@ absl::StatusOr<Reference> RunReference(model::Model& model, cache::BlockPool& po
     e.kv = &kv;
     e.tokens = std::span<const int32_t>(&ref.tokens.back(), 1);
     e.start_position = position++;
-    if (status = model.Forward({&e, 1}, pool, &out); !status.ok()) break;
+    if (status = forward.Forward({&e, 1}, pool, &out); !status.ok()) break;
     const std::span<const float> row = out.Row(out.first_row[0]);
     ref.log_probs.push_back(LogSoftmax(row));
     ref.tokens.push_back(Argmax(row));
@@ -359,11 +359,11 @@ struct Run {
   std::vector<int32_t> kept_per_layer;
 };
 
-absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockPool& pool,
+absl::StatusOr<std::unique_ptr<Run>> StartRun(model::CpuForward& forward, cache::BlockPool& pool,
                                               const Task& task, const Prefilled& pre,
                                               const Reference& ref, const std::string& policy,
                                               double budget, bool forced, const Options& opt) {
-  const model::ModelConfig& c = model.config();
+  const model::ModelConfig& c = forward.model().config();
   auto run = std::make_unique<Run>();
   run->budget = budget;
   run->forced = forced;
@@ -382,9 +382,9 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockP
   const Clock::time_point t0 = Clock::now();
   if (run->session != nullptr) {
     const int32_t before = run->kv.num_blocks_held();
-    absl::Status s = ReplayCapture(pre.capture, n, *run->session, run->kv, pool, model.threads(),
+    absl::Status s = ReplayCapture(pre.capture, n, *run->session, run->kv, forward.Scoring(pool),
                                    c.num_heads * c.head_dim);
-    if (s.ok()) s = run->session->Compress(run->kv, pool, model.threads()).status();
+    if (s.ok()) s = run->session->Compress(run->kv, pool, forward.Scoring(pool)).status();
     if (!s.ok()) {
       run->kv.Release(pool);
       return s;
@@ -396,7 +396,7 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::Model& model, cache::BlockP
   for (int32_t l = 0; l < c.num_layers; ++l) run->slots_after_compress += run->kv.num_slots(l);
   run->tokens.push_back(ref.tokens[0]);
   run->position = n;
-  run->done = ref.tokens.size() < 2 || (!forced && model.tokenizer().IsEndOfGeneration(
+  run->done = ref.tokens.size() < 2 || (!forced && forward.model().tokenizer().IsEndOfGeneration(
                                                        ref.tokens[0]));
   return run;
 }
@@ -414,7 +414,7 @@ void RecordPromptPlan(Run& r, const cache::CompactionStats& st) {
 }
 
 // Decodes every run to completion, batched.
-absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Reference& ref,
+absl::Status DecodeRuns(model::CpuForward& forward, cache::BlockPool& pool, const Reference& ref,
                         int32_t gen_tokens, std::vector<std::unique_ptr<Run>>& runs) {
   const int32_t ref_len = static_cast<int32_t>(ref.tokens.size());
   model::ForwardOutput out;
@@ -437,7 +437,7 @@ absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Refer
         e.selector = r.session->selector();
       }
     }
-    WINNOW_RETURN_IF_ERROR(model.Forward(batch, pool, &out));
+    WINNOW_RETURN_IF_ERROR(forward.Forward(batch, pool, &out));
     for (size_t i = 0; i < active.size(); ++i) {
       Run& r = *active[i];
       if (r.session != nullptr) {
@@ -458,7 +458,7 @@ absl::Status DecodeRuns(model::Model& model, cache::BlockPool& pool, const Refer
         r.done = step + 1 >= ref_len;
       } else {
         r.tokens.push_back(top);
-        r.done = step + 1 >= gen_tokens || model.tokenizer().IsEndOfGeneration(top);
+        r.done = step + 1 >= gen_tokens || forward.model().tokenizer().IsEndOfGeneration(top);
       }
     }
   }
@@ -495,10 +495,10 @@ json RunJson(const Run& r, const model::Tokenizer& tok, const Reference& ref) {
 
 // --check-replay: compresses the task once by a real chunked prefill with the session attached
 // (what the engine does) and once by replay, and compares what each (layer, head) kept.
-absl::StatusOr<json> CheckReplay(model::Model& model, cache::BlockPool& pool, const Task& task,
+absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& pool, const Task& task,
                                  const Prefilled& pre, const Reference& ref,
                                  const std::string& policy, double budget, const Options& opt) {
-  const model::ModelConfig& c = model.config();
+  const model::ModelConfig& c = forward.model().config();
   pol::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
   context.layout = task.layout;
@@ -507,7 +507,7 @@ absl::StatusOr<json> CheckReplay(model::Model& model, cache::BlockPool& pool, co
   if (session == nullptr) return json();
   WINNOW_ASSIGN_OR_RETURN(Prefilled real,
                           Prefill(model, pool, task.tokens, opt.chunk, session.get()));
-  absl::Status s = session->Compress(real.kv, pool, model.threads()).status();
+  absl::Status s = session->Compress(real.kv, pool, forward.Scoring(pool)).status();
   real.kv.Release(pool);
   if (!s.ok()) return s;
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<Run> replay,
@@ -693,7 +693,7 @@ json TaskJson(const Task& task, const Prefilled& pre, const Reference& ref,
 
 // What every run of one task shares.
 struct TaskInputs {
-  model::Model& model;
+  model::CpuForward& forward;
   cache::BlockPool& pool;
   const Task& task;
   const Prefilled& pre;
@@ -754,7 +754,7 @@ absl::Status RunFree(const TaskInputs& in, const std::string& policy,
 // when the free run was skipped because it would have been the reference); logs its summary.
 json BudgetJson(const TaskInputs& in, const std::string& policy, const Run& r, const Run* free,
                 bool free_run) {
-  const model::Tokenizer& tok = in.model.tokenizer();
+  const model::Tokenizer& tok = in.forward.model().tokenizer();
   json j = RunJson(r, tok, in.ref);
   if (free != nullptr) {
     json f = RunJson(*free, tok, in.ref);
@@ -769,7 +769,7 @@ json BudgetJson(const TaskInputs& in, const std::string& policy, const Run& r, c
   j["task"] = in.task.id;
   j["policy"] = policy;
   j["retention"] = static_cast<double>(r.slots_after_compress) /
-                   (static_cast<double>(in.model.config().num_layers) * in.task.layout.num_tokens);
+                   (static_cast<double>(in.forward.model().config().num_layers) * in.task.layout.num_tokens);
   double kl = 0;
   for (double v : r.kl) kl += v;
   kl = r.kl.empty() ? 0 : kl / static_cast<double>(r.kl.size());
@@ -815,19 +815,19 @@ void CheckReplays(const TaskInputs& in, json* result) {
 
 // Task `ti` of `num_tasks`: its prefill and reference, then every policy. Returns 0, or the exit
 // status when the prefill or the reference fails.
-int RunTask(model::Model& model, cache::BlockPool& pool, const Task& task, size_t ti,
+int RunTask(model::CpuForward& forward, cache::BlockPool& pool, const Task& task, size_t ti,
             size_t num_tasks, const Options& opt, json* result) {
   absl::StatusOr<Prefilled> pre = Prefill(model, pool, task.tokens, opt.chunk, nullptr);
   if (!pre.ok()) return Fail("prefill " + task.id, pre.status());
   absl::StatusOr<Reference> ref = RunReference(model, pool, *pre, opt.gen_tokens);
   if (!ref.ok()) return Fail("reference " + task.id, ref.status());
-  json tj = TaskJson(task, *pre, *ref, model.tokenizer());
+  json tj = TaskJson(task, *pre, *ref, forward.model().tokenizer());
   (*result)["tasks"].push_back(tj);
   std::fprintf(stderr, "[%zu/%zu] %s: %d tokens, prefill %.1fs, full: %s\n", ti + 1, num_tasks,
                task.id.c_str(), task.layout.num_tokens, pre->seconds,
                json(tj["ref_text"]).dump().c_str());
 
-  const TaskInputs in{model, pool, task, *pre, *ref, opt};
+  const TaskInputs in{forward, pool, task, *pre, *ref, opt};
   for (const std::string& policy : opt.policies) RunPolicy(in, policy, result);
   if (opt.check_replay && ti == 0) CheckReplays(in, result);
   pre->kv.Release(pool);
@@ -850,10 +850,11 @@ int Main(int argc, char** argv) {
   Options opt;
   if (std::optional<int> exit = ParseFlags(argc, argv, &opt)) return *exit;
 
-  absl::StatusOr<std::unique_ptr<model::Model>> loaded =
-      model::Model::Load(opt.model, {.num_threads = opt.threads, .activations = opt.activations});
+  absl::StatusOr<std::unique_ptr<model::Model>> loaded = model::Model::Load(opt.model);
   if (!loaded.ok()) return Fail("load " + opt.model, loaded.status());
   model::Model& model = **loaded;
+  kernels::ThreadPool threads(opt.threads);
+  model::CpuForward forward(model, threads, opt.activations);
   absl::StatusOr<std::vector<Task>> tasks = LoadTasks(opt.tasks, model.tokenizer());
   if (!tasks.ok()) return Fail("tasks", tasks.status());
   absl::StatusOr<std::unique_ptr<cache::BlockPool>> pool_or = CreatePool(model, *tasks, opt);
@@ -863,7 +864,7 @@ int Main(int argc, char** argv) {
   json result = ResultHeader(opt);
   const Clock::time_point start = Clock::now();
   for (size_t ti = 0; ti < tasks->size(); ++ti) {
-    if (int exit = RunTask(model, pool, (*tasks)[ti], ti, tasks->size(), opt, &result)) {
+    if (int exit = RunTask(forward, pool, (*tasks)[ti], ti, tasks->size(), opt, &result)) {
       return exit;
     }
   }

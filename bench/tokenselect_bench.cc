@@ -36,11 +36,13 @@
 #include "base/cli.h"
 #include "bench/bench_util.h"
 #include "cache/block_pool.h"
-#include "cache/compression.h"
+include "cache/compression.h"
+#include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
+include "model/cpu_forward.h"
 #include "model/model.h"
 
 namespace winnow {
@@ -164,19 +166,20 @@ void PrintKernelRow(const Options& opt, const Shape& shape, const KernelSetting&
   cache::BlockPool& pool = *kc.pool;
   TokenSelectOptions no_cache = setting.o;
   no_cache.selection_cache = false;
+  cache::HostScoring scoring(pool, threads);
   TokenSelectSelector miss_sel(no_cache);
-  miss_sel.set_threads(&threads);
+  miss_sel.set_scoring(&scoring);
   std::vector<int32_t> slots;
-  if (!miss_sel.Select(0, kc.q, 1, n, kc.kv, pool, &slots)) {
+  if (!miss_sel.Select(0, kc.q, 1, n, kc.kv, &slots)) {
     std::printf("| %d | %s | %d (dense) | %.1f | - | - | - | 1.00 | 1.00 |\n", n,
                 setting.name.c_str(), n, dense);
     return;
   }
-  const double miss = Time(opt, [&] { miss_sel.Select(0, kc.q, 1, n, kc.kv, pool, &slots); });
+  const double miss = Time(opt, [&] { miss_sel.Select(0, kc.q, 1, n, kc.kv, &slots); });
   TokenSelectSelector hit_sel(setting.o);
-  hit_sel.set_threads(&threads);
-  hit_sel.Select(0, kc.q, 1, n, kc.kv, pool, &slots);
-  const double hit = Time(opt, [&] { hit_sel.Select(0, kc.q, 1, n, kc.kv, pool, &slots); });
+  hit_sel.set_scoring(&scoring);
+  hit_sel.Select(0, kc.q, 1, n, kc.kv, &slots);
+  const double hit = Time(opt, [&] { hit_sel.Select(0, kc.q, 1, n, kc.kv, &slots); });
   kernels::AttentionSequence sparse_seq{kc.table.data(), n + 1, 1, 0};
   sparse_seq.selected = slots.data();
   sparse_seq.num_selected = static_cast<int32_t>(slots.size());
@@ -268,7 +271,7 @@ constexpr int32_t kPrefillChunk = 512;
 
 // Prefills `prompt` into `kv` in chunks, `session` (may be null) watching and then compressing,
 // and returns the last position's logits.
-std::vector<float> PrefillPrompt(model::Model& m, cache::BlockPool& pool, cache::SequenceKv& kv,
+std::vector<float> PrefillPrompt(model::CpuForward& m, cache::BlockPool& pool, cache::SequenceKv& kv,
                                  const std::vector<int32_t>& prompt,
                                  cache::CompressionSession* session) {
   const int32_t n = static_cast<int32_t>(prompt.size());
@@ -281,10 +284,10 @@ std::vector<float> PrefillPrompt(model::Model& m, cache::BlockPool& pool, cache:
     if (session) e.capture = session->PrefillCapture(start, count);
     model::ForwardOutput out;
     if (!m.Forward({&e, 1}, pool, &out).ok()) std::abort();
-    if (session && !session->AfterPrefillChunk(kv, pool, m.threads()).ok()) std::abort();
+    if (session && !session->AfterPrefillChunk().ok()) std::abort();
     if (start + count == n) last.assign(out.Row(0).begin(), out.Row(0).end());
   }
-  if (session && !session->Compress(kv, pool, m.threads()).ok()) std::abort();
+  if (session && !session->Compress(kv, pool, m.Scoring(pool)).ok()) std::abort();
   return last;
 }
 
@@ -296,7 +299,7 @@ struct Decoded {
 
 // --decode_tokens steps after a prompt of `n` tokens: greedy from `last` when `reference` is
 // empty, else teacher-forced on it.
-Decoded DecodeSteps(const Options& opt, model::Model& m, cache::BlockPool& pool,
+Decoded DecodeSteps(const Options& opt, model::CpuForward& m, cache::BlockPool& pool,
                     cache::SequenceKv& kv, int32_t n, std::vector<float> last,
                     const std::vector<int32_t>& reference, cache::CompressionSession* session) {
   Decoded d;
@@ -345,13 +348,15 @@ void PrintModelRow(const Options& opt, const ModelSetting& setting,
 }
 
 void ModelLevel(const Options& opt) {
-  auto loaded = model::Model::Load(opt.model, {.num_threads = opt.threads});
+  auto loaded = model::Model::Load(opt.model);
   if (!loaded.ok()) {
     std::fprintf(stderr, "cannot load %s: %s\n", opt.model.c_str(),
                  loaded.status().ToString().c_str());
     return;
   }
   std::unique_ptr<model::Model> m = *std::move(loaded);
+  kernels::ThreadPool threads(opt.threads);
+  model::CpuForward forward(*m, threads);
   const model::ModelConfig& c = m->config();
   const std::vector<int32_t> prompt = LongPrompt(m->tokenizer(), opt.prompt_tokens);
   const int32_t n = opt.prompt_tokens;
@@ -377,8 +382,8 @@ void ModelLevel(const Options& opt) {
           setting.policy, cache::policies::PolicyConfig(setting.budget, setting.params), context);
     }
     cache::SequenceKv kv(c.num_layers, kModelBlock);
-    std::vector<float> last = PrefillPrompt(*m, *pool, kv, prompt, session.get());
-    Decoded d = DecodeSteps(opt, *m, *pool, kv, n, std::move(last), reference, session.get());
+    std::vector<float> last = PrefillPrompt(forward, *pool, kv, prompt, session.get());
+    Decoded d = DecodeSteps(opt, forward, *pool, kv, n, std::move(last), reference, session.get());
     kv.Release(*pool);
     if (reference.empty()) {
       reference = d.tokens;

@@ -1,6 +1,8 @@
 // Decode-time sparse attention without eviction (TokenSelect-style): before a layer's attention,
 // the forward asks the sequence's selector which of its past slots the new tokens attend to.
-// Nothing is freed; only the attention work shrinks.
+// Nothing is freed; only the attention work shrinks. The selector reads the keys through the
+// scoring backend it was handed (cache/scoring_backend.h, the forward's own), so the forward
+// calls into cache/ and the device work comes back through the backend the forward provides.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +11,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 
 namespace winnow::cache {
@@ -26,9 +27,8 @@ class AttentionSelector {
   // to exactly those past slots plus themselves. Called on the engine thread, once per layer per
   // forward in which the sequence takes part.
   virtual bool Select(int32_t layer, std::span<const float> q, int32_t num_new,
-                      int32_t past_slots, const SequenceKv& kv, const BlockPool& pool,
-                      std::vector<int32_t>* slots) = 0;
-  // An error the selection met (a call into the pool's device, cache/kv_device.h): the forward
+                      int32_t past_slots, const SequenceKv& kv, std::vector<int32_t>* slots) = 0;
+  // An error the selection met (a call into its scoring backend): the forward
   // fails with it after Select, whatever Select returned.
   virtual absl::Status error() const { return absl::OkStatus(); }
 };

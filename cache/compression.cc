@@ -6,40 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "cache/kv_device.h"
 #include "kernels/cpu/attention_scores.h"
 
 namespace winnow::cache {
-namespace {
-
-// The scoring kernels, where the pool's data is: on its device, or on the host's threads.
-absl::Status Probabilities(const BlockPool& pool, const kernels::ScoreInput& in, float* probs,
-                           float* log_normalizer, kernels::ThreadPool& threads) {
-  if (KvDevice* device = pool.device()) {
-    return device->AttentionProbabilities(in, probs, log_normalizer);
-  }
-  kernels::AttentionProbabilities(pool.View(), in, probs, log_normalizer, threads);
-  return absl::OkStatus();
-}
-
-absl::Status ColumnSums(const BlockPool& pool, const kernels::ScoreInput& in, float* sums,
-                        kernels::ThreadPool& threads, const void* device_q = nullptr) {
-  if (KvDevice* device = pool.device()) {
-    return device->AccumulateAttentionColumns(in, sums, device_q);
-  }
-  kernels::AccumulateAttentionColumns(pool.View(), in, sums, threads);
-  return absl::OkStatus();
-}
-
-absl::Status ValueNorms(const BlockPool& pool, std::span<const int32_t> table, int32_t num_slots,
-                        float* norms) {
-  if (KvDevice* device = pool.device()) return device->ValueNorms(table, num_slots, norms);
-  kernels::ValueNorms(pool.View(), table.data(), num_slots, norms);
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<CompressionSession>> CompressionSession::Create(
     const std::string& policy, const policies::PolicyConfig& config,
     const policies::PolicyContext& context) {
@@ -79,9 +48,8 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   if (observe_.accumulate_all_rows) {
     // Fold each layer's rows into the column sums as soon as the forward has them, so a long
     // chunk never holds every layer's query rows at once; only window rows stay.
-    capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, const BlockPool& pool,
-                                 kernels::ThreadPool& threads) {
-      AccumulateLayer(layer, kv, pool, threads);
+    capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
+      AccumulateLayer(layer, kv, scoring);
     };
   } else {
     capture_.layer_done = nullptr;
@@ -90,7 +58,7 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
 }
 
 void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
-                                         const BlockPool& pool, kernels::ThreadPool& threads) {
+                                         ScoringBackend& scoring) {
   std::vector<float>& rows_q = capture_.per_layer[layer];
   const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
   // A device forward leaves the chunk's rows on the device and gives the host only the window's.
@@ -115,7 +83,8 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   std::vector<float> chunk(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
   // Called from inside the forward, which has no way to take an error: the first one is kept
   // for AfterPrefillChunk to return.
-  if (absl::Status s = ColumnSums(pool, in, chunk.data(), threads, capture_.device_rows);
+  if (absl::Status s =
+          scoring.AccumulateAttentionColumns(in, chunk.data(), capture_.device_rows);
       !s.ok()) {
     capture_status_.Update(s);
     return;
@@ -136,8 +105,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   rows_q.erase(rows_q.begin(), rows_q.begin() + before_window * row_floats);
 }
 
-absl::Status CompressionSession::AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
-                                                   kernels::ThreadPool& threads) {
+absl::Status CompressionSession::AfterPrefillChunk() {
   if (!capture_status_.ok()) return capture_status_;
   const int32_t rows = capture_.num_rows();
   if (rows == 0) return absl::OkStatus();
@@ -166,7 +134,7 @@ absl::Status CompressionSession::AfterPrefillChunk(const SequenceKv& kv, const B
 }
 
 absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, BlockPool& pool,
-                                                             kernels::ThreadPool& threads) {
+                                                             ScoringBackend& scoring) {
   if (compressed_) return absl::InternalError("compression: Compress called twice");
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     if (kv.num_slots(l) != num_tokens_) {
@@ -185,7 +153,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   std::vector<float> probs;
   std::vector<float> log_normalizer;
   std::vector<float> window_sums;
-  policy_->UseThreads(&threads);
+  policy_->UseScoring(&scoring);
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     policies::ObservationAttention attention;
     attention.layer = l;
@@ -208,13 +176,14 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
         probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
         log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
         WINNOW_RETURN_IF_ERROR(
-            Probabilities(pool, in, probs.data(), log_normalizer.data(), threads));
+            scoring.AttentionProbabilities(in, probs.data(), log_normalizer.data()));
         attention.probs = probs;
         attention.log_normalizer = log_normalizer;
       } else {
         // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
         window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
-        WINNOW_RETURN_IF_ERROR(ColumnSums(pool, in, window_sums.data(), threads));
+        WINNOW_RETURN_IF_ERROR(
+            scoring.AccumulateAttentionColumns(in, window_sums.data(), /*device_q=*/nullptr));
         attention.window_sums = window_sums;
       }
     }
@@ -223,7 +192,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     if (observe_.value_norms) {
       value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
       WINNOW_RETURN_IF_ERROR(
-          ValueNorms(pool, kv.block_table(l), num_tokens_, value_norms.data()));
+          scoring.ValueNorms(kv.block_table(l), num_tokens_, value_norms.data()));
       attention.value_norms = value_norms;
     }
     if (absl::Status s = policy_->ObserveLayer(attention); !s.ok()) return s;

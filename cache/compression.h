@@ -6,7 +6,7 @@
 //
 // Engine protocol, per sequence:
 //   prefill chunk:  entry.capture = PrefillCapture(start, count); Forward; AfterPrefillChunk();
-//   after the chunk that completes the prefill: Compress();
+//   after the chunk that completes the prefill: Compress(scoring);
 //   decode step:    entry.attention_probs = DecodeAttentionBuffer();
 //                   entry.selector = selector(); Forward; AfterDecodeStep(position).
 #pragma once
@@ -23,7 +23,7 @@
 #include "cache/policies/policy.h"
 #include "cache/query_capture.h"
 #include "cache/sequence_kv.h"
-#include "kernels/cpu/thread_pool.h"
+#include "cache/scoring_backend.h"
 
 namespace winnow::cache {
 
@@ -70,14 +70,15 @@ class CompressionSession {
   QueryCapture* PrefillCapture(int32_t start, int32_t count);
   // After that chunk's forward: accumulates column sums (if the policy wants them) and keeps the
   // observation-window rows for Compress.
-  absl::Status AfterPrefillChunk(const SequenceKv& kv, const BlockPool& pool,
-                                 kernels::ThreadPool& threads);
+  absl::Status AfterPrefillChunk();
   // After the chunk that completed the prefill (every layer holds the whole prompt): scores each
   // layer, asks the policy for its plan and compacts. Returns what was freed. With a lookahead
   // (CompressionPolicy::LookaheadSteps) the plan is asked for and applied by the AfterDecodeStep
   // of the lookahead's last step instead, and this frees nothing.
+  // `scoring` is the forward backend's (where the K/V are); the policy keeps it for its
+  // decode-time work (CompressionPolicy::UseScoring).
   absl::StatusOr<CompactionStats> Compress(SequenceKv& kv, BlockPool& pool,
-                                           kernels::ThreadPool& threads);
+                                           ScoringBackend& scoring);
 
   // --- Decode. ---
   // Where the forward writes the decode token's attention probabilities; null unless the policy
@@ -102,8 +103,7 @@ class CompressionSession {
   // Asks the policy for its prompt plan, compacts, and records the compression's stats.
   absl::StatusOr<CompactionStats> ApplyPromptPlan(SequenceKv& kv, BlockPool& pool);
   // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
-  void AccumulateLayer(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
-                       kernels::ThreadPool& threads);
+  void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
 
   std::string name_;
   std::unique_ptr<policies::CompressionPolicy> policy_;

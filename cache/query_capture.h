@@ -7,11 +7,10 @@
 #include <functional>
 #include <vector>
 
-#include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache {
 
-class BlockPool;
+class ScoringBackend;
 class SequenceKv;
 
 // Rows of tokens at positions >= first_position are appended, per layer, as num_heads x head_dim
@@ -22,10 +21,9 @@ struct QueryCapture {
   std::vector<int32_t> positions;             // position of each captured row
   // Optional: called by the forward right after it appended `layer`'s rows (that layer's new
   // K/V are already in the cache), so rows can be consumed layer by layer instead of holding
-  // every layer's rows of a long chunk at once. It may shrink per_layer[layer].
-  std::function<void(int32_t layer, const SequenceKv& kv, const BlockPool& pool,
-                     kernels::ThreadPool& threads)>
-      layer_done;
+  // every layer's rows of a long chunk at once; `scoring` is the forward's own (where its K/V
+  // are). It may shrink per_layer[layer].
+  std::function<void(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring)> layer_done;
   // With layer_done: rows at positions before this are consumed by layer_done alone, so a
   // forward that can offer them in device_rows need not copy them to the host.
   int32_t host_from = 0;

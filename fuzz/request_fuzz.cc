@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::fprintf(stderr, "request_fuzz: no WINNOW_FUZZ_MODEL; every input is skipped\n");
     return 0;
   }
-  auto loaded = winnow::model::Model::Load(path, {.num_threads = 1});
+  auto loaded = winnow::model::Model::Load(path);
   if (!loaded.ok()) {
     std::fprintf(stderr, "request_fuzz: %s\n", loaded.status().ToString().c_str());
     return 0;

@@ -19,7 +19,7 @@ enum class CpuActivations {
 absl::StatusOr<CpuActivations> ParseCpuActivations(std::string_view name);  // "f32" | "q8"
 std::string_view CpuActivationsName(CpuActivations a);
 
-// The default of the daemon and the CLI (ModelOptions' own stays f32, the exact path).
+// The default of the daemon and the CLI (WorkerOptions' own stays f32, the exact path).
 inline constexpr CpuActivations kDefaultCpuActivations = CpuActivations::kQ8;
 
 }  // namespace winnow::model

@@ -1,7 +1,7 @@
-// The CUDA worker's device arena as the cache sees it (cache/kv_device.h): MakePrivate's block
-// copies, compaction (kernels/cuda/compaction.h) and the compression scoring
-// (kernels/cuda/scoring.h) run on the GPU, on the forward's stream, over the arena the forward
-// writes. The host sends block tables, query rows and slot lists, and gets back only what the
+// The CUDA worker's device arena as the cache sees it: its block operations (cache/kv_device.h:
+// MakePrivate's block copies, compaction by kernels/cuda/compaction.h) and its scoring backend
+// (cache/scoring_backend.h: kernels/cuda/scoring.h and column_sums.h) run on the GPU, on the
+// forward's stream, over the arena the forward writes. The host sends block tables, query rows and slot lists, and gets back only what the
 // policies read: probabilities, column sums, value norms. Not thread-safe: the engine thread
 // owns it, as it owns the CudaModel.
 #pragma once
@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/kv_device.h"
+#include "cache/scoring_backend.h"
 #include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
@@ -24,16 +25,18 @@
 
 namespace winnow::model {
 
-class CudaKvDevice : public cache::KvDevice {
+class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
  public:
   // `kv` describes the arena (device memory that outlives this object); work is queued on
-  // `stream`. With `gemm` (the forward's, used on the same thread and stream), column sums of
+  // `stream`; `host_threads` (the worker's) are what the policies' host work runs on. With `gemm` (the forward's, used on the same thread and stream), column sums of
   // bf16 device rows over a bf16 arena run on tensor cores (kernels/cuda/column_sums.h), for
   // layers of up to `max_keys` keys within its scratch estimate; without it, on the direct
   // kernel.
   CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream,
-               kernels::cuda::Gemm* gemm = nullptr, int32_t max_keys = 0)
-      : kv_(kv), stream_(stream), gemm_(gemm), tensor_core_sums_(max_keys) {}
+               kernels::ThreadPool& host_threads, kernels::cuda::Gemm* gemm = nullptr,
+               int32_t max_keys = 0)
+      : kv_(kv), stream_(stream), host_threads_(host_threads), gemm_(gemm),
+        tensor_core_sums_(max_keys) {}
 
   absl::Status CopyBlock(int32_t from, int32_t to) override;
   absl::Status CompactLayer(std::span<const int32_t> table,
@@ -47,6 +50,7 @@ class CudaKvDevice : public cache::KvDevice {
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
                                int32_t num_heads, int32_t begin, int32_t end, float scale,
                                bool gqa_mod, float* vote) override;
+  kernels::ThreadPool& host_threads() override { return host_threads_; }
 
  private:
   template <typename T>
@@ -67,6 +71,7 @@ class CudaKvDevice : public cache::KvDevice {
 
   kernels::cuda::DevicePagedKv kv_;
   cudaStream_t stream_;
+  kernels::ThreadPool& host_threads_;
   kernels::cuda::Gemm* gemm_;
   kernels::cuda::TensorCoreColumnSums tensor_core_sums_;
   // Grown on demand and reused: the transient of one call.

@@ -141,12 +141,13 @@ struct CudaModel::HostInputs {
   std::vector<float> embeddings;
   std::vector<int32_t> positions;
   // Per layer and row: block * block_size + slot where the row's K/V goes, computed from the
-  // block tables before any slot is appended (as Model::Forward writes them).
+  // block tables before any slot is appended (as the CPU forward writes them).
   std::vector<int64_t> slots;
   std::vector<int32_t> logits_rows;  // the rows whose logits were asked for, in output order
 };
 
-CudaModel::CudaModel(const Model& model, int32_t device) : model_(model), device_(device) {}
+CudaModel::CudaModel(const Model& model, kernels::ThreadPool& threads, int32_t device)
+    : model_(model), threads_(threads), device_(device) {}
 
 CudaModel::~CudaModel() {
   if (stream_ != nullptr) {
@@ -208,6 +209,7 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
                                                              const cache::BlockPool& pool,
+                                                             kernels::ThreadPool& threads,
                                                              int32_t device,
                                                              const ForwardLimits& limits) {
   const cache::KvLayout& layout = pool.layout();
@@ -222,7 +224,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
     return absl::InvalidArgumentError(
         absl::StrCat("device cuda:", device, " is not visible (", count, " CUDA devices)"));
   }
-  std::unique_ptr<CudaModel> m(new CudaModel(model, device));
+  std::unique_ptr<CudaModel> m(new CudaModel(model, threads, device));
   WINNOW_RETURN_IF_ERROR(m->Init(pool));
   WINNOW_RETURN_IF_ERROR(m->ReserveActivations(limits.max_rows, limits.max_logits_rows));
   return m;
@@ -279,7 +281,8 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   attention.dtype = layout.dtype;
   attention.num_blocks = pool.num_blocks();
   WINNOW_ASSIGN_OR_RETURN(w->attention, kc::PagedAttention::Create(attention));
-  kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_, w->gemm.get(), c.context_length);
+  kv_device_ =
+      std::make_unique<CudaKvDevice>(w->kv, stream_, threads_, w->gemm.get(), c.context_length);
   weights_ = std::move(w);
   scratch_ = std::make_unique<Scratch>();
   graphs_ = std::make_unique<kc::GraphCache>();
@@ -455,6 +458,8 @@ absl::Status CudaModel::RunLayersWithGraphs(std::span<const BatchEntry> batch,
 
 cache::KvDevice& CudaModel::kv_device() { return *kv_device_; }
 
+cache::ScoringBackend& CudaModel::Scoring(const cache::BlockPool&) { return *kv_device_; }
+
 absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
@@ -598,8 +603,7 @@ absl::StatusOr<kc::DeviceSparseDecode> CudaModel::SelectSlots(int32_t l,
     const int32_t past = slots - 1;
     selected.clear();
     const bool sparse = entry.selector->Select(
-        l, std::span<const float>(rows).subspan(i * q_dim, q_dim), 1, past, *entry.kv, pool,
-        &selected);
+        l, std::span<const float>(rows).subspan(i * q_dim, q_dim), 1, past, *entry.kv, &selected);
     WINNOW_RETURN_IF_ERROR(entry.selector->error());
     if (!sparse) continue;  // dense: FlashInfer's result stands
     WINNOW_RETURN_IF_ERROR(cache::CheckSelection(selected, past, l));
@@ -686,7 +690,7 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
       capture->device_rows =
           first < n ? scratch_->q.data() + (in.first_row[e] + first) * q_dim : nullptr;
       capture->device_row_count = n - first;
-      capture->layer_done(l, *batch[e].kv, pool, model_.threads());
+      capture->layer_done(l, *batch[e].kv, *kv_device_);
       capture->device_rows = nullptr;
       capture->device_row_count = 0;
     }
@@ -772,8 +776,8 @@ void CudaModel::FinishProbabilities(std::span<const BatchEntry> batch) {
   for (const BatchEntry& entry : batch) {
     if (entry.attention_probs != nullptr) entry.attention_probs->resize(c.num_layers);
   }
-  // The kernel's [h][i][j] into Model::Forward's [i][h][j], (layer, entry) pairs in parallel.
-  model_.threads().ParallelFor(
+  // The kernel's [h][i][j] into the CPU forward's [i][h][j], (layer, entry) pairs in parallel.
+  threads_.ParallelFor(
       static_cast<int64_t>(s.pending_probs.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t k = begin; k < end; ++k) {
           const Scratch::PendingProbs& p = s.pending_probs[k];

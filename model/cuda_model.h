@@ -1,5 +1,5 @@
 // The transformer forward on one GPU: the same varlen batch, the same semantics and the same
-// ForwardOutput as Model::Forward (model/model.h), computed with cuBLAS GEMMs, FlashInfer's
+// ForwardOutput as the CPU forward (model/cpu_forward.h), computed with cuBLAS GEMMs, FlashInfer's
 // paged attention and the kernels of kernels/cuda (docs/gpu.md, "CUDA worker").
 //
 // What lives where. The weights are on the device as bf16, dequantised from the GGUF on the
@@ -42,8 +42,10 @@ class CudaModel : public ForwardBackend {
   // Internal carry the CUDA error when memory cannot be had.
   // With `limits`, the activations for such batches are allocated here (a larger batch still
   // runs: its buffers grow).
+  // `threads` (the worker's, which must outlive the CudaModel) run the host side of the hooks.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& model,
                                                            const cache::BlockPool& pool,
+                                                           kernels::ThreadPool& threads,
                                                            int32_t device,
                                                            const ForwardLimits& limits = {});
   // Device bytes a CudaModel of `model` takes besides its KV arena, for batches within
@@ -53,7 +55,7 @@ class CudaModel : public ForwardBackend {
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 
-  // Model::Forward on the GPU, over `pool`'s block tables and this model's device arena, with
+  // The forward on the GPU, over `pool`'s block tables and this model's device arena, with
   // the compression hooks: query capture (the post-RoPE rows are copied to the host, as bf16
   // values in float), a decode token's attention probabilities, and attention selection
   // (TokenSelect: the selector votes on the device, a decode token whose selection applies
@@ -63,10 +65,11 @@ class CudaModel : public ForwardBackend {
   absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                        ForwardOutput* out) override;
 
-  // The device arena as the cache's compaction and scoring see it (cache/kv_device.h); the
-  // worker attaches it to the pool.
+  // The device arena as the cache's block operations see it (cache/kv_device.h; the worker
+  // attaches it to the pool) and as the compression hooks score it (cache/scoring_backend.h).
   cache::KvDevice& kv_device();
   cache::KvDevice* KvDeviceToAttach() override { return &kv_device(); }
+  cache::ScoringBackend& Scoring(const cache::BlockPool& pool) override;
 
   // Decode-only forwards (one token per entry, no query capture) of up to kMaxGraphRows rows
   // replay CUDA graphs (kernels/cuda/graph_cache.h) per batch-size bucket (the next power of
@@ -90,7 +93,7 @@ class CudaModel : public ForwardBackend {
   struct Weights;
   struct Scratch;
   struct HostInputs;
-  CudaModel(const Model& model, int32_t device);
+  CudaModel(const Model& model, kernels::ThreadPool& threads, int32_t device);
 
   absl::Status Init(const cache::BlockPool& pool);
   // Grows the activation buffers to hold a batch of `rows` rows with `logits_rows` logits rows.
@@ -133,6 +136,7 @@ class CudaModel : public ForwardBackend {
                       bool float_output = false);
 
   const Model& model_;
+  kernels::ThreadPool& threads_;
   int32_t device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Weights> weights_;

@@ -1,7 +1,7 @@
-// The seam between a worker and the device it runs on: one forward over a varlen batch, with
-// the semantics of Model::Forward (model/model.h), on the CPU (CpuForward, below) or on a GPU
-// (CudaModel, model/cuda_model.h). The worker around it (scheduler/model_worker.h) builds the
-// batch, runs the compression hooks and samples the same way whichever backend it holds.
+// The seam between a worker and the device it runs on: one forward over a varlen batch
+// (model/batch.h), on the CPU (model/cpu_forward.h) or on a GPU (model/cuda_model.h), and the
+// scoring backend over the K/V it holds. The worker around it (scheduler/model_worker.h) builds
+// the batch, runs the compression hooks and samples the same way whichever backend it holds.
 #pragma once
 
 #include <span>
@@ -9,7 +9,8 @@
 #include "absl/status/status.h"
 #include "cache/block_pool.h"
 #include "cache/kv_device.h"
-#include "model/model.h"
+#include "cache/scoring_backend.h"
+#include "model/batch.h"
 
 namespace winnow::model {
 
@@ -23,25 +24,14 @@ class ForwardBackend {
   virtual absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                                ForwardOutput* out) = 0;
 
+  // Where the compression hooks score the K/V this backend keeps for `pool`: over the pool's
+  // host arena on the host threads, or on the device. Valid while the backend lives.
+  virtual cache::ScoringBackend& Scoring(const cache::BlockPool& pool) = 0;
+
   // Where this backend keeps the K/V data when that is not the pool's host memory: the worker
-  // attaches it to the pool while it runs the backend, so that compaction and scoring reach
-  // the data (cache/kv_device.h). Null: the pool's own host memory.
+  // attaches it to the pool while it runs the backend, so that the cache's block operations
+  // (copies, compaction) reach the data (cache/kv_device.h). Null: the pool's own host memory.
   virtual cache::KvDevice* KvDeviceToAttach() { return nullptr; }
-};
-
-// The CPU forward: Model::Forward on the model's kernel thread pool.
-class CpuForward : public ForwardBackend {
- public:
-  // The model must outlive the backend.
-  explicit CpuForward(Model& model) : model_(model) {}
-
-  absl::Status Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
-                       ForwardOutput* out) override {
-    return model_.Forward(batch, pool, out);
-  }
-
- private:
-  Model& model_;
 };
 
 }  // namespace winnow::model

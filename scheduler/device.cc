@@ -83,16 +83,18 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
       ": the CUDA worker stores K/V as bf16; use bf16, or --device cpu"));
 }
 
-absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
+absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, const model::Model& model,
                                                    cache::BlockPool& pool,
+                                                   const WorkerOptions& host,
                                                    const model::ForwardLimits& limits,
                                                    bool cuda_graphs) {
-  if (!device.is_cuda()) return MakeCpuWorker(model, pool);
+  if (!device.is_cuda()) return MakeCpuWorker(model, pool, host);
 #if WINNOW_HAVE_CUDA
+  auto threads = std::make_unique<kernels::ThreadPool>(host.num_threads);
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaModel> cuda,
-                          model::CudaModel::Create(model, pool, device.index, limits));
+                          model::CudaModel::Create(model, pool, *threads, device.index, limits));
   cuda->set_cuda_graphs(cuda_graphs);
-  return std::make_unique<ModelWorker>(model, pool, std::move(cuda));
+  return std::make_unique<ModelWorker>(model, pool, std::move(threads), std::move(cuda));
 #else
   (void)cuda_graphs;
   return absl::InvalidArgumentError(

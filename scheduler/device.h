@@ -54,12 +54,13 @@ absl::StatusOr<kernels::KvDtype> KvDtypeFor(const Device& device,
 // CUDA worker keeps the data in its device arena).
 inline bool NeedsHostArena(const Device& device) { return !device.is_cuda(); }
 
-// The worker for `device`: the CPU worker, or the CUDA worker with the model's weights, its
-// activations for batches within `limits`, a device KV arena for `pool` and, with
-// `cuda_graphs`, CUDA graphs for decode (InvalidArgument when the device or the pool's dtype
-// does not fit). The model and pool must outlive it.
-absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, model::Model& model,
+// The worker for `device`, on threads of its own (`host`): the CPU worker, or the CUDA worker
+// with the model's weights, its activations for batches within `limits`, a device KV arena for
+// `pool` and, with `cuda_graphs`, CUDA graphs for decode (InvalidArgument when the device or
+// the pool's dtype does not fit). The model and pool must outlive it.
+absl::StatusOr<std::unique_ptr<Worker>> MakeWorker(const Device& device, const model::Model& model,
                                                    cache::BlockPool& pool,
+                                                   const WorkerOptions& host = {},
                                                    const model::ForwardLimits& limits = {},
                                                    bool cuda_graphs = true);
 

@@ -248,8 +248,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
       return absl::InvalidArgumentError("engine: the worker factory returned no worker");
     }
   } else {
-    WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool, forward_limits,
-                                                       options.cuda_graphs));
+    WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool, options.worker,
+                                               forward_limits, options.cuda_graphs));
   }
 
   const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);

@@ -64,6 +64,8 @@ struct EngineOptions {
   Device device;
   // cuda: decode-only iterations replay CUDA graphs (model::CudaModel::set_cuda_graphs).
   bool cuda_graphs = true;
+  // The worker's threads and the CPU forward's activations (scheduler/worker.h).
+  WorkerOptions worker;
   // Empty: the device's worker (MakeWorker, scheduler/device.h). Otherwise this makes the
   // worker, over the pool built for `device`: the fault-injection tests wrap the CPU worker in
   // one that fails on purpose.

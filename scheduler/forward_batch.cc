@@ -49,7 +49,7 @@ namespace {
 // One chunk's compression hooks (see RunCompressions); the event when a compaction ran.
 absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk,
                                                                cache::BlockPool& pool,
-                                                               kernels::ThreadPool& threads) {
+                                                               cache::ScoringBackend& scoring) {
   Sequence& s = *chunk.seq;
   cache::CompressionSession& c = *s.compression;
   if (c.compressed()) {
@@ -70,12 +70,12 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
                             slots_before - st->slots_removed,
                             blocks_before - s.kv.num_blocks_held()};
   }
-  if (absl::Status st = c.AfterPrefillChunk(s.kv, pool, threads); !st.ok()) return st;
+  if (absl::Status st = c.AfterPrefillChunk(); !st.ok()) return st;
   if (!chunk.samples) return std::nullopt;  // more of the prompt to come
   // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
   // first (admission reserved room for the copies), so the others keep their prefix intact.
   if (absl::Status st = s.kv.MakePrivate(pool); !st.ok()) return st;
-  absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool, threads);
+  absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool, scoring);
   if (!st.ok()) return st.status();
   if (c.prompt_plan_pending()) return std::nullopt;  // a lookahead: the plan comes later
   return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
@@ -85,13 +85,14 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
 }  // namespace
 
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               kernels::ThreadPool& threads, std::span<ChunkResult> results) {
+                               cache::ScoringBackend& scoring,
+                               std::span<ChunkResult> results) {
   absl::Duration spent;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].seq->compression == nullptr) continue;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::optional<CompressionEvent>> event =
-        RunCompression(chunks[i], pool, threads);
+        RunCompression(chunks[i], pool, scoring);
     spent += absl::Now() - start;
     if (!event.ok()) {
       results[i].status = event.status();

@@ -10,9 +10,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cache/block_pool.h"
-#include "model/model.h"
-#include "model/sampler.h"
+#include "cache/scoring_backend.h"
 #include "kernels/cpu/thread_pool.h"
+#include "model/batch.h"
+#include "model/sampler.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/worker.h"
 
@@ -25,13 +26,14 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
                                                  int64_t hidden_size);
 
 // After the forward: each chunk's compression hooks into results[i] (prefill capture
-// bookkeeping, compression once the prompt is complete, or decode-time eviction), wherever the
-// pool's data lives (cache/kv_device.h). Before sampling: the first token comes from the full
+// bookkeeping, compression once the prompt is complete, or decode-time eviction), scoring
+// through the forward backend's `scoring` (where the K/V are). Before sampling: the first token comes from the full
 // cache's logits (already computed), and a sequence that finishes on it must not be compressed
 // after its blocks are gone. A failure fails that chunk's sequence only. Returns the time the
 // hooks took: zero when no chunk's sequence compresses.
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               kernels::ThreadPool& threads, std::span<ChunkResult> results);
+                               cache::ScoringBackend& scoring,
+                               std::span<ChunkResult> results);
 
 // Samples chunk `index`'s next token from its logits row in `out`.
 absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,

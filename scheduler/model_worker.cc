@@ -2,13 +2,15 @@
 
 #include <utility>
 
+#include "model/cpu_forward.h"
 #include "scheduler/forward_batch.h"
 
 namespace winnow::scheduler {
 
-ModelWorker::ModelWorker(model::Model& model, cache::BlockPool& pool,
+ModelWorker::ModelWorker(const model::Model& model, cache::BlockPool& pool,
+                         std::unique_ptr<kernels::ThreadPool> threads,
                          std::unique_ptr<model::ForwardBackend> forward)
-    : model_(model), pool_(pool), forward_(std::move(forward)) {
+    : model_(model), pool_(pool), threads_(std::move(threads)), forward_(std::move(forward)) {
   if (cache::KvDevice* device = forward_->KvDeviceToAttach()) pool_.AttachDevice(device);
 }
 
@@ -26,13 +28,17 @@ WorkerOutput ModelWorker::Execute(std::span<const ScheduledChunk> chunks) {
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
-  result.compression_time = RunCompressions(chunks, pool_, model_.threads(), result.chunks);
-  SampleChunks(chunks, out_, model_.threads(), result.chunks);
+  result.compression_time =
+      RunCompressions(chunks, pool_, forward_->Scoring(pool_), result.chunks);
+  SampleChunks(chunks, out_, *threads_, result.chunks);
   return result;
 }
 
-std::unique_ptr<ModelWorker> MakeCpuWorker(model::Model& model, cache::BlockPool& pool) {
-  return std::make_unique<ModelWorker>(model, pool, std::make_unique<model::CpuForward>(model));
+std::unique_ptr<ModelWorker> MakeCpuWorker(const model::Model& model, cache::BlockPool& pool,
+                                           const WorkerOptions& options) {
+  auto threads = std::make_unique<kernels::ThreadPool>(options.num_threads);
+  auto forward = std::make_unique<model::CpuForward>(model, *threads, options.cpu_activations);
+  return std::make_unique<ModelWorker>(model, pool, std::move(threads), std::move(forward));
 }
 
 }  // namespace winnow::scheduler

@@ -1,6 +1,7 @@
 // The worker: builds the varlen batch of the plan's chunks, runs the forward through a
 // backend (the CPU's or a GPU's, model/forward_backend.h), then each sequence's compression
-// hooks and sampling on the host, the same code whichever backend runs the forward.
+// hooks (scoring through the backend's ScoringBackend) and sampling on the host, the same code
+// whichever backend runs the forward. It owns the threads all of that runs on.
 #pragma once
 
 #include <memory>
@@ -16,10 +17,10 @@ namespace winnow::scheduler {
 
 class ModelWorker : public Worker {
  public:
-  // `model` (its config and its thread pool, which the hooks and sampling split their work
-  // over between forwards) and `pool` must outlive the worker. While the worker lives, the
-  // backend's KV device, if it has one, is attached to `pool`.
-  ModelWorker(model::Model& model, cache::BlockPool& pool,
+  // `model` and `pool` must outlive the worker; `forward` was built over `threads`. While the
+  // worker lives, the backend's KV device, if it has one, is attached to `pool`.
+  ModelWorker(const model::Model& model, cache::BlockPool& pool,
+              std::unique_ptr<kernels::ThreadPool> threads,
               std::unique_ptr<model::ForwardBackend> forward);
   ~ModelWorker() override;
   ModelWorker(const ModelWorker&) = delete;
@@ -28,8 +29,10 @@ class ModelWorker : public Worker {
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
 
  private:
-  model::Model& model_;
+  const model::Model& model_;
   cache::BlockPool& pool_;
+  // Declared before the backend, which holds a reference to them.
+  std::unique_ptr<kernels::ThreadPool> threads_;
   std::unique_ptr<model::ForwardBackend> forward_;
   // Reused across iterations: a batch's logits (rows x vocabulary floats, 65 MB for 128 rows
   // of a 128k vocabulary) would otherwise be allocated and zeroed every step. On a GPU they
@@ -37,7 +40,8 @@ class ModelWorker : public Worker {
   model::ForwardOutput out_;
 };
 
-// The CPU worker: ModelWorker over CpuForward.
-std::unique_ptr<ModelWorker> MakeCpuWorker(model::Model& model, cache::BlockPool& pool);
+// The CPU worker: ModelWorker over CpuForward, on threads of its own.
+std::unique_ptr<ModelWorker> MakeCpuWorker(const model::Model& model, cache::BlockPool& pool,
+                                           const WorkerOptions& options = {});
 
 }  // namespace winnow::scheduler

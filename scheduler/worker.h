@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "model/cpu_activations.h"
 #include "model/sampler.h"
 #include "scheduler/engine_observer.h"
 #include "scheduler/request.h"
@@ -31,6 +32,13 @@ struct WorkerOutput {
   std::vector<ChunkResult> chunks;  // parallel to the plan's chunks
   absl::Duration forward_time;
   absl::Duration compression_time;  // the compression hooks after the forward
+};
+
+// The host side of a worker: the threads it owns (the CPU forward's kernels and, on any device,
+// the compression hooks' host work and sampling) and the CPU forward's activation precision.
+struct WorkerOptions {
+  int32_t num_threads = 0;  // 0: one per hardware thread
+  model::CpuActivations cpu_activations = model::CpuActivations::kF32;
 };
 
 class Worker {

@@ -250,10 +250,7 @@ bool StartListeners(Daemon* d) { return StartMetrics(d) && StartHttp(d) && Start
 bool LoadModel(Daemon* d) {
   const ServeOptions& options = d->options;
   d->load_start = absl::Now();
-  model::ModelOptions model_options;
-  model_options.num_threads = options.threads;
-  model_options.activations = options.cpu_activations;
-  auto loaded = model::Model::Load(options.model, model_options);
+  auto loaded = model::Model::Load(options.model);
   if (!loaded.ok()) {
     spdlog::error("cannot load model '{}': {}", options.model,
                   std::string(loaded.status().message()));
@@ -273,6 +270,8 @@ scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.kv_cache_dtype = options.kv_cache_dtype;
   engine_options.device = options.device;
+  engine_options.worker.num_threads = options.threads;
+  engine_options.worker.cpu_activations = options.cpu_activations;
   if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
   engine_options.kv_blocks = options.kv_blocks;
   // An explicit cache size (bytes or blocks) wins over sizing the cache from free GPU memory.

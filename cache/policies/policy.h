@@ -37,10 +37,7 @@
 #include "absl/status/statusor.h"
 #include "base/status_macros.h"
 #include "cache/keep_plan.h"
-
-namespace winnow::kernels {
-class ThreadPool;
-}  // namespace winnow::kernels
+#include "cache/scoring_backend.h"
 
 namespace winnow::cache {
 class AttentionSelector;  // cache/attention_selector.h
@@ -319,14 +316,13 @@ class CompressionPolicy {
 
   // Decode-time selection without eviction (TokenSelect); null for none. Owned by the policy.
   virtual AttentionSelector* selector() { return nullptr; }
-  // The forward's worker pool, handed over before the first ObserveLayer: it is idle while the
-  // policy observes and plans (the compression hooks run between forwards), so per-head work
-  // may be split over it (threads(), ForEachHead in scoring_helpers.h). TokenSelect's selector
-  // also runs ParallelFor on it inside Select: the forward calls Select on the engine thread
-  // between kernels, when the pool is idle. A single decode token's attention only spreads over
-  // the KV heads, so a per-step scoring pass over every cached key needs the whole pool to pay
-  // off. Overrides must call this one.
-  virtual void UseThreads(kernels::ThreadPool* threads) { threads_ = threads; }
+  // The forward backend's scoring (cache/scoring_backend.h), handed over before the first
+  // ObserveLayer. Its host threads are idle while the policy observes and plans (the
+  // compression hooks run between forwards), so per-head work may be split over them
+  // (threads(), ForEachHead in scoring_helpers.h). TokenSelect's selector votes through it
+  // inside Select: the forward calls Select on the engine thread between kernels, when the
+  // threads are idle. Overrides must call this one.
+  virtual void UseScoring(ScoringBackend* scoring) { scoring_ = scoring; }
 
   // For admission: an upper bound on the slots, summed over layers, that the sequence holds
   // after compression once `generated` tokens have been appended. The default assumes every
@@ -340,13 +336,16 @@ class CompressionPolicy {
   const PolicyContext& context() const { return context_; }
   const ModelDims& dims() const { return context_.dims; }
   const PromptLayout& layout() const { return context_.layout; }
-  // The pool UseThreads handed over, or null (then everything runs on the calling thread).
-  kernels::ThreadPool* threads() const { return threads_; }
+  // The host threads of the backend UseScoring handed over, or null (then everything runs on
+  // the calling thread).
+  kernels::ThreadPool* threads() const {
+    return scoring_ != nullptr ? &scoring_->host_threads() : nullptr;
+  }
 
  private:
   PolicyConfig config_;
   PolicyContext context_;
-  kernels::ThreadPool* threads_ = nullptr;
+  ScoringBackend* scoring_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------------

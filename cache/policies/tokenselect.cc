@@ -7,11 +7,8 @@
 #include <numeric>
 
 #include "base/status_macros.h"
-#include "cache/kv_device.h"
 #include "cache/policies/scoring_helpers.h"
 #include "kernels/cpu/simd.h"
-#include "kernels/cpu/token_select_vote.h"
-#include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache::policies {
 namespace {
@@ -60,25 +57,23 @@ const std::vector<int32_t>& TokenSelectSelector::cached_selection(int32_t layer)
 }
 
 std::vector<float> TokenSelectSelector::Vote(int32_t layer, std::span<const float> query,
-                                             int32_t begin, int32_t end, const SequenceKv& kv,
-                                             const BlockPool& pool) {
+                                             int32_t begin, int32_t end,
+                                             const SequenceKv& kv) {
   const float scale =
       options_.scaled_vote ? 1.0f / std::sqrt(static_cast<float>(options_.head_dim)) : 1.0f;
   const std::span<const int32_t> table = kv.block_table(layer);
   std::vector<float> vote(end - begin, 0.0f);
-  if (KvDevice* device = pool.device()) {
-    // The keys are on the device (the CUDA worker): vote there, only the vote comes back.
-    error_.Update(device->TokenSelectVote(table, query, options_.num_heads, begin, end, scale,
-                                          options_.gqa_mod, vote.data()));
-  } else {
-    kernels::TokenSelectVote(pool.View(), table, query, options_.num_heads, begin, end, scale,
-                             options_.gqa_mod, vote.data(), &logits_, threads_);
+  if (scoring_ == nullptr) {
+    error_.Update(absl::FailedPreconditionError("tokenselect: the selector has no scoring backend"));
+    return vote;
   }
+  error_.Update(scoring_->TokenSelectVote(table, query, options_.num_heads, begin, end, scale,
+                                          options_.gqa_mod, vote.data()));
   return vote;
 }
 
 bool TokenSelectSelector::Select(int32_t layer, std::span<const float> q, int32_t num_new,
-                                 int32_t past_slots, const SequenceKv& kv, const BlockPool& pool,
+                                 int32_t past_slots, const SequenceKv& kv,
                                  std::vector<int32_t>* slots) {
   ++stats_.calls;
   stats_.keys_total += past_slots;
@@ -129,7 +124,7 @@ bool TokenSelectSelector::Select(int32_t layer, std::span<const float> q, int32_
   if (hit) {
     ++stats_.hits;
   } else {
-    std::vector<float> vote = Vote(layer, query, init_end, local_begin, kv, pool);
+    std::vector<float> vote = Vote(layer, query, init_end, local_begin, kv);
     if (options_.pool > 1) vote = Pool1d(vote, options_.pool, Pooling::kMax);
     std::vector<int32_t> candidates(vote.size());
     std::iota(candidates.begin(), candidates.end(), 0);
@@ -165,9 +160,9 @@ class TokenSelectPolicy : public CompressionPolicy {
   absl::StatusOr<KeepPlan> Plan() override { return KeepPlan{}; }
 
   AttentionSelector* selector() override { return &selector_; }
-  void UseThreads(kernels::ThreadPool* threads) override {
-    CompressionPolicy::UseThreads(threads);
-    selector_.set_threads(threads);
+  void UseScoring(ScoringBackend* scoring) override {
+    CompressionPolicy::UseScoring(scoring);
+    selector_.set_scoring(scoring);
   }
 
   // Every token stays resident: the default (budget x prompt) would under-reserve.

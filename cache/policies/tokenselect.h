@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "cache/attention_selector.h"
 #include "cache/policies/policy.h"
+#include "cache/scoring_backend.h"
 
 namespace winnow::cache::policies {
 
@@ -75,9 +76,10 @@ class TokenSelectSelector : public AttentionSelector {
  public:
   explicit TokenSelectSelector(const TokenSelectOptions& options) : options_(options) {}
 
-  // The pool the scoring pass spreads over (the forward's: Select runs between its kernels);
-  // null runs it on the calling thread. Results do not depend on it.
-  void set_threads(kernels::ThreadPool* threads) { threads_ = threads; }
+  // Where the vote runs: the forward backend's scoring (cache/scoring_backend.h; Select runs
+  // between the forward's kernels, when its threads are idle). Results do not depend on it.
+  // Without one, Select fails (error()).
+  void set_scoring(ScoringBackend* scoring) { scoring_ = scoring; }
 
   // With k > 0: the paper's fixed n_init + k + n_local. With k == 0: B = floor(budget x
   // tokens) attended tokens, n_init and n_local scaled from the paper's 128 : 2048 : 512 and
@@ -85,7 +87,7 @@ class TokenSelectSelector : public AttentionSelector {
   TokenSelectSplit Split(int32_t tokens) const;
 
   bool Select(int32_t layer, std::span<const float> q, int32_t num_new, int32_t past_slots,
-              const SequenceKv& kv, const BlockPool& pool, std::vector<int32_t>* slots) override;
+              const SequenceKv& kv, std::vector<int32_t>* slots) override;
 
   absl::Status error() const override { return error_; }
 
@@ -96,7 +98,7 @@ class TokenSelectSelector : public AttentionSelector {
   // The soft vote over candidate slots [begin, end) of `layer` for one query (num_heads x
   // head_dim floats): vote[t - begin]. Public for tests and the benchmark.
   std::vector<float> Vote(int32_t layer, std::span<const float> query, int32_t begin,
-                          int32_t end, const SequenceKv& kv, const BlockPool& pool);
+                          int32_t end, const SequenceKv& kv);
 
  private:
   struct LayerState {
@@ -106,9 +108,8 @@ class TokenSelectSelector : public AttentionSelector {
   };
 
   TokenSelectOptions options_;
-  kernels::ThreadPool* threads_ = nullptr;
+  ScoringBackend* scoring_ = nullptr;
   std::vector<LayerState> layers_;
-  std::vector<float> logits_;  // transient [num_heads][candidates]
   TokenSelectStats stats_;
   absl::Status error_;  // the first device error a vote met
 };

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "kernels/cpu/kv_dtype.h"
 #include "model/model.h"
+#include "scheduler/worker.h"
 
 namespace winnow::cli {
 
@@ -22,7 +23,7 @@ struct CommonFlags {
   int32_t threads = 0;  // 0: one per hardware thread
   model::CpuActivations activations = model::kDefaultCpuActivations;
 
-  model::ModelOptions ModelOptions() const { return {threads, activations}; }
+  scheduler::WorkerOptions Worker() const { return {threads, activations}; }
 };
 // Sets up `app` with base::ConfigureApp and adds --model, --threads and --cpu-activations.
 void AddCommonFlags(CLI::App& app, CommonFlags* flags);

@@ -112,9 +112,12 @@ v1::GenerateRequest ToProto(const GenerateFlags& f) {
 // chunk of --chunk-size tokens per iteration.
 scheduler::EngineOptions EngineOptionsFor(const model::Model& model,
                                           const scheduler::GenerationRequest& request,
-                                          int32_t chunk_size, kernels::KvDtype kv_cache_dtype,
+                                          const GenerateFlags& f,
                                           const scheduler::Device& device) {
   scheduler::EngineOptions options;
+  options.worker = f.common.Worker();
+  const int32_t chunk_size = f.chunk_size;
+  const kernels::KvDtype kv_cache_dtype = f.kv_cache_dtype;
   options.kv_cache_dtype = kv_cache_dtype;
   options.device = device;
   options.max_batched_tokens = chunk_size;
@@ -246,7 +249,7 @@ absl::Status ResolveDevice(bool kv_cache_dtype_given, GenerateFlags* f,
 
 absl::Status Generate(const GenerateFlags& f, const scheduler::Device& device) {
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
-                          model::Model::Load(f.common.model, f.common.ModelOptions()));
+                          model::Model::Load(f.common.model));
   server::RequestLimits limits;
   limits.context_length = model->config().context_length;
   limits.default_max_tokens = f.max_tokens;
@@ -257,7 +260,7 @@ absl::Status Generate(const GenerateFlags& f, const scheduler::Device& device) {
       std::unique_ptr<scheduler::Engine> engine,
       scheduler::Engine::Create(
           model.get(),
-          EngineOptionsFor(*model, request, f.chunk_size, f.kv_cache_dtype, device)));
+          EngineOptionsFor(*model, request, f, device)));
 
   auto sink = std::make_shared<StreamSink>();
   const Clock::time_point submitted = Clock::now();

@@ -7,19 +7,22 @@
 
 namespace winnow::cli {
 
-absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(model::Model& model,
-                                                                   int32_t max_tokens,
+absl::StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(
+    const model::Model& model, const scheduler::WorkerOptions& host, int32_t max_tokens,
                                                                    kernels::KvDtype dtype,
                                                                    int32_t block_size) {
   const cache::KvLayout layout = model.KvLayoutFor(block_size, dtype);
   const int32_t blocks = layout.num_layers * ((max_tokens + block_size - 1) / block_size);
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::BlockPool> pool,
                           cache::BlockPool::Create(layout, blocks));
-  return std::unique_ptr<LocalSession>(new LocalSession(model, std::move(pool)));
+  return std::unique_ptr<LocalSession>(new LocalSession(model, host, std::move(pool)));
 }
 
-LocalSession::LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool> pool)
-    : model_(model), pool_(std::move(pool)),
+LocalSession::LocalSession(const model::Model& model, const scheduler::WorkerOptions& host,
+                           std::unique_ptr<cache::BlockPool> pool)
+    : pool_(std::move(pool)),
+      threads_(host.num_threads),
+      forward_(model, threads_, host.cpu_activations),
       kv_(model.config().num_layers, pool_->layout().block_size) {}
 
 LocalSession::~LocalSession() { kv_.Release(*pool_); }
@@ -40,7 +43,7 @@ absl::StatusOr<std::vector<float>> LocalSession::Feed(std::span<const int32_t> t
     entry.start_position = position_;
     entry.logits = model::LogitsMode::kAll;
     model::ForwardOutput out;
-    WINNOW_RETURN_IF_ERROR(model_.Forward({&entry, 1}, *pool_, &out));
+    WINNOW_RETURN_IF_ERROR(forward_.Forward({&entry, 1}, *pool_, &out));
     logits.insert(logits.end(), out.logits.begin(), out.logits.end());
     position_ += n;
   }

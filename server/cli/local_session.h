@@ -11,14 +11,19 @@
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/cpu_forward.h"
 #include "model/model.h"
+#include "scheduler/worker.h"
 
 namespace winnow::cli {
 
 class LocalSession {
  public:
-  // A pool large enough for `max_tokens` positions of one sequence, storing K/V as `dtype`.
-  static absl::StatusOr<std::unique_ptr<LocalSession>> Create(model::Model& model,
+  // A pool large enough for `max_tokens` positions of one sequence, storing K/V as `dtype`,
+  // and a CPU forward on threads of its own (`host`).
+  static absl::StatusOr<std::unique_ptr<LocalSession>> Create(const model::Model& model,
+                                                              const scheduler::WorkerOptions& host,
                                                               int32_t max_tokens,
                                                               kernels::KvDtype dtype,
                                                               int32_t block_size = 16);
@@ -29,10 +34,12 @@ class LocalSession {
   absl::StatusOr<std::vector<float>> Feed(std::span<const int32_t> tokens, int32_t chunk_size);
 
  private:
-  LocalSession(model::Model& model, std::unique_ptr<cache::BlockPool> pool);
+  LocalSession(const model::Model& model, const scheduler::WorkerOptions& host,
+               std::unique_ptr<cache::BlockPool> pool);
 
-  model::Model& model_;
   std::unique_ptr<cache::BlockPool> pool_;
+  kernels::ThreadPool threads_;
+  model::CpuForward forward_;
   cache::SequenceKv kv_;
   int32_t position_ = 0;
 };

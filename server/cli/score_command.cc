@@ -61,7 +61,7 @@ int RunScore(const std::vector<std::string>& args) {
   if (chunk_size == 0) chunk_size = static_cast<int32_t>(tokens->size());
 
   absl::StatusOr<std::unique_ptr<model::Model>> model =
-      model::Model::Load(common.model, common.ModelOptions());
+      model::Model::Load(common.model);
   if (!model.ok()) return Fail(model.status());
   const int32_t vocab = (*model)->config().vocab_size;
   for (int32_t id : *tokens) {
@@ -74,7 +74,8 @@ int RunScore(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError("more tokens than the context length"));
   }
   absl::StatusOr<std::unique_ptr<LocalSession>> session =
-      LocalSession::Create(**model, static_cast<int32_t>(tokens->size()), kv_cache_dtype);
+      LocalSession::Create(**model, common.Worker(), static_cast<int32_t>(tokens->size()),
+                           kv_cache_dtype);
   if (!session.ok()) return Fail(session.status());
   absl::StatusOr<std::vector<float>> logits =
       (*session)->Feed(*tokens, chunk_size);

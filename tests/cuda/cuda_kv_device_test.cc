@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "cache/block_pool.h"
-#include "cache/compaction.h"
+include "cache/compaction.h"
+#include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention_scores.h"
@@ -50,7 +51,7 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
     // With the GEMM, a bf16 arena scores device rows on tensor cores; f16 on the direct kernel.
     device_ = std::make_unique<CudaKvDevice>(
         kernels::cuda::DevicePagedKvFor(layout.View(nullptr), arena_.data()), nullptr,
-        gemm_.get(), kSlots);
+        threads_, gemm_.get(), kSlots);
     books_->AttachDevice(device_.get());
     // The same reservations on both pools give the same block ids.
     for (cache::BlockPool* pool : {host_.get(), books_.get()}) {
@@ -81,6 +82,7 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
   std::unique_ptr<cache::BlockPool> host_, books_;
   kernels::cuda::DeviceBuffer<std::byte> arena_;
   std::unique_ptr<kernels::cuda::Gemm> gemm_;
+  kernels::ThreadPool threads_{1};
   std::unique_ptr<CudaKvDevice> device_;
   std::vector<cache::SequenceKv> kvs_;  // [0] on host_, [1] on books_
 };
@@ -171,7 +173,7 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   ASSERT_TRUE(device_->ValueNorms(kvs_[1].block_table(0), kSlots, got_norms.data()).ok());
   ExpectClose(got_norms, want_norms, 1e-5, 1e-6, "value norms");
 
-  // TokenSelect's vote: the selector votes through the device when the pool has one.
+  // TokenSelect's vote: the selector votes through the scoring backend it was given.
   cache::policies::TokenSelectOptions options;
   options.num_heads = kHeads;
   options.num_kv_heads = kKvHeads;
@@ -179,8 +181,11 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   options.scaled_vote = true;
   const std::vector<float> query(q.begin(), q.begin() + kHeads * kDim);
   cache::policies::TokenSelectSelector on_host(options), on_device(options);
-  const std::vector<float> want_vote = on_host.Vote(0, query, 3, 20, kvs_[0], *host_);
-  const std::vector<float> got_vote = on_device.Vote(0, query, 3, 20, kvs_[1], *books_);
+  cache::HostScoring host_scoring(*host_, threads_);
+  on_host.set_scoring(&host_scoring);
+  on_device.set_scoring(device_.get());
+  const std::vector<float> want_vote = on_host.Vote(0, query, 3, 20, kvs_[0]);
+  const std::vector<float> got_vote = on_device.Vote(0, query, 3, 20, kvs_[1]);
   EXPECT_TRUE(on_device.error().ok()) << on_device.error();
   ExpectClose(got_vote, want_vote, 2e-4, 1e-6, "TokenSelect vote");
 }

@@ -31,6 +31,7 @@
 #include "cache/compression.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
+#include "model/cpu_forward.h"
 #include "model/cuda_model.h"
 #include "kernels/cuda/device.h"
 #include "model/model.h"
@@ -71,12 +72,18 @@ class CudaModelTest : public testing::CudaTest {
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");
     if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = Model::Load(path, {.num_threads = 4});
+    auto loaded = Model::Load(path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = loaded->release();
+    threads_ = new kernels::ThreadPool(4);
+    cpu_forward_ = new CpuForward(*model_, *threads_);
   }
   static void TearDownTestSuite() {
+    delete cpu_forward_;
+    delete threads_;
     delete model_;
+    cpu_forward_ = nullptr;
+    threads_ = nullptr;
     model_ = nullptr;
   }
   void SetUp() override {
@@ -87,7 +94,7 @@ class CudaModelTest : public testing::CudaTest {
     const cache::KvLayout layout = model_->KvLayoutFor(kBlock, kernels::KvDtype::kBF16);
     cpu_pool_ = *cache::BlockPool::Create(layout, blocks);
     gpu_pool_ = *cache::BlockPool::Create(layout, blocks, /*host_arena=*/false);
-    auto cuda = CudaModel::Create(*model_, *gpu_pool_, 0);
+    auto cuda = CudaModel::Create(*model_, *gpu_pool_, *threads_, 0);
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = *std::move(cuda);
     gpu_pool_->AttachDevice(&cuda_->kv_device());  // as the CUDA worker does
@@ -95,7 +102,7 @@ class CudaModelTest : public testing::CudaTest {
 
   ForwardFn Cpu() {
     return [](std::span<const BatchEntry> b, cache::BlockPool& p, ForwardOutput* o) {
-      return model_->Forward(b, p, o);
+      return cpu_forward_->Forward(b, p, o);
     };
   }
   ForwardFn Gpu() {
@@ -178,10 +185,12 @@ class CudaModelTest : public testing::CudaTest {
       EXPECT_TRUE(st.ok()) << st;
       if (!st.ok()) break;
       if (prefill) {
-        st = session->AfterPrefillChunk(kv, pool, model_->threads());
+        st = session->AfterPrefillChunk();
         EXPECT_TRUE(st.ok()) << st;
         if (last) {
-          auto compressed = session->Compress(kv, pool, model_->threads());
+          cache::ScoringBackend& scoring = &pool == gpu_pool_.get() ? cuda_->Scoring(pool)
+                                                                    : cpu_forward_->Scoring(pool);
+          auto compressed = session->Compress(kv, pool, scoring);
           EXPECT_TRUE(compressed.ok()) << compressed.status();
         }
       } else {
@@ -216,6 +225,8 @@ class CudaModelTest : public testing::CudaTest {
   }
 
   static inline Model* model_ = nullptr;
+  static inline kernels::ThreadPool* threads_ = nullptr;
+  static inline CpuForward* cpu_forward_ = nullptr;
   std::unique_ptr<cache::BlockPool> cpu_pool_, gpu_pool_;
   std::unique_ptr<CudaModel> cuda_;
 };
@@ -339,7 +350,7 @@ TEST_F(CudaModelTest, DeviceBytesBesidesKvMatchWhatCreateAllocates) {
                                        model_->config().num_layers, /*host_arena=*/false);
   ASSERT_TRUE(tiny.ok());
   const kernels::cuda::DeviceMemory before = *kernels::cuda::MemoryInfo(0);
-  auto cuda = CudaModel::Create(*model_, **tiny, 0, limits);
+  auto cuda = CudaModel::Create(*model_, **tiny, *threads_, 0, limits);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   const kernels::cuda::DeviceMemory after = *kernels::cuda::MemoryInfo(0);
   const int64_t used = before.free_bytes - after.free_bytes - (*cuda)->arena_bytes();
@@ -487,7 +498,7 @@ TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
   // a selector on a prefill chunk is an error, not a silent dense pass.
   struct NoSelection : cache::AttentionSelector {
     bool Select(int32_t, std::span<const float>, int32_t, int32_t, const cache::SequenceKv&,
-                const cache::BlockPool&, std::vector<int32_t>*) override {
+                std::vector<int32_t>*) override {
       return false;
     }
   } selector;
@@ -504,7 +515,7 @@ TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
   auto f16 = cache::BlockPool::Create(model_->KvLayoutFor(kBlock, kernels::KvDtype::kF16), 64,
                                       /*host_arena=*/false);
   ASSERT_TRUE(f16.ok());
-  auto refused = CudaModel::Create(*model_, **f16, 0);
+  auto refused = CudaModel::Create(*model_, **f16, *threads_, 0);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("kv_cache_dtype f16"), std::string::npos);

@@ -13,7 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "cache/block_pool.h"
+include "cache/block_pool.h"
+#include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention_scores.h"
@@ -164,7 +165,10 @@ TYPED_TEST(ScoringTest, TokenSelectVoteMatchesTheCpu) {
         options.gqa_mod = gqa_mod;
         options.scaled_vote = scaled;
         cache::policies::TokenSelectSelector selector(options);
-        const std::vector<float> want = selector.Vote(0, query, begin, end, f.kv, *f.pool);
+        kernels::ThreadPool threads(1);
+        cache::HostScoring host_scoring(*f.pool, threads);
+        selector.set_scoring(&host_scoring);
+        const std::vector<float> want = selector.Vote(0, query, begin, end, f.kv);
 
         auto d_query = UploadQ<Q>(query);
         auto d_vote = Upload(std::vector<float>(end - begin, NAN));

@@ -1,7 +1,7 @@
-// The host side of the device seam (cache/kv_device.h), without a GPU: a books-only pool with a
-// device attached sends MakePrivate's block copies, compaction and the compression scoring to
-// the device, keeps the books itself (blocks freed at once), and passes the device's errors
-// on. The device here records its calls; the CUDA implementation is tested against the host
+// The host side of the device seam (cache/kv_device.h, cache/scoring_backend.h), without a GPU:
+// a books-only pool with a device attached sends MakePrivate's block copies and compaction to
+// the device, the compression scores through the device's scoring backend, keeps the books
+// itself (blocks freed at once), and passes the device's errors on. The device here records its calls; the CUDA implementation is tested against the host
 // pool in tests/cuda/cuda_kv_device_test.cc.
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include "cache/compaction.h"
 #include "cache/compression.h"
 #include "cache/kv_device.h"
+#include "cache/scoring_backend.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -24,7 +25,7 @@ constexpr int32_t kKvHeads = 2;
 constexpr int32_t kDim = 8;
 constexpr int32_t kBlock = 4;
 
-class RecordingDevice : public KvDevice {
+class RecordingDevice : public KvDevice, public ScoringBackend {
  public:
   absl::Status CopyBlock(int32_t from, int32_t to) override {
     copies.push_back({from, to});
@@ -57,8 +58,10 @@ class RecordingDevice : public KvDevice {
                                int32_t, int32_t, float, bool, float*) override {
     return status;
   }
+  kernels::ThreadPool& host_threads() override { return threads; }
 
   absl::Status status;
+  kernels::ThreadPool threads{1};
   std::vector<std::pair<int32_t, int32_t>> copies;
   std::vector<std::vector<int32_t>> compacted_tables;
   std::vector<int32_t> compacted_kept;
@@ -148,9 +151,8 @@ TEST_F(KvDeviceTest, CompressionScoresOnTheDeviceWithoutTheRows) {
   capture->per_layer.assign(kLayers, std::vector<float>(4 * kHeads * kDim, 0.5f));
   for (int32_t p = 28; p < n; ++p) capture->positions.push_back(p);
   for (int32_t l = 0; l < kLayers; ++l) kv.AppendSlots(l, n);
-  kernels::ThreadPool threads(1);
-  ASSERT_TRUE(session->AfterPrefillChunk(kv, *pool_, threads).ok());
-  absl::StatusOr<CompactionStats> stats = session->Compress(kv, *pool_, threads);
+  ASSERT_TRUE(session->AfterPrefillChunk().ok());
+  absl::StatusOr<CompactionStats> stats = session->Compress(kv, *pool_, device_);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(device_.probability_calls, 0);
   EXPECT_EQ(device_.column_sum_calls, kLayers);

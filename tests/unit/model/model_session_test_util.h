@@ -20,6 +20,8 @@
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
 #include "cache/sequence_kv.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/cpu_forward.h"
 #include "model/model.h"
 
 namespace winnow::testing_util {
@@ -32,12 +34,18 @@ class ModelSessionTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");
     if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = model::Model::Load(path, {.num_threads = 2});
+    auto loaded = model::Model::Load(path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = loaded->release();
+    threads_ = new kernels::ThreadPool(2);
+    forward_ = new model::CpuForward(*model_, *threads_);
   }
   static void TearDownTestSuite() {
+    delete forward_;
+    delete threads_;
     delete model_;
+    forward_ = nullptr;
+    threads_ = nullptr;
     model_ = nullptr;
   }
   void SetUp() override {
@@ -83,14 +91,14 @@ class ModelSessionTest : public ::testing::Test {
                                                     : model::LogitsMode::kNone};
       if (session != nullptr) e.capture = session->PrefillCapture(start, count);
       model::ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
+      EXPECT_TRUE(forward_->Forward({&e, 1}, *pool_, &out).ok());
       if (session != nullptr) {
-        EXPECT_TRUE(session->AfterPrefillChunk(kv, *pool_, model_->threads()).ok());
+        EXPECT_TRUE(session->AfterPrefillChunk().ok());
       }
       if (start + count == n) logits.assign(out.Row(0).begin(), out.Row(0).end());
     }
     if (session != nullptr) {
-      auto st = session->Compress(kv, *pool_, model_->threads());
+      auto st = session->Compress(kv, *pool_, forward_->Scoring(*pool_));
       EXPECT_TRUE(st.ok()) << st.status();
       if (st.ok() && stats != nullptr) *stats = *st;
     }
@@ -115,7 +123,7 @@ class ModelSessionTest : public ::testing::Test {
     if (selector != nullptr) e.selector = selector;
     if (probs != nullptr) e.attention_probs = probs;
     model::ForwardOutput out;
-    EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
+    EXPECT_TRUE(forward_->Forward({&e, 1}, *pool_, &out).ok());
     if (session != nullptr) {
       auto st = session->AfterDecodeStep(position, kv, *pool_);
       EXPECT_TRUE(st.ok()) << st.status();
@@ -128,6 +136,8 @@ class ModelSessionTest : public ::testing::Test {
   }
 
   static inline model::Model* model_ = nullptr;
+  static inline kernels::ThreadPool* threads_ = nullptr;
+  static inline model::CpuForward* forward_ = nullptr;
   std::unique_ptr<cache::BlockPool> pool_;
 };
 

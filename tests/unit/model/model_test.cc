@@ -1,6 +1,6 @@
 // The forward pass on the real default model: batch composition and chunking must not change a
 // sequence's logits, and bad batches are errors rather than crashes.
-#include "model/model.h"
+#include "model/cpu_forward.h"
 
 #include <gtest/gtest.h>
 
@@ -9,30 +9,39 @@
 #include <string>
 #include <tuple>
 
+#include "model/model.h"
+
 namespace winnow::model {
 namespace {
 
 class ModelTest : public ::testing::Test {
  protected:
-  // The model, loaded once per activation mode (index: CpuActivations).
+  // The model, loaded once, and a forward per activation mode (index: CpuActivations).
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");
     if (path == nullptr || !std::filesystem::exists(path)) return;
+    auto loaded = Model::Load(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    loaded_ = loaded->release();
+    threads_ = new kernels::ThreadPool(2);
     for (CpuActivations a : {CpuActivations::kF32, CpuActivations::kQ8}) {
-      auto loaded = Model::Load(path, {.num_threads = 2, .activations = a});
-      ASSERT_TRUE(loaded.ok()) << loaded.status();
-      loaded_[static_cast<int>(a)] = loaded->release();
+      forwards_[static_cast<int>(a)] = new CpuForward(*loaded_, *threads_, a);
     }
   }
   static void TearDownTestSuite() {
-    for (Model*& m : loaded_) {
-      delete m;
-      m = nullptr;
+    for (CpuForward*& f : forwards_) {
+      delete f;
+      f = nullptr;
     }
+    delete threads_;
+    delete loaded_;
+    threads_ = nullptr;
+    loaded_ = nullptr;
   }
   virtual CpuActivations Activations() const { return CpuActivations::kF32; }
   void SetUp() override {
-    model_ = loaded_[static_cast<int>(Activations())];
+    model_ = loaded_;
+    forward_ = forwards_[static_cast<int>(Activations())];
     if (model_ == nullptr) GTEST_SKIP() << "WINNOW_TEST_MODEL not set";
     pool_ = *cache::BlockPool::Create(model_->KvLayoutFor(16), 30 * 16);
   }
@@ -48,7 +57,7 @@ class ModelTest : public ::testing::Test {
       EXPECT_TRUE(kv.Reserve(*pool_, static_cast<int32_t>(next.size())));
       BatchEntry e{&kv, next, {}, position, LogitsMode::kLast};
       ForwardOutput out;
-      EXPECT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
+      EXPECT_TRUE(forward_->Forward({&e, 1}, *pool_, &out).ok());
       rows.emplace_back(out.Row(0).begin(), out.Row(0).end());
       position += static_cast<int32_t>(next.size());
       next = {Argmax(rows.back())};
@@ -61,8 +70,11 @@ class ModelTest : public ::testing::Test {
     return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
   }
 
-  static inline Model* loaded_[2] = {nullptr, nullptr};
+  static inline Model* loaded_ = nullptr;
+  static inline kernels::ThreadPool* threads_ = nullptr;
+  static inline CpuForward* forwards_[2] = {nullptr, nullptr};
   Model* model_ = nullptr;
+  CpuForward* forward_ = nullptr;
   std::unique_ptr<cache::BlockPool> pool_;
 };
 
@@ -98,7 +110,7 @@ TEST_P(ModelDtypeTest, MixedBatchGivesEachSequenceItsSoloLogits) {
   ForwardOutput out;
   ASSERT_TRUE(kv_a.Reserve(*pool_, static_cast<int32_t>(a.size())));
   BatchEntry first{&kv_a, a, {}, 0, LogitsMode::kLast};
-  ASSERT_TRUE(model_->Forward({&first, 1}, *pool_, &out).ok());
+  ASSERT_TRUE(forward_->Forward({&first, 1}, *pool_, &out).ok());
   std::vector<float> a_logits(out.Row(0).begin(), out.Row(0).end());
   EXPECT_EQ(a_logits, solo_a[0]);
 
@@ -116,7 +128,7 @@ TEST_P(ModelDtypeTest, MixedBatchGivesEachSequenceItsSoloLogits) {
          step == 1 ? LogitsMode::kNone : LogitsMode::kLast},
         {&kv_a, {&token, 1}, {}, a_pos, LogitsMode::kLast},
     };
-    ASSERT_TRUE(model_->Forward(batch, *pool_, &out).ok());
+    ASSERT_TRUE(forward_->Forward(batch, *pool_, &out).ok());
     const int32_t a_row = out.first_row[1];
     a_logits.assign(out.Row(a_row).begin(), out.Row(a_row).end());
     EXPECT_EQ(a_logits, solo_a[step]) << "decode step " << step;
@@ -147,16 +159,16 @@ TEST_F(ModelTest, BadBatchesAreErrorsNotCrashes) {
   const std::vector<int32_t> bad = {1, model_->config().vocab_size};
   ASSERT_TRUE(kv.Reserve(*pool_, 2));
   BatchEntry e{&kv, bad, {}, 0, LogitsMode::kLast};
-  EXPECT_EQ(model_->Forward({&e, 1}, *pool_, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward_->Forward({&e, 1}, *pool_, &out).code(), absl::StatusCode::kInvalidArgument);
 
   const std::vector<int32_t> too_many(40, 1);  // capacity reserved for 16 only
   BatchEntry unreserved{&kv, too_many, {}, 0, LogitsMode::kLast};
-  EXPECT_EQ(model_->Forward({&unreserved, 1}, *pool_, &out).code(),
+  EXPECT_EQ(forward_->Forward({&unreserved, 1}, *pool_, &out).code(),
             absl::StatusCode::kFailedPrecondition);
 
   const std::vector<int32_t> embedded = {kEmbeddingInput};
   BatchEntry missing_rows{&kv, embedded, {}, 0, LogitsMode::kLast};
-  EXPECT_EQ(model_->Forward({&missing_rows, 1}, *pool_, &out).code(),
+  EXPECT_EQ(forward_->Forward({&missing_rows, 1}, *pool_, &out).code(),
             absl::StatusCode::kInvalidArgument);
   kv.Release(*pool_);
 }
@@ -175,7 +187,7 @@ TEST_F(ModelTest, EmbeddingRowsStandInForTokens) {
   ASSERT_TRUE(kv.Reserve(*pool_, static_cast<int32_t>(mixed.size())));
   BatchEntry e{&kv, mixed, row, 0, LogitsMode::kLast};
   ForwardOutput out;
-  ASSERT_TRUE(model_->Forward({&e, 1}, *pool_, &out).ok());
+  ASSERT_TRUE(forward_->Forward({&e, 1}, *pool_, &out).ok());
   EXPECT_EQ(std::vector<float>(out.Row(0).begin(), out.Row(0).end()), solo[0]);
   kv.Release(*pool_);
 }

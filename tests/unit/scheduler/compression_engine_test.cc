@@ -75,7 +75,7 @@ TEST_F(CompressionModelTest, BudgetOneGivesIdenticalLogits) {
 class SelectAll : public cache::AttentionSelector {
  public:
   bool Select(int32_t, std::span<const float>, int32_t, int32_t past, const cache::SequenceKv&,
-              const cache::BlockPool&, std::vector<int32_t>* slots) override {
+              std::vector<int32_t>* slots) override {
     for (int32_t i = 0; i < past; ++i) slots->push_back(i);
     return true;
   }
@@ -85,7 +85,7 @@ class SelectAll : public cache::AttentionSelector {
 class SelectSinksAndRecent : public cache::AttentionSelector {
  public:
   bool Select(int32_t, std::span<const float>, int32_t, int32_t past, const cache::SequenceKv&,
-              const cache::BlockPool&, std::vector<int32_t>* slots) override {
+              std::vector<int32_t>* slots) override {
     for (int32_t i = 0; i < past; ++i) {
       if (i < 4 || i >= past - 8) slots->push_back(i);
     }

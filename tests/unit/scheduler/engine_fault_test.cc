@@ -71,7 +71,7 @@ class FaultRecord {
 // failure is reported, as with a device error detected after the launch.
 class FaultInjectingWorker : public Worker {
  public:
-  FaultInjectingWorker(model::Model& model, cache::BlockPool& pool, Fault fault,
+  FaultInjectingWorker(const model::Model& model, cache::BlockPool& pool, Fault fault,
                        FaultRecord* record)
       : inner_(MakeCpuWorker(model, pool)), fault_(std::move(fault)), record_(record) {}
 

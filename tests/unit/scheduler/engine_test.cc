@@ -305,7 +305,7 @@ class GatedWorker : public Worker {
     bool entered ABSL_GUARDED_BY(mu) = false;
     bool open ABSL_GUARDED_BY(mu) = false;
   };
-  GatedWorker(model::Model& model, cache::BlockPool& pool, Gate* gate)
+  GatedWorker(const model::Model& model, cache::BlockPool& pool, Gate* gate)
       : inner_(MakeCpuWorker(model, pool)), gate_(gate) {}
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/host_scoring.h"
 #include "cache/prefix_cache.h"
 #include "kernels/cpu/thread_pool.h"
 #include "scheduler/sequence.h"
@@ -120,7 +121,8 @@ class Harness {
     for (int32_t l = 0; l < kLayers; ++l) s.kv.AppendSlots(l, c.count);  // as the forward does
     if (s.awaits_compression() && c.samples) {  // as the worker does
       ASSERT_TRUE(s.kv.MakePrivate(*pool_).ok());
-      ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, threads_).ok());
+      cache::HostScoring scoring(*pool_, threads_);
+      ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, scoring).ok());
     }
     scheduler_->OnChunkComputed(c);
     if (!c.samples) return;

@@ -31,7 +31,7 @@ class RequestBuilderTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const char* path = std::getenv("WINNOW_TEST_MODEL");
     if (path == nullptr || !std::filesystem::exists(path)) return;
-    auto loaded = model::Model::Load(path, {.num_threads = 1});
+    auto loaded = model::Model::Load(path);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = loaded->release();
   }

@@ -12,6 +12,7 @@
 
 #include "cache/block_pool.h"
 #include "cache/compression.h"
+#include "cache/host_scoring.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
@@ -43,6 +44,8 @@ TokenSelectOptions Options(int32_t n_init, int32_t k, int32_t n_local) {
 struct Cache {
   std::unique_ptr<BlockPool> pool;
   SequenceKv kv{kLayers, kBlock};
+  kernels::ThreadPool threads{1};
+  HostScoring scoring{*pool, threads};
 
   explicit Cache(int32_t slots)
       : pool(*BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock},
@@ -74,11 +77,14 @@ std::vector<int32_t> Union(std::initializer_list<std::vector<int32_t>> parts) {
   return {s.begin(), s.end()};
 }
 
-// The decode step of the token in the last slot: past = slots - 1.
+// The decode step of the token in the last slot: past = slots - 1, voting through `scoring`
+// (the cache's single-threaded host scoring when null).
 std::vector<int32_t> SelectLast(TokenSelectSelector& sel, Cache& c, int32_t layer,
-                                const std::vector<float>& q, bool* sparse = nullptr) {
+                                const std::vector<float>& q, bool* sparse = nullptr,
+                                ScoringBackend* scoring = nullptr) {
   std::vector<int32_t> slots;
-  const bool used = sel.Select(layer, q, 1, c.slots() - 1, c.kv, *c.pool, &slots);
+  sel.set_scoring(scoring != nullptr ? scoring : &c.scoring);
+  const bool used = sel.Select(layer, q, 1, c.slots() - 1, c.kv, &slots);
   if (sparse != nullptr) *sparse = used;
   return slots;
 }
@@ -198,13 +204,14 @@ TEST(TokenSelectTest, ThreadedScoringGivesTheSameVoteAndSelection) {
   TokenSelectSelector alone(Options(16, 64, 32));
   TokenSelectSelector pooled(Options(16, 64, 32));
   kernels::ThreadPool threads(3);
-  pooled.set_threads(&threads);
-  EXPECT_EQ(alone.Vote(1, q, 16, n - 32, c.kv, *c.pool),
-            pooled.Vote(1, q, 16, n - 32, c.kv, *c.pool));
+  HostScoring three_threads(*c.pool, threads);
+  alone.set_scoring(&c.scoring);
+  pooled.set_scoring(&three_threads);
+  EXPECT_EQ(alone.Vote(1, q, 16, n - 32, c.kv), pooled.Vote(1, q, 16, n - 32, c.kv));
   const std::vector<int32_t> expected =
       Union({Range(0, 16), ReferenceTopK(c, 1, q, 16, n - 32, 64), Range(n - 32, n - 1)});
   EXPECT_EQ(SelectLast(alone, c, 1, q), expected);
-  EXPECT_EQ(SelectLast(pooled, c, 1, q), expected);
+  EXPECT_EQ(SelectLast(pooled, c, 1, q, nullptr, &three_threads), expected);
 }
 
 std::vector<float> Rotated(double angle) {
@@ -266,7 +273,7 @@ TEST(TokenSelectTest, DenseWhileTheCacheFitsTheBudget) {
   TokenSelectOptions all = Options(128, 0, 512);
   all.budget = 1.0;
   TokenSelectSelector full(all);
-  EXPECT_FALSE(full.Select(0, Rotated(0.3), 1, 29, c.kv, *c.pool, nullptr));
+  EXPECT_FALSE(full.Select(0, Rotated(0.3), 1, 29, c.kv, nullptr));
   EXPECT_EQ(full.stats().keys_attended, full.stats().keys_total);
 }
 
@@ -301,8 +308,8 @@ class Recording : public AttentionSelector {
  public:
   explicit Recording(AttentionSelector* inner) : inner_(inner) {}
   bool Select(int32_t layer, std::span<const float> q, int32_t num_new, int32_t past,
-              const SequenceKv& kv, const BlockPool& pool, std::vector<int32_t>* slots) override {
-    const bool used = inner_->Select(layer, q, num_new, past, kv, pool, slots);
+              const SequenceKv& kv, std::vector<int32_t>* slots) override {
+    const bool used = inner_->Select(layer, q, num_new, past, kv, slots);
     if (static_cast<int32_t>(lists.size()) <= layer) lists.resize(layer + 1);
     lists[layer] = used ? *slots : Range(0, past);
     return used;
@@ -318,7 +325,7 @@ class SinksAndRecent : public AttentionSelector {
  public:
   SinksAndRecent(int32_t sinks, int32_t recent) : sinks_(sinks), recent_(recent) {}
   bool Select(int32_t, std::span<const float>, int32_t, int32_t past, const SequenceKv&,
-              const BlockPool&, std::vector<int32_t>* slots) override {
+              std::vector<int32_t>* slots) override {
     for (int32_t j = 0; j < past; ++j) {
       if (j < sinks_ || j >= past - recent_) slots->push_back(j);
     }

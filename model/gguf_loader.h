@@ -1,0 +1,17 @@
+// The GGUF loader: a llama.cpp model file (llama and qwen2 architectures) into a Model. It maps
+// the file, reads the config and the tokenizer from its metadata, recognises the chat template,
+// and checks every tensor's presence, type and shape; the weights stay in the mapping, in the
+// file's quantisation. Errors name the key or tensor at fault.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/model.h"
+
+namespace winnow::model {
+
+absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path);
+
+}  // namespace winnow::model
