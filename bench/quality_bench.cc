@@ -359,10 +359,11 @@ struct Run {
   std::vector<int32_t> kept_per_layer;
 };
 
-absl::StatusOr<std::unique_ptr<Run>> StartRun(model::CpuForward& forward, cache::BlockPool& pool,
-                                              const Task& task, const Prefilled& pre,
-                                              const Reference& ref, const std::string& policy,
-                                              double budget, bool forced, const Options& opt) {
+absl::StatusOr<std::unique_ptr<Run>> StartRun(model::CpuForward& forward,
+                                              cache::BlockPool& pool, const Task& task,
+                                              const Prefilled& pre, const Reference& ref,
+                                              const std::string& policy, double budget,
+                                              bool forced, const Options& opt) {
   const model::ModelConfig& c = forward.model().config();
   auto run = std::make_unique<Run>();
   run->budget = budget;
@@ -414,8 +415,9 @@ void RecordPromptPlan(Run& r, const cache::CompactionStats& st) {
 }
 
 // Decodes every run to completion, batched.
-absl::Status DecodeRuns(model::CpuForward& forward, cache::BlockPool& pool, const Reference& ref,
-                        int32_t gen_tokens, std::vector<std::unique_ptr<Run>>& runs) {
+absl::Status DecodeRuns(model::CpuForward& forward, cache::BlockPool& pool,
+                        const Reference& ref, int32_t gen_tokens,
+                        std::vector<std::unique_ptr<Run>>& runs) {
   const int32_t ref_len = static_cast<int32_t>(ref.tokens.size());
   model::ForwardOutput out;
   while (true) {
@@ -495,8 +497,8 @@ json RunJson(const Run& r, const model::Tokenizer& tok, const Reference& ref) {
 
 // --check-replay: compresses the task once by a real chunked prefill with the session attached
 // (what the engine does) and once by replay, and compares what each (layer, head) kept.
-absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& pool, const Task& task,
-                                 const Prefilled& pre, const Reference& ref,
+absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& pool,
+                                 const Task& task, const Prefilled& pre, const Reference& ref,
                                  const std::string& policy, double budget, const Options& opt) {
   const model::ModelConfig& c = forward.model().config();
   pol::PolicyContext context;
@@ -506,12 +508,12 @@ absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& p
                           CreateSession(policy, budget, context, opt));
   if (session == nullptr) return json();
   WINNOW_ASSIGN_OR_RETURN(Prefilled real,
-                          Prefill(model, pool, task.tokens, opt.chunk, session.get()));
+                          Prefill(forward, pool, task.tokens, opt.chunk, session.get()));
   absl::Status s = session->Compress(real.kv, pool, forward.Scoring(pool)).status();
   real.kv.Release(pool);
   if (!s.ok()) return s;
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<Run> replay,
-                          StartRun(model, pool, task, pre, ref, policy, budget,
+                          StartRun(forward, pool, task, pre, ref, policy, budget,
                                    /*forced=*/true, opt));
   replay->kv.Release(pool);
   const pol::SlotPositions& a = session->slot_positions();
@@ -707,7 +709,7 @@ absl::Status RunForced(const TaskInputs& in, const std::string& policy,
                        std::vector<std::unique_ptr<Run>>* forced) {
   absl::Status status;
   for (double budget : in.opt.budgets) {
-    absl::StatusOr<std::unique_ptr<Run>> r = StartRun(in.model, in.pool, in.task, in.pre, in.ref,
+    absl::StatusOr<std::unique_ptr<Run>> r = StartRun(in.forward, in.pool, in.task, in.pre, in.ref,
                                                       policy, budget, /*forced=*/true, in.opt);
     if (!r.ok()) {
       status = r.status();
@@ -715,7 +717,7 @@ absl::Status RunForced(const TaskInputs& in, const std::string& policy,
     }
     forced->push_back(*std::move(r));
   }
-  if (status.ok()) status = DecodeRuns(in.model, in.pool, in.ref, in.opt.gen_tokens, *forced);
+  if (status.ok()) status = DecodeRuns(in.forward, in.pool, in.ref, in.opt.gen_tokens, *forced);
   for (auto& r : *forced) r->kv.Release(in.pool);
   return status;
 }
@@ -733,7 +735,7 @@ absl::Status RunFree(const TaskInputs& in, const std::string& policy,
   for (size_t i = 0; i < forced.size(); ++i) {
     if (forced[i]->top1_match == forced[i]->steps) continue;
     absl::StatusOr<std::unique_ptr<Run>> r =
-        StartRun(in.model, in.pool, in.task, in.pre, in.ref, policy, forced[i]->budget,
+        StartRun(in.forward, in.pool, in.task, in.pre, in.ref, policy, forced[i]->budget,
                  /*forced=*/false, in.opt);
     if (!r.ok()) {
       status = r.status();
@@ -742,7 +744,7 @@ absl::Status RunFree(const TaskInputs& in, const std::string& policy,
     batch.push_back(*std::move(r));
     index.push_back(i);
   }
-  if (status.ok()) status = DecodeRuns(in.model, in.pool, in.ref, in.opt.gen_tokens, batch);
+  if (status.ok()) status = DecodeRuns(in.forward, in.pool, in.ref, in.opt.gen_tokens, batch);
   for (size_t k = 0; k < batch.size(); ++k) {
     batch[k]->kv.Release(in.pool);
     (*free_runs)[index[k]] = std::move(batch[k]);
@@ -768,8 +770,9 @@ json BudgetJson(const TaskInputs& in, const std::string& policy, const Run& r, c
   }
   j["task"] = in.task.id;
   j["policy"] = policy;
-  j["retention"] = static_cast<double>(r.slots_after_compress) /
-                   (static_cast<double>(in.forward.model().config().num_layers) * in.task.layout.num_tokens);
+  const double layers = in.forward.model().config().num_layers;
+  j["retention"] =
+      static_cast<double>(r.slots_after_compress) / (layers * in.task.layout.num_tokens);
   double kl = 0;
   for (double v : r.kl) kl += v;
   kl = r.kl.empty() ? 0 : kl / static_cast<double>(r.kl.size());
@@ -804,7 +807,7 @@ void RunPolicy(const TaskInputs& in, const std::string& policy, json* result) {
 void CheckReplays(const TaskInputs& in, json* result) {
   for (const std::string& policy : in.opt.policies) {
     absl::StatusOr<json> c =
-        CheckReplay(in.model, in.pool, in.task, in.pre, in.ref, policy, 0.1, in.opt);
+        CheckReplay(in.forward, in.pool, in.task, in.pre, in.ref, policy, 0.1, in.opt);
     if (c.ok() && !c->is_null()) (*result)["replay_checks"].push_back(*c);
     if (!c.ok()) {
       std::fprintf(stderr, "  check-replay %s: %s\n", policy.c_str(),
@@ -817,9 +820,9 @@ void CheckReplays(const TaskInputs& in, json* result) {
 // status when the prefill or the reference fails.
 int RunTask(model::CpuForward& forward, cache::BlockPool& pool, const Task& task, size_t ti,
             size_t num_tasks, const Options& opt, json* result) {
-  absl::StatusOr<Prefilled> pre = Prefill(model, pool, task.tokens, opt.chunk, nullptr);
+  absl::StatusOr<Prefilled> pre = Prefill(forward, pool, task.tokens, opt.chunk, nullptr);
   if (!pre.ok()) return Fail("prefill " + task.id, pre.status());
-  absl::StatusOr<Reference> ref = RunReference(model, pool, *pre, opt.gen_tokens);
+  absl::StatusOr<Reference> ref = RunReference(forward, pool, *pre, opt.gen_tokens);
   if (!ref.ok()) return Fail("reference " + task.id, ref.status());
   json tj = TaskJson(task, *pre, *ref, forward.model().tokenizer());
   (*result)["tasks"].push_back(tj);

@@ -36,13 +36,13 @@
 #include "base/cli.h"
 #include "bench/bench_util.h"
 #include "cache/block_pool.h"
-include "cache/compression.h"
+#include "cache/compression.h"
 #include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
-include "model/cpu_forward.h"
+#include "model/cpu_forward.h"
 #include "model/model.h"
 
 namespace winnow {
@@ -271,7 +271,8 @@ constexpr int32_t kPrefillChunk = 512;
 
 // Prefills `prompt` into `kv` in chunks, `session` (may be null) watching and then compressing,
 // and returns the last position's logits.
-std::vector<float> PrefillPrompt(model::CpuForward& m, cache::BlockPool& pool, cache::SequenceKv& kv,
+std::vector<float> PrefillPrompt(model::CpuForward& m, cache::BlockPool& pool,
+                                 cache::SequenceKv& kv,
                                  const std::vector<int32_t>& prompt,
                                  cache::CompressionSession* session) {
   const int32_t n = static_cast<int32_t>(prompt.size());

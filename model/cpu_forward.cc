@@ -213,12 +213,14 @@ absl::Status CpuForward::PreAttention(int32_t layer, const Pass& pass) {
                                               : kernels::RopeLayout::kAdjacent;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const float* inv_freq = model_.rope_inv_freq().data();
+  const float attn_factor = model_.rope_attn_factor();
   threads_.ParallelFor(rows, 4, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       kernels::ApplyRope(s.q.data() + r * q_dim, c.num_heads, c.head_dim, c.rope_dim,
-                         s.positions[r], model_.rope_inv_freq().data(), model_.rope_attn_factor(), rope_layout);
+                         s.positions[r], inv_freq, attn_factor, rope_layout);
       kernels::ApplyRope(s.k.data() + r * kv_dim, c.num_kv_heads, c.head_dim, c.rope_dim,
-                         s.positions[r], model_.rope_inv_freq().data(), model_.rope_attn_factor(), rope_layout);
+                         s.positions[r], inv_freq, attn_factor, rope_layout);
     }
   });
   return absl::OkStatus();
@@ -336,8 +338,8 @@ absl::Status CpuForward::Logits(std::span<const BatchEntry> batch, const Pass& p
   const int64_t out_rows = static_cast<int64_t>(source_rows.size());
   s.final_rows.resize(out_rows * hidden);
   for (int64_t r = 0; r < out_rows; ++r) {
-    kernels::RmsNorm(s.x.data() + source_rows[r] * hidden, model_.weights().output_norm.data(), hidden,
-                     c.rms_norm_eps, s.final_rows.data() + r * hidden);
+    kernels::RmsNorm(s.x.data() + source_rows[r] * hidden, model_.weights().output_norm.data(),
+                     hidden, c.rms_norm_eps, s.final_rows.data() + r * hidden);
   }
   out->storage.resize(out_rows * c.vocab_size);
   out->logits = out->storage;

@@ -1,9 +1,10 @@
 // The CUDA worker's device arena as the cache sees it: its block operations (cache/kv_device.h:
 // MakePrivate's block copies, compaction by kernels/cuda/compaction.h) and its scoring backend
 // (cache/scoring_backend.h: kernels/cuda/scoring.h and column_sums.h) run on the GPU, on the
-// forward's stream, over the arena the forward writes. The host sends block tables, query rows and slot lists, and gets back only what the
-// policies read: probabilities, column sums, value norms. Not thread-safe: the engine thread
-// owns it, as it owns the CudaModel.
+// forward's stream, over the arena the forward writes. The host sends block tables, query rows
+// and slot lists, and gets back only what the policies read: probabilities, column sums, value
+// norms, TokenSelect's vote. Not thread-safe: the engine thread owns it, as it owns the
+// CudaModel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,10 +29,10 @@ namespace winnow::model {
 class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
  public:
   // `kv` describes the arena (device memory that outlives this object); work is queued on
-  // `stream`; `host_threads` (the worker's) are what the policies' host work runs on. With `gemm` (the forward's, used on the same thread and stream), column sums of
-  // bf16 device rows over a bf16 arena run on tensor cores (kernels/cuda/column_sums.h), for
-  // layers of up to `max_keys` keys within its scratch estimate; without it, on the direct
-  // kernel.
+  // `stream`; the policies' host work runs on `host_threads` (the worker's). With `gemm` (the
+  // forward's, used on the same thread and stream), column sums of bf16 device rows over a
+  // bf16 arena run on tensor cores (kernels/cuda/column_sums.h), for layers of up to
+  // `max_keys` keys within its scratch estimate; without it, on the direct kernel.
   CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream,
                kernels::ThreadPool& host_threads, kernels::cuda::Gemm* gemm = nullptr,
                int32_t max_keys = 0)

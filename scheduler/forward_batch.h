@@ -27,10 +27,10 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
 
 // After the forward: each chunk's compression hooks into results[i] (prefill capture
 // bookkeeping, compression once the prompt is complete, or decode-time eviction), scoring
-// through the forward backend's `scoring` (where the K/V are). Before sampling: the first token comes from the full
-// cache's logits (already computed), and a sequence that finishes on it must not be compressed
-// after its blocks are gone. A failure fails that chunk's sequence only. Returns the time the
-// hooks took: zero when no chunk's sequence compresses.
+// through the forward backend's `scoring` (where the K/V are). Before sampling: the first
+// token comes from the full cache's logits (already computed), and a sequence that finishes on
+// it must not be compressed after its blocks are gone. A failure fails that chunk's sequence
+// only. Returns the time the hooks took: zero when no chunk's sequence compresses.
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
                                cache::ScoringBackend& scoring,
                                std::span<ChunkResult> results);

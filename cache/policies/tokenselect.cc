@@ -64,7 +64,8 @@ std::vector<float> TokenSelectSelector::Vote(int32_t layer, std::span<const floa
   const std::span<const int32_t> table = kv.block_table(layer);
   std::vector<float> vote(end - begin, 0.0f);
   if (scoring_ == nullptr) {
-    error_.Update(absl::FailedPreconditionError("tokenselect: the selector has no scoring backend"));
+    error_.Update(
+        absl::FailedPreconditionError("tokenselect: the selector has no scoring backend"));
     return vote;
   }
   error_.Update(scoring_->TokenSelectVote(table, query, options_.num_heads, begin, end, scale,

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cache/block_pool.h"
-include "cache/compaction.h"
+#include "cache/compaction.h"
 #include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-include "cache/block_pool.h"
+#include "cache/block_pool.h"
 #include "cache/host_scoring.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"

@@ -1,8 +1,9 @@
 // The host side of the device seam (cache/kv_device.h, cache/scoring_backend.h), without a GPU:
 // a books-only pool with a device attached sends MakePrivate's block copies and compaction to
 // the device, the compression scores through the device's scoring backend, keeps the books
-// itself (blocks freed at once), and passes the device's errors on. The device here records its calls; the CUDA implementation is tested against the host
-// pool in tests/cuda/cuda_kv_device_test.cc.
+// itself (blocks freed at once), and passes the device's errors on. The device here records
+// its calls; the CUDA implementation is tested against the host pool in
+// tests/cuda/cuda_kv_device_test.cc.
 #include <gtest/gtest.h>
 
 #include <memory>
