@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,12 +36,9 @@ using Buf = kc::DeviceBuffer<T>;
 
 namespace {
 
-// Dequantises `name`'s rows (Model::Load has checked its presence, type and shape) and appends
+// Dequantises a loaded weight's rows (the loader has checked its type and shape) and appends
 // them to `out` rounded to bf16, to nearest even as the KV path rounds.
-absl::Status AppendBf16(const GgufFile& file, const std::string& name, std::vector<Bf16>* out) {
-  const GgufTensor* t = file.FindTensor(name);
-  if (t == nullptr) return absl::InternalError(absl::StrCat("missing tensor ", name));
-  const kernels::WeightMatrix m = t->AsMatrix();
+absl::Status AppendBf16(const kernels::WeightMatrix& m, std::vector<Bf16>* out) {
   std::vector<float> row(m.cols);
   const size_t base = out->size();
   out->resize(base + m.rows * m.cols);
@@ -52,20 +51,12 @@ absl::Status AppendBf16(const GgufFile& file, const std::string& name, std::vect
   return absl::OkStatus();
 }
 
-// The named tensors, stacked row-wise (gate | up become one GEMM), as one device buffer.
-absl::StatusOr<Buf<Bf16>> UploadBf16(const GgufFile& file,
-                                     std::initializer_list<std::string> names) {
+// The weights, stacked row-wise (gate | up become one GEMM), as one bf16 device buffer.
+absl::StatusOr<Buf<Bf16>> UploadBf16(
+    std::initializer_list<std::reference_wrapper<const kernels::WeightMatrix>> weights) {
   std::vector<Bf16> host;
-  for (const std::string& name : names) WINNOW_RETURN_IF_ERROR(AppendBf16(file, name, &host));
+  for (const kernels::WeightMatrix& m : weights) WINNOW_RETURN_IF_ERROR(AppendBf16(m, &host));
   return Buf<Bf16>::FromHost(host);
-}
-
-absl::StatusOr<Buf<float>> UploadFloat(const GgufFile& file, const std::string& name) {
-  const GgufTensor* t = file.FindTensor(name);
-  if (t == nullptr) return absl::InternalError(absl::StrCat("missing tensor ", name));
-  std::vector<float> host(t->num_elements);
-  WINNOW_RETURN_IF_ERROR(kernels::DequantizeRow(t->type, t->data, t->num_elements, host.data()));
-  return Buf<float>::FromHost(host);
 }
 
 absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
@@ -234,31 +225,31 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   WINNOW_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_));
   const ModelConfig& c = model_.config();
-  const GgufFile& f = model_.gguf();
+  // From the loaded weights, whatever file format they came from.
+  const ModelWeights& mw = model_.weights();
   auto w = std::make_unique<Weights>();
-  WINNOW_ASSIGN_OR_RETURN(w->token_embd, UploadBf16(f, {"token_embd.weight"}));
+  WINNOW_ASSIGN_OR_RETURN(w->token_embd, UploadBf16({mw.token_embd}));
   if (!c.tied_embeddings) {
-    WINNOW_ASSIGN_OR_RETURN(w->output, UploadBf16(f, {"output.weight"}));
+    WINNOW_ASSIGN_OR_RETURN(w->output, UploadBf16({mw.output}));
   }
-  WINNOW_ASSIGN_OR_RETURN(w->output_norm, UploadFloat(f, "output_norm.weight"));
+  WINNOW_ASSIGN_OR_RETURN(w->output_norm, Buf<float>::FromHost(mw.output_norm));
   WINNOW_ASSIGN_OR_RETURN(w->rope_inv_freq, Buf<float>::FromHost(model_.rope_inv_freq()));
   w->layers.resize(c.num_layers);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     DeviceLayer& L = w->layers[l];
-    const std::string p = absl::StrCat("blk.", l, ".");
-    WINNOW_ASSIGN_OR_RETURN(L.attn_norm, UploadFloat(f, p + "attn_norm.weight"));
-    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, UploadFloat(f, p + "ffn_norm.weight"));
-    WINNOW_ASSIGN_OR_RETURN(L.wq, UploadBf16(f, {p + "attn_q.weight"}));
-    WINNOW_ASSIGN_OR_RETURN(L.wk, UploadBf16(f, {p + "attn_k.weight"}));
-    WINNOW_ASSIGN_OR_RETURN(L.wv, UploadBf16(f, {p + "attn_v.weight"}));
-    WINNOW_ASSIGN_OR_RETURN(L.wo, UploadBf16(f, {p + "attn_output.weight"}));
-    WINNOW_ASSIGN_OR_RETURN(L.w_gate_up,
-                            UploadBf16(f, {p + "ffn_gate.weight", p + "ffn_up.weight"}));
-    WINNOW_ASSIGN_OR_RETURN(L.w_down, UploadBf16(f, {p + "ffn_down.weight"}));
+    const LayerWeights& src = mw.layers[l];
+    WINNOW_ASSIGN_OR_RETURN(L.attn_norm, Buf<float>::FromHost(src.attn_norm));
+    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, Buf<float>::FromHost(src.ffn_norm));
+    WINNOW_ASSIGN_OR_RETURN(L.wq, UploadBf16({src.wq}));
+    WINNOW_ASSIGN_OR_RETURN(L.wk, UploadBf16({src.wk}));
+    WINNOW_ASSIGN_OR_RETURN(L.wv, UploadBf16({src.wv}));
+    WINNOW_ASSIGN_OR_RETURN(L.wo, UploadBf16({src.wo}));
+    WINNOW_ASSIGN_OR_RETURN(L.w_gate_up, UploadBf16({src.w_gate, src.w_up}));
+    WINNOW_ASSIGN_OR_RETURN(L.w_down, UploadBf16({src.w_down}));
     if (c.qkv_bias) {
-      WINNOW_ASSIGN_OR_RETURN(L.bq, UploadFloat(f, p + "attn_q.bias"));
-      WINNOW_ASSIGN_OR_RETURN(L.bk, UploadFloat(f, p + "attn_k.bias"));
-      WINNOW_ASSIGN_OR_RETURN(L.bv, UploadFloat(f, p + "attn_v.bias"));
+      WINNOW_ASSIGN_OR_RETURN(L.bq, Buf<float>::FromHost(src.bq));
+      WINNOW_ASSIGN_OR_RETURN(L.bk, Buf<float>::FromHost(src.bk));
+      WINNOW_ASSIGN_OR_RETURN(L.bv, Buf<float>::FromHost(src.bv));
     }
     weight_bytes_ += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() +
                      L.w_gate_up.bytes() + L.w_down.bytes();

@@ -2,12 +2,12 @@
 // ForwardOutput as the CPU forward (model/cpu_forward.h), computed with cuBLAS GEMMs, FlashInfer's
 // paged attention and the kernels of kernels/cuda (docs/gpu.md, "CUDA worker").
 //
-// What lives where. The weights are on the device as bf16, dequantised from the GGUF on the
-// host at load (2 bytes per parameter, whatever the file's quantisation). The K/V data lives in
-// a device arena of pool.num_blocks() x layout.bytes_per_block() bytes, laid out exactly as the
-// host pool's (cache/block_pool.h); the host BlockPool keeps the bookkeeping (free list,
-// references, prefix index) and the sequences' block tables, so block ids mean the same on both
-// sides. Activations are bf16 with a float32 residual stream (kernels/cuda/ops.h); the logits
+// What lives where. The weights are on the device as bf16, dequantised from the loaded model's
+// weights (model/model.h) on the host at load (2 bytes per parameter, whatever the file's
+// quantisation). The K/V data lives in a device arena of pool.num_blocks() x
+// layout.bytes_per_block() bytes, laid out exactly as the host pool's (cache/block_pool.h); the
+// host BlockPool keeps the bookkeeping (free list, references, prefix index) and the sequences'
+// block tables, so block ids mean the same on both sides. Activations are bf16 with a float32 residual stream (kernels/cuda/ops.h); the logits
 // are float32 and are copied to the host for the sampler.
 #pragma once
 

@@ -42,7 +42,8 @@ struct ModelWeights {
 
 class Model {
  public:
-  // What a loader hands over. `file` keeps the mapping the weight views point into.
+  // What a loader hands over. `file` keeps the mapping the weight views point into (another
+  // format's loader would hand over its own owner of the data).
   struct Parts {
     std::unique_ptr<GgufFile> file;
     ModelConfig config;
@@ -63,7 +64,6 @@ class Model {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   // Not every model has a recognised chat template.
   const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
-  const GgufFile& gguf() const { return *file_; }
   const ModelWeights& weights() const { return weights_; }
   // The KV pool geometry this model needs, with rows stored as `dtype`.
   cache::KvLayout KvLayoutFor(int32_t block_size,

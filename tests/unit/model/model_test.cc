@@ -180,9 +180,7 @@ TEST_F(ModelTest, EmbeddingRowsStandInForTokens) {
   std::vector<int32_t> mixed = ids;
   mixed[1] = kEmbeddingInput;
   std::vector<float> row(model_->config().hidden_size);
-  const GgufTensor* embd = model_->gguf().FindTensor("token_embd.weight");
-  ASSERT_NE(embd, nullptr);
-  ASSERT_TRUE(kernels::GetRow(embd->AsMatrix(), ids[1], row.data()).ok());
+  ASSERT_TRUE(kernels::GetRow(model_->weights().token_embd, ids[1], row.data()).ok());
   cache::SequenceKv kv(model_->config().num_layers, 16);
   ASSERT_TRUE(kv.Reserve(*pool_, static_cast<int32_t>(mixed.size())));
   BatchEntry e{&kv, mixed, row, 0, LogitsMode::kLast};
