@@ -12,12 +12,11 @@ namespace winnow::cache {
 absl::StatusOr<std::unique_ptr<CompressionSession>> CompressionSession::Create(
     const std::string& policy, const policies::PolicyConfig& config,
     const policies::PolicyContext& context) {
-  absl::StatusOr<std::unique_ptr<policies::CompressionPolicy>> created =
-      policies::CreatePolicy(policy, config, context);
-  if (!created.ok()) return created.status();
-  if (*created == nullptr) return std::unique_ptr<CompressionSession>();
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<policies::CompressionPolicy> created,
+                          policies::CreatePolicy(policy, config, context));
+  if (created == nullptr) return std::unique_ptr<CompressionSession>();
   return std::unique_ptr<CompressionSession>(
-      new CompressionSession(policy, *std::move(created), context));
+      new CompressionSession(policy, std::move(created), context));
 }
 
 CompressionSession::CompressionSession(std::string name,
@@ -212,17 +211,16 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
 
 absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& kv,
                                                                     BlockPool& pool) {
-  absl::StatusOr<policies::KeepPlan> plan = policy_->Plan();
-  if (!plan.ok()) return plan.status();
+  WINNOW_ASSIGN_OR_RETURN(const policies::KeepPlan plan, policy_->Plan());
   stats_.slots_before = 0;
   for (int32_t l = 0; l < dims_.num_layers; ++l) stats_.slots_before += kv.num_slots(l);
-  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
+  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(plan, kv, pool);
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
                                             "'s plan could not be applied: ",
                                             applied.status().message()));
   }
-  slots_.Apply(*plan);
+  slots_.Apply(plan);
   stats_.kept_per_layer.resize(dims_.num_layers);
   stats_.slots_after = 0;
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
@@ -256,24 +254,23 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
   step.tokens_seen = position + 1;
   step.slots = &slots_;
   if (policy_->WantsDecodeAttention()) step.attention = decode_attention_;
-  absl::StatusOr<policies::KeepPlan> plan = policy_->OnDecodeStep(step);
-  if (!plan.ok()) return plan.status();
+  WINNOW_ASSIGN_OR_RETURN(const policies::KeepPlan plan, policy_->OnDecodeStep(step));
   if (lookahead_left_ > 0) {
-    if (!plan->empty()) {
+    if (!plan.empty()) {
       return absl::InternalError(
           absl::StrCat("compression: policy ", name_, " evicted during its lookahead"));
     }
     if (--lookahead_left_ > 0) return CompactionStats{};
     return ApplyPromptPlan(kv, pool);
   }
-  if (plan->empty()) return CompactionStats{};
-  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(*plan, kv, pool);
+  if (plan.empty()) return CompactionStats{};
+  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(plan, kv, pool);
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
                                             "'s decode plan could not be applied: ",
                                             applied.status().message()));
   }
-  slots_.Apply(*plan);
+  slots_.Apply(plan);
   stats_.slots_evicted += applied->slots_removed;
   stats_.blocks_freed += applied->blocks_freed;
   ++stats_.decode_compactions;

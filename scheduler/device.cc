@@ -112,24 +112,24 @@ absl::StatusOr<int64_t> KvBytesForGpuMemory(const Device& device, const model::M
         absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", fraction));
   }
 #if WINNOW_HAVE_CUDA
-  absl::StatusOr<kernels::cuda::DeviceMemory> memory = kernels::cuda::MemoryInfo(device.index);
-  if (!memory.ok()) return memory.status();
-  const int64_t in_use = memory->total_bytes - memory->free_bytes;
+  WINNOW_ASSIGN_OR_RETURN(const kernels::cuda::DeviceMemory memory,
+                          kernels::cuda::MemoryInfo(device.index));
+  const int64_t in_use = memory.total_bytes - memory.free_bytes;
   const int64_t besides_kv = model::CudaModel::DeviceBytesBesidesKv(model, limits);
-  const int64_t budget = static_cast<int64_t>(fraction * static_cast<double>(memory->total_bytes));
+  const int64_t budget = static_cast<int64_t>(fraction * static_cast<double>(memory.total_bytes));
   const int64_t kv = budget - in_use - besides_kv;
   constexpr double kGiB = 1 << 30;
   if (kv <= 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--gpu-memory-utilization %.2f of %s's %.1f GiB leaves no room for the KV cache: %.1f GiB "
         "already in use, %.1f GiB for weights, activations and workspaces",
-        fraction, device.ToString(), memory->total_bytes / kGiB, in_use / kGiB,
+        fraction, device.ToString(), memory.total_bytes / kGiB, in_use / kGiB,
         besides_kv / kGiB));
   }
   spdlog::info(
       "gpu memory: {:.2f} of {:.1f} GiB on {}: {:.1f} GiB in use before loading, {:.1f} GiB for "
       "weights, activations and workspaces, {:.1f} GiB for the KV cache",
-      fraction, memory->total_bytes / kGiB, device.ToString(), in_use / kGiB, besides_kv / kGiB,
+      fraction, memory.total_bytes / kGiB, device.ToString(), in_use / kGiB, besides_kv / kGiB,
       kv / kGiB);
   return kv;
 #else

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/status_macros.h"
+
 namespace winnow::scheduler {
 
 std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk> chunks,
@@ -58,28 +60,27 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
     int64_t slots_before = 0;
     for (int32_t l = 0; l < s.kv.num_layers(); ++l) slots_before += s.kv.num_slots(l);
     const bool lookahead = c.prompt_plan_pending();
-    absl::StatusOr<cache::CompactionStats> st = c.AfterDecodeStep(chunk.start, s.kv, pool);
-    if (!st.ok()) return st.status();
+    WINNOW_ASSIGN_OR_RETURN(const cache::CompactionStats st,
+                            c.AfterDecodeStep(chunk.start, s.kv, pool));
     if (lookahead && !c.prompt_plan_pending()) {
       // The lookahead ended: this was the prompt's compression, reported as such.
       return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
-                              c.stats().slots_after, st->blocks_freed};
+                              c.stats().slots_after, st.blocks_freed};
     }
-    if (st->layers_changed == 0) return std::nullopt;
+    if (st.layers_changed == 0) return std::nullopt;
     return CompressionEvent{s.id, c.policy_name(), /*prefill=*/false, slots_before,
-                            slots_before - st->slots_removed,
+                            slots_before - st.slots_removed,
                             blocks_before - s.kv.num_blocks_held()};
   }
-  if (absl::Status st = c.AfterPrefillChunk(); !st.ok()) return st;
+  WINNOW_RETURN_IF_ERROR(c.AfterPrefillChunk());
   if (!chunk.samples) return std::nullopt;  // more of the prompt to come
   // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
   // first (admission reserved room for the copies), so the others keep their prefix intact.
-  if (absl::Status st = s.kv.MakePrivate(pool); !st.ok()) return st;
-  absl::StatusOr<cache::CompactionStats> st = c.Compress(s.kv, pool, scoring);
-  if (!st.ok()) return st.status();
+  WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool));
+  WINNOW_ASSIGN_OR_RETURN(const cache::CompactionStats st, c.Compress(s.kv, pool, scoring));
   if (c.prompt_plan_pending()) return std::nullopt;  // a lookahead: the plan comes later
   return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
-                          c.stats().slots_after, st->blocks_freed};
+                          c.stats().slots_after, st.blocks_freed};
 }
 
 }  // namespace
