@@ -19,6 +19,9 @@
 //   value_norm  true: each score is multiplied by the L2 norm of the key's value vector (a token
 //               attended to but carrying a small value adds little to the output: VATP).
 //   kernel / pooling / gqa  1-D pooling of each query head's scores, then the fold into KV heads.
+//   neighbours  r > 0: each kept token brings the r tokens on either side of it, from the same
+//               budget (fewer, wider picks: TopKWithNeighbours), so that a value spread over
+//               several tokens is kept whole.
 //   lookahead   N > 0: the plan waits for the reply's first N tokens, decoded on the whole
 //               prompt, and their attention joins the observed rows' (CompressionPolicy::
 //               LookaheadSteps); they are kept.
@@ -63,6 +66,7 @@ struct CompositeOptions {
   bool evict_text = true;    // with spans: false keeps every text token
   bool merge = false;
   bool value_norm = false;   // weight each key's score by ||v|| of its KV head (VATP)
+  int32_t neighbours = 0;    // each kept token brings this many on either side
   int32_t lookahead = 0;     // decode steps whose attention joins the window's before the plan
   double beta = 20.0;        // pyramid: largest / smallest layer
   double p = 0.01;           // sparsity: the threshold, a fraction of the row max

@@ -240,6 +240,45 @@ std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
   return picked;
 }
 
+std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n,
+                                        std::span<const int32_t> forced, int32_t k,
+                                        int32_t radius) {
+  k = std::clamp(k, 0, n);
+  if (radius <= 0 || static_cast<int32_t>(forced.size()) >= k) {
+    return TopKWithForced(scores, n, forced, k);
+  }
+  std::vector<char> kept(n, 0);
+  int32_t count = 0;
+  auto keep = [&](int32_t j) {
+    if (j < 0 || j >= n || kept[j] || count >= k) return;
+    kept[j] = 1;
+    ++count;
+  };
+  for (int32_t slot : forced) keep(slot);
+  std::vector<int32_t> order;
+  order.reserve(n);
+  for (int32_t j = 0; j < n; ++j) {
+    if (!kept[j]) order.push_back(j);
+  }
+  // Best first, ties to the lower slot (TopK's order).
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  for (int32_t c : order) {
+    if (count >= k) break;
+    keep(c);
+    for (int32_t d = 1; d <= radius && count < k; ++d) {
+      keep(c + d);
+      keep(c - d);
+    }
+  }
+  std::vector<int32_t> out;
+  out.reserve(count);
+  for (int32_t j = 0; j < n; ++j) {
+    if (kept[j]) out.push_back(j);
+  }
+  return out;
+}
+
 std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window) {
   std::vector<int32_t> out;
   const int32_t sink_end = std::clamp(sinks, 0, n);
@@ -250,11 +289,13 @@ std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window) {
 }
 
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
-                      std::span<const int32_t> forced, int32_t k, kernels::ThreadPool* threads) {
+                      std::span<const int32_t> forced, int32_t k, kernels::ThreadPool* threads,
+                      int32_t neighbours) {
   LayerKeep keep;
   keep.heads.resize(num_kv_heads);
   ForEachHead(threads, num_kv_heads, [&](int32_t g) {
-    keep.heads[g] = TopKWithForced(kv_scores.subspan(int64_t{g} * n, n), n, forced, k);
+    keep.heads[g] =
+        TopKWithNeighbours(kv_scores.subspan(int64_t{g} * n, n), n, forced, k, neighbours);
   });
   return keep;
 }

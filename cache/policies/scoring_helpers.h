@@ -85,6 +85,15 @@ std::vector<int32_t> TopK(std::span<const float> scores, std::span<const int32_t
 std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
                                     std::span<const int32_t> forced, int32_t k);
 
+// TopKWithForced, but every pick brings its neighbours: the best remaining slot by `scores`,
+// then those at distance 1, 2, ..., `radius` from it (at each distance the one after, then the
+// one before; slots already kept are skipped), until k slots are kept. A value stated over several tokens (the digits of a
+// number) then survives whole when the scorer keeps one of its tokens or the key before it.
+// radius 0 is TopKWithForced.
+std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n,
+                                        std::span<const int32_t> forced, int32_t k,
+                                        int32_t radius);
+
 // Sinks + recent window as forced slots for a prompt of n tokens: [0, sinks) and [n - window,
 // n), ascending, deduplicated.
 std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window);
@@ -92,9 +101,10 @@ std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window);
 // One layer's keep set when every KV head picks its own top-k by its own score row:
 // kv_scores is [num_kv_heads][n]; forced slots are kept in every head. With `threads`, the
 // heads are split over the pool.
+// With `neighbours` > 0, each head's picks are TopKWithNeighbours'.
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
                       std::span<const int32_t> forced, int32_t k,
-                      kernels::ThreadPool* threads = nullptr);
+                      kernels::ThreadPool* threads = nullptr, int32_t neighbours = 0);
 
 // fn(h) for every h in [0, count): split over `threads` when it is given (the policy's idle
 // forward pool, CompressionPolicy::threads()), in order on the calling thread otherwise. Each

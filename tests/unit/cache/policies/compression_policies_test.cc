@@ -122,6 +122,21 @@ TEST(ScoringHelpersTest, TopKBreaksTiesToTheLowerSlotAndForcesSinksAndWindow) {
   EXPECT_EQ(TopKWithForced(s, 8, SinksAndWindow(8, 2, 3), 3), (std::vector<int32_t>{5, 6, 7}));
 }
 
+TEST(ScoringHelpersTest, TopKWithNeighboursKeepsRunsAroundTheBestSlots) {
+  // Slot 10 scores best, slot 3 second: each brings its neighbours, the one after first.
+  std::vector<float> s(16, 0.0f);
+  s[10] = 5;
+  s[3] = 4;
+  const std::vector<int32_t> sink = {0};
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 6, 2), (std::vector<int32_t>{0, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 8, 2),
+            (std::vector<int32_t>{0, 3, 4, 8, 9, 10, 11, 12}));
+  // Runs clip at the ends and skip what is kept; radius 0 is TopKWithForced.
+  EXPECT_EQ(TopKWithNeighbours(s, 12, sink, 4, 3), (std::vector<int32_t>{0, 9, 10, 11}));
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 3, 0), TopKWithForced(s, 16, sink, 3));
+  EXPECT_EQ(TopKWithNeighbours(s, 16, {}, 16, 4).size(), 16u);
+}
+
 TEST(ScoringHelpersTest, GroupAggregation) {
   const std::vector<float> heads = {1, 4, 3, 2, 0, 0, 5, 5};  // 4 heads x 2 slots
   EXPECT_EQ(AggregateGroups(heads, 4, 2, 2, GroupAggregation::kSum),

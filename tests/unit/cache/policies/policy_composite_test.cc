@@ -72,7 +72,8 @@ TEST(CompositePolicy, EveryAllocationKeepsTheBudgetSinksAndWindow) {
       auto policy = Make("composite", budget, c,
                          {{"allocation", allocation}, {"window", 12.0}, {"sinks", 3.0},
                           {"merge", merge ? "true" : "false"},
-                          {"full_layers", static_cast<double>(trial % 3)}});
+                          {"full_layers", static_cast<double>(trial % 3)},
+                          {"neighbours", static_cast<double>(trial % 4)}});
       const KeepPlan plan = RunPolicy(*policy, c, RandomLayers(rng, 5));
       const int32_t per_layer = KeepCount(budget, n);
       int64_t total = 0;
