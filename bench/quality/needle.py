@@ -16,7 +16,8 @@ length, so nothing is downloaded. Every (policy, budget) cell answers the same s
 interval is Wilson's score interval.
 
     .venv/bin/python bench/quality/needle.py --samples 100 --tokens 2000 \
-        --policies none,snapkv,winnowkv_docs --budgets 0.1,0.2,0.5 --json-out needle.json
+        --policies none,snapkv,winnowkv_docs,winnowkv_docs+neighbours=4 --budgets 0.1,0.2,0.5 \
+        --json-out needle.json
 """
 
 from __future__ import annotations
@@ -95,9 +96,25 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def compression_for(entry: str, budget: float) -> dict | None:
+    """A policy entry, `name` or `name+param=value+...` (as capacity_bench takes them): numeric
+    values go to compression.params, others to compression.options."""
+    name, *pairs = entry.split("+")
+    if name == "none":
+        return None
+    params, options = {}, {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        try:
+            params[key] = float(value)
+        except ValueError:
+            options[key] = value
+    return {"policy": name, "budget": budget, "params": params, "options": options}
+
+
 def run_cell(client, samples: list[dict], policy: str, budget: float, max_tokens: int,
              parallel: int) -> list[dict]:
-    compression = None if policy == "none" else {"policy": policy, "budget": budget}
+    compression = compression_for(policy, budget)
 
     def ask(sample: dict) -> dict:
         text, _, final = client.generate_text(chat=[("user", sample["content"])],
