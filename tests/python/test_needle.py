@@ -33,6 +33,13 @@ def test_a_reply_is_scored_on_the_whole_code_and_its_leading_digits():
     assert needle.correct_prefix("No digits here", code) == 0
 
 
+def test_policy_entries_carry_params_and_options():
+    assert needle.compression_for("none", 0.1) is None
+    assert needle.compression_for("winnowkv+neighbours=4+pooling=max", 0.2) == {
+        "policy": "winnowkv", "budget": 0.2, "params": {"neighbours": 4.0},
+        "options": {"pooling": "max"}}
+
+
 def test_a_needle_sits_once_in_real_prose():
     import random
     sample = needle.make_sample(random.Random(3), needle.prose_paragraphs(), 4000)
