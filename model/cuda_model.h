@@ -7,8 +7,9 @@
 // quantisation). The K/V data lives in a device arena of pool.num_blocks() x
 // layout.bytes_per_block() bytes, laid out exactly as the host pool's (cache/block_pool.h); the
 // host BlockPool keeps the bookkeeping (free list, references, prefix index) and the sequences'
-// block tables, so block ids mean the same on both sides. Activations are bf16 with a float32 residual stream (kernels/cuda/ops.h); the logits
-// are float32 and are copied to the host for the sampler.
+// block tables, so block ids mean the same on both sides. Activations are bf16 with a float32
+// residual stream (kernels/cuda/ops.h); the logits are float32 and are copied to the host for
+// the sampler.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -87,9 +87,9 @@ std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
 
 // TopKWithForced, but every pick brings its neighbours: the best remaining slot by `scores`,
 // then those at distance 1, 2, ..., `radius` from it (at each distance the one after, then the
-// one before; slots already kept are skipped), until k slots are kept. A value stated over several tokens (the digits of a
-// number) then survives whole when the scorer keeps one of its tokens or the key before it.
-// radius 0 is TopKWithForced.
+// one before; slots already kept are skipped), until k slots are kept. A value stated over
+// several tokens (the digits of a number) then survives whole when the scorer keeps one of its
+// tokens or the key before it. radius 0 is TopKWithForced.
 std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n,
                                         std::span<const int32_t> forced, int32_t k,
                                         int32_t radius);
