@@ -6,9 +6,10 @@ Each sample is one chat request as a user sends it: "Read the document below." +
 real prose with one sentence stating a 7-digit access code at a random depth + the question
 about it; no spans, no answer prefix, the model's own chat template. The daemon runs with its
 own numerics (q8 activations, f16 KV by default), so the table is what a user gets. A reply
-counts as correct when it contains the whole code (digits may be grouped by commas or
-spaces); `prefix` is how many leading digits of the code the reply got right, which shows how
-a compressed cache fails (the first digits survive, the later ones drift).
+counts as correct when one of its numbers is the code, no digit more or less (digits may be
+grouped by commas or spaces); `prefix` is how many leading digits of the code the reply got
+right, which shows how a compressed cache fails (the first digits survive, the later ones
+drift).
 
 The documents are the prose of documents.py (the Python Language Reference's topics and the
 licence texts every Debian machine has), paragraphs of several sources joined to the target
@@ -75,6 +76,12 @@ def digits_in(reply: str) -> list[str]:
     return re.findall(r"\d+", re.sub(r"(?<=\d)[, ](?=\d)", "", reply))
 
 
+def is_correct(reply: str, code: str) -> bool:
+    """Whether one of the reply's numbers is the code: "17849611" for 1784961 is wrong (the
+    number's end was lost with the token after it)."""
+    return code in digits_in(reply)
+
+
 def correct_prefix(reply: str, code: str) -> int:
     """The most leading digits of `code` that one digit run of the reply starts with."""
     best = 0
@@ -120,7 +127,7 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, max_tokens
         text, _, final = client.generate_text(chat=[("user", sample["content"])],
                                               max_tokens=max_tokens, compression=compression)
         return {"reply": text, "prompt_tokens": final.usage.prompt_tokens,
-                "correct": any(sample["code"] in run for run in digits_in(text)),
+                "correct": is_correct(text, sample["code"]),
                 "prefix": correct_prefix(text, sample["code"])}
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:

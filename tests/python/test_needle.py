@@ -26,8 +26,9 @@ def test_wilson_interval_matches_the_textbook_values():
 
 def test_a_reply_is_scored_on_the_whole_code_and_its_leading_digits():
     code = "1784961"
-    assert code in needle.digits_in("The code is 1,784,961.")
-    assert code in needle.digits_in("It is 1 784 961")
+    assert needle.is_correct("The code is 1,784,961.", code)
+    assert needle.is_correct("It is 1 784 961", code)
+    assert not needle.is_correct("The access code is 17849611.", code)  # a digit too many
     assert needle.correct_prefix("The access code is 51959999.", "5197691") == 3
     assert needle.correct_prefix("It is 26.", "2627740") == 2
     assert needle.correct_prefix("No digits here", code) == 0
