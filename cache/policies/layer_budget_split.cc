@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "base/status_macros.h"
 #include "cache/policies/scoring_helpers.h"
 
 namespace winnow::cache::policies {
@@ -148,10 +149,7 @@ int64_t SplitBudgetPolicy::SteadyStateSlots(int32_t prompt_tokens, int32_t gener
 
 absl::Status SplitBudgetPolicy::BeginObservation(const ObservationAttention& attention,
                                                  int32_t rows) {
-  if (absl::Status s = CheckObservation(name(), attention, dims(), layout().num_tokens, rows);
-      !s.ok()) {
-    return s;
-  }
+  WINNOW_RETURN_IF_ERROR(CheckObservation(name(), attention, dims(), layout().num_tokens, rows));
   observed_[attention.layer] = 1;
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // Row gather on the GPU: the rows of a batch whose logits were asked for, packed so that the
 // output head's GEMM reads only those (model/cuda_model.cc). The CUDA counterpart of the
-// `source_rows` loop at the end of Model::Forward.
+// `source_rows` loop of CpuForward::Logits (model/cpu_forward.cc).
 #pragma once
 
 #include <cuda_bf16.h>

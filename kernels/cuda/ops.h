@@ -1,5 +1,5 @@
 // Per-row and element-wise ops of the transformer forward on the GPU: the CUDA counterparts of
-// kernels/cpu/ops.h and of the embedding lookup in model/model.cc (Model::Forward).
+// kernels/cpu/ops.h and of the embedding lookup in model/cpu_forward.cc (CpuForward::Embed).
 //
 // Types. The GPU forward's activations (what feeds and leaves the GEMMs: normalised rows, Q/K/V,
 // attention output, gate/up) are T = __nv_bfloat16 (the forward's choice: bf16 has float32's
@@ -35,7 +35,7 @@ inline constexpr int32_t kEmbeddingInputId = -1;
 // float rows, as BatchEntry::embeddings; embedding_rows maps each such row to its row there and
 // may be null when no row uses it). An id outside [0, vocab), or a missing embedding row, gives
 // a zero row. out: rows x hidden floats (the residual stream). CPU: kernels::GetRow in
-// Model::Forward.
+// CpuForward::Embed.
 template <typename T>
 absl::Status EmbeddingGather(const T* table, int64_t vocab, int64_t hidden,
                              const int32_t* token_ids, const int32_t* embedding_rows,
@@ -72,7 +72,7 @@ absl::Status SiluMul(const T* gate, const T* up, int64_t rows, int64_t cols, int
                      T* out, cudaStream_t stream);
 
 // x[r * cols + c] += bias[c] (bias: cols floats), e.g. qwen2's QKV bias on a fused QKV output
-// with bias = [bq | bk | bv]. CPU: kernels::AddInPlace per row (Model::Forward's add_bias).
+// with bias = [bq | bk | bv]. CPU: kernels::AddInPlace per row (AddBias in model/cpu_forward.cc).
 template <typename T>
 absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
