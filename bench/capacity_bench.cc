@@ -12,13 +12,15 @@
 // polled every millisecond: the most requests running at once (admitted, holding KV), the
 // time-weighted mean while any was in flight, the engine thread's seconds in forwards and in
 // the compression hooks, output tokens per second over the burst's wall time, blocks freed by
-// compression, preemptions. Prefix caching is off so that no run reuses
+// compression, preemptions; first (unless --no-ceiling) the zero-overhead ceiling (Ceiling below)
+// and each policy's throughput as a fraction of it. Prefix caching is off so that no run reuses
 // another's prompts. The synthetic weights make the tokens meaningless, which capacity does not
 // care about: every request runs the same number of steps. Prints a table; never asserts on
 // time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -51,6 +53,7 @@ struct Options {
   double budget = 0.1;
   int32_t max_batched_tokens = 8192;
   int32_t max_seqs = 128;
+  bool ceiling = true;
 };
 
 void Check(const absl::Status& st, const char* what) {
@@ -66,9 +69,15 @@ class TimeObserver : public scheduler::EngineObserver {
   void OnIteration(const scheduler::IterationStats& stats) override {
     forward_ns += absl::ToInt64Nanoseconds(stats.forward_time);
     compression_ns += absl::ToInt64Nanoseconds(stats.compression_time);
+    scoring_ns += absl::ToInt64Nanoseconds(stats.compression_phases.scoring);
+    planning_ns += absl::ToInt64Nanoseconds(stats.compression_phases.planning);
+    compaction_ns += absl::ToInt64Nanoseconds(stats.compression_phases.compaction);
   }
   std::atomic<int64_t> forward_ns{0};
   std::atomic<int64_t> compression_ns{0};
+  std::atomic<int64_t> scoring_ns{0};
+  std::atomic<int64_t> planning_ns{0};
+  std::atomic<int64_t> compaction_ns{0};
 };
 
 // Counts what one burst's requests return; OnFinish runs on the engine thread.
@@ -98,6 +107,9 @@ struct BurstResult {
   double seconds = 0;
   double forward_seconds = 0;
   double compression_seconds = 0;
+  double scoring_seconds = 0;     // the compression seconds' split (cache/compression_times.h)
+  double planning_seconds = 0;
+  double compaction_seconds = 0;
   int64_t output_tokens = 0;
   int64_t blocks_freed = 0;
   int64_t preemptions = 0;
@@ -109,6 +121,8 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
                      const std::string& policy) {
   std::atomic<int> finished{0};
   const int64_t forward_before = times.forward_ns, compression_before = times.compression_ns;
+  const int64_t scoring_before = times.scoring_ns, planning_before = times.planning_ns,
+                compaction_before = times.compaction_ns;
   std::vector<std::shared_ptr<BurstSink>> sinks;
   const int64_t preemptions_before = engine.Snapshot().preemptions_total;
   const double t0 = bench::Now(false);
@@ -144,6 +158,10 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
   result.forward_seconds = 1e-9 * static_cast<double>(times.forward_ns - forward_before);
   result.compression_seconds =
       1e-9 * static_cast<double>(times.compression_ns - compression_before);
+  result.scoring_seconds = 1e-9 * static_cast<double>(times.scoring_ns - scoring_before);
+  result.planning_seconds = 1e-9 * static_cast<double>(times.planning_ns - planning_before);
+  result.compaction_seconds =
+      1e-9 * static_cast<double>(times.compaction_ns - compaction_before);
   for (const std::shared_ptr<BurstSink>& s : sinks) {
     result.output_tokens += s->tokens;
     result.blocks_freed += s->usage.kv_blocks_freed_by_compression;
@@ -154,6 +172,36 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
     }
   }
   return result;
+}
+
+// What a compressing burst would take with compression free and everything that fits at once
+// running at once: the burst's prefill alone, plus the decode of the same number of requests
+// whose prompts are already the compressed length. Each term is engine forward seconds from a
+// probe burst without compression:
+//   prefill = F(prompts, 1 output token)
+//   decode  = F(prompts cut to round(budget x prompt_tokens), output_tokens)
+//             - F(the same cut prompts, 1 output token)
+// (docs/benchmarks.md, "The ceiling").
+struct Ceiling {
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  double seconds() const { return prefill_seconds + decode_seconds; }
+};
+
+Ceiling MeasureCeiling(scheduler::Engine& engine, TimeObserver& times,
+                       const std::vector<std::vector<int32_t>>& prompts, const Options& opt) {
+  Options first_token = opt;
+  first_token.output_tokens = 1;
+  const int32_t kept = std::max<int32_t>(
+      1, static_cast<int32_t>(std::lround(opt.budget * opt.prompt_tokens)));
+  std::vector<std::vector<int32_t>> cut;
+  for (const std::vector<int32_t>& p : prompts) cut.emplace_back(p.begin(), p.begin() + kept);
+  Ceiling c;
+  c.prefill_seconds = RunBurst(engine, times, prompts, first_token, "none").forward_seconds;
+  const double cut_prefill = RunBurst(engine, times, cut, first_token, "none").forward_seconds;
+  c.decode_seconds =
+      std::max(0.0, RunBurst(engine, times, cut, opt, "none").forward_seconds - cut_prefill);
+  return c;
 }
 
 int Run(const Options& opt) {
@@ -197,19 +245,31 @@ int Run(const Options& opt) {
               "uncompressed); %d requests per burst, budget %.2f\n",
               limits.device.c_str(), opt.shape.c_str(), limits.kv_blocks_total, pool_gib,
               opt.fit, opt.prompt_tokens, opt.output_tokens, opt.requests, opt.budget);
+  double ceiling_rate = 0;
+  if (opt.ceiling) {
+    const Ceiling c = MeasureCeiling(**engine, times, prompts, opt);
+    ceiling_rate = static_cast<double>(opt.requests) * opt.output_tokens / c.seconds();
+    std::printf("ceiling at budget %.2f: prefill %.2f s + decode %.2f s = %.2f s, %.0f output "
+                "tok/s\n",
+                opt.budget, c.prefill_seconds, c.decode_seconds, c.seconds(), ceiling_rate);
+  }
   std::printf("| policy | peak running | mean running | wall s | forward s | compression s | "
-              "output tok/s | vs none | blocks freed | preemptions | failed |\n| --- | --- | "
-              "--- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "scoring s | planning s | compaction s | output tok/s | vs none | of ceiling | "
+              "blocks freed | preemptions | failed |\n| --- | --- | --- | --- | --- | --- | --- | "
+              "--- | --- | --- | --- | --- | --- | --- | --- |\n");
   double none_rate = 0;
   for (const std::string& policy : opt.policies) {
     const BurstResult r = RunBurst(**engine, times, prompts, opt, policy);
     const double rate = r.output_tokens / r.seconds;
     if (policy == "none") none_rate = rate;
-    char ratio[16] = "-";
+    char ratio[16] = "-", of_ceiling[16] = "-";
     if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
-    std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.0f | %s | %lld | %lld | %d |\n",
+    if (ceiling_rate > 0) std::snprintf(of_ceiling, sizeof(of_ceiling), "%.2f", rate / ceiling_rate);
+    std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s | %s | "
+                "%lld | %lld | %d |\n",
                 policy.c_str(), r.peak_running, r.mean_running, r.seconds, r.forward_seconds,
-                r.compression_seconds, rate, ratio,
+                r.compression_seconds, r.scoring_seconds, r.planning_seconds,
+                r.compaction_seconds, rate, ratio, of_ceiling,
                 static_cast<long long>(r.blocks_freed), static_cast<long long>(r.preemptions),
                 r.failed);
     std::fflush(stdout);
@@ -243,6 +303,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
       ->check(base::AtLeast(1));
   app.add_option("--max_seqs", opt->max_seqs, "sequences holding KV at once")
       ->check(base::AtLeast(1));
+  app.add_flag("--ceiling,!--no-ceiling", opt->ceiling,
+               "measure the zero-overhead ceiling first (three probe bursts without compression)");
   return base::ParseCommandLine(app, argc, argv);
 }
 

@@ -69,7 +69,7 @@ void CompactLayerOnHost(BlockPool& pool, const SequenceKv& kv, int32_t l,
 }  // namespace
 
 absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, SequenceKv& kv,
-                                              BlockPool& pool) {
+                                              BlockPool& pool, bool data_moved) {
   const KvLayout& layout = pool.layout();
   policies::ModelDims dims;
   dims.num_layers = kv.num_layers();
@@ -94,7 +94,9 @@ absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, Se
       // Keeping every slot of an ascending list means the identity: nothing moves.
       continue;
     }
-    if (KvDevice* device = pool.device(); device != nullptr) {
+    if (data_moved) {
+      // Nothing to copy.
+    } else if (KvDevice* device = pool.device(); device != nullptr) {
       if (absl::Status s = device->CompactLayer(kv.block_table(l), keep); !s.ok()) return s;
     } else {
       CompactLayerOnHost(pool, kv, l, keep);

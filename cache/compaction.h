@@ -24,8 +24,9 @@ struct CompactionStats {
 // back front to back, so any valid plan (including merges) is safe in place; only the kept
 // rows are copied, bit for bit (merged entries are float means). When the pool's data lives on
 // a device (cache/kv_device.h) the rows move there; a device error is returned as it is, with
-// the layers before it already compacted.
+// the layers before it already compacted. With `data_moved` the device has compacted the data
+// itself (ScoringBackend::CompactToWindowTopK) and only the tables shrink.
 absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, SequenceKv& kv,
-                                              BlockPool& pool);
+                                              BlockPool& pool, bool data_moved = false);
 
 }  // namespace winnow::cache

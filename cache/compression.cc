@@ -9,6 +9,23 @@
 #include "kernels/cpu/attention_scores.h"
 
 namespace winnow::cache {
+namespace {
+
+// Adds the time from its construction to its destruction (an early return too) into `into`.
+class PhaseClock {
+ public:
+  explicit PhaseClock(absl::Duration& into) : into_(into), start_(absl::Now()) {}
+  ~PhaseClock() { into_ += absl::Now() - start_; }
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
+
+ private:
+  absl::Duration& into_;
+  absl::Time start_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CompressionSession>> CompressionSession::Create(
     const std::string& policy, const policies::PolicyConfig& config,
     const policies::PolicyContext& context) {
@@ -30,6 +47,13 @@ CompressionSession::CompressionSession(std::string name,
   observe_ = policy_->Observation();
   observe_.window_begin = std::clamp(observe_.window_begin, 0, num_tokens_);
   window_rows_.resize(dims_.num_layers);
+  if (!observe_.accumulate_all_rows && policy_->LookaheadSteps() == 0) {
+    device_spec_ = policy_->window_top_k();
+    if (device_spec_ != nullptr &&
+        static_cast<int32_t>(device_spec_->keep.size()) != dims_.num_layers) {
+      device_spec_ = nullptr;  // not this model's: plan on the host
+    }
+  }
   if (observe_.accumulate_all_rows) {
     column_sums_.assign(dims_.num_layers,
                         std::vector<float>(static_cast<size_t>(dims_.num_heads) * num_tokens_));
@@ -53,7 +77,50 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   } else {
     capture_.layer_done = nullptr;
   }
+  // The device can plan while the forward runs when this chunk holds the whole window and
+  // completes the prompt (every layer then holds every key when its attention is done).
+  capture_.device_plan = nullptr;
+  if (device_spec_ != nullptr && start <= observe_.window_begin && start + count == num_tokens_) {
+    device_layers_ = 0;
+    device_kept_.assign(dims_.num_layers, {});
+    capture_.device_plan = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
+      PlanLayerOnDevice(layer, kv, scoring);
+    };
+  }
   return &capture_;
+}
+
+void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
+                                           ScoringBackend& scoring) {
+  ++device_layers_;
+  const int32_t keep = device_spec_->keep[layer];
+  if (keep >= num_tokens_) return;  // the layer stays whole
+  const int32_t rows = capture_.device_row_count;
+  if (kv.num_slots(layer) != num_tokens_ || rows == 0 || capture_.device_rows == nullptr) {
+    capture_status_.Update(absl::InternalError(absl::StrCat(
+        "compression: device plan of layer ", layer, " without the whole prompt or its rows")));
+    return;
+  }
+  std::vector<int32_t> visible(rows);
+  const std::span<const int32_t> positions =
+      std::span<const int32_t>(capture_.positions).last(rows);
+  for (int32_t r = 0; r < rows; ++r) visible[r] = positions[r] + 1;
+  device_kept_[layer].assign(static_cast<size_t>(dims_.num_kv_heads) * keep, 0);
+  WindowTopKRequest request;
+  request.block_table = kv.block_table(layer);
+  request.num_slots = num_tokens_;
+  request.device_q = capture_.device_rows;
+  request.visible = visible;
+  request.num_heads = dims_.num_heads;
+  request.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  request.window = device_spec_->window;
+  request.kernel = device_spec_->kernel;
+  request.pooling = device_spec_->pooling;
+  request.folding = device_spec_->aggregation;
+  request.keep = keep;
+  request.kept_slots = device_kept_[layer].data();
+  PhaseClock clock(stats_.time.scoring);
+  capture_status_.Update(scoring.CompactToWindowTopK(request));
 }
 
 void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
@@ -108,6 +175,16 @@ absl::Status CompressionSession::AfterPrefillChunk() {
   if (!capture_status_.ok()) return capture_status_;
   const int32_t rows = capture_.num_rows();
   if (rows == 0) return absl::OkStatus();
+  if (device_layers_ > 0) {
+    // The device planned from its own rows; only their positions came to the host.
+    if (device_layers_ != dims_.num_layers) {
+      return absl::InternalError("compression: the device planned some layers, not all");
+    }
+    window_positions_.insert(window_positions_.end(), capture_.positions.begin(),
+                             capture_.positions.end());
+    capture_.Clear();
+    return absl::OkStatus();
+  }
   if (static_cast<int32_t>(capture_.per_layer.size()) != dims_.num_layers) {
     return absl::InternalError("compression: query capture has the wrong number of layers");
   }
@@ -145,6 +222,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   compressed_ = true;
   slots_.Clear();
   slots_.AppendRange(0, num_tokens_);
+  if (device_layers_ > 0) return FinishDevicePlan(kv, pool, scoring);
 
   const int32_t rows = static_cast<int32_t>(window_positions_.size());
   std::vector<int32_t> visible(rows);
@@ -174,6 +252,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
         // One layer at a time: the transient is num_heads x rows x num_tokens floats.
         probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
         log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
+        PhaseClock clock(stats_.time.scoring);
         WINNOW_RETURN_IF_ERROR(
             scoring.AttentionProbabilities(in, probs.data(), log_normalizer.data()));
         attention.probs = probs;
@@ -181,6 +260,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
       } else {
         // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
         window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
+        PhaseClock clock(stats_.time.scoring);
         WINNOW_RETURN_IF_ERROR(
             scoring.AccumulateAttentionColumns(in, window_sums.data(), /*device_q=*/nullptr));
         attention.window_sums = window_sums;
@@ -190,11 +270,15 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     std::vector<float> value_norms;
     if (observe_.value_norms) {
       value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
+      PhaseClock clock(stats_.time.scoring);
       WINNOW_RETURN_IF_ERROR(
           scoring.ValueNorms(kv.block_table(l), num_tokens_, value_norms.data()));
       attention.value_norms = value_norms;
     }
-    if (absl::Status s = policy_->ObserveLayer(attention); !s.ok()) return s;
+    {
+      PhaseClock clock(stats_.time.planning);
+      WINNOW_RETURN_IF_ERROR(policy_->ObserveLayer(attention));
+    }
     // The window rows of this layer are no longer needed.
     std::vector<float>().swap(window_rows_[l]);
     if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
@@ -209,12 +293,51 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   return ApplyPromptPlan(kv, pool);
 }
 
+absl::StatusOr<CompactionStats> CompressionSession::FinishDevicePlan(SequenceKv& kv,
+                                                                     BlockPool& pool,
+                                                                     ScoringBackend& scoring) {
+  {
+    PhaseClock clock(stats_.time.scoring);
+    WINNOW_RETURN_IF_ERROR(scoring.Flush());
+  }
+  stats_.prefill_tokens = num_tokens_;
+  policies::KeepPlan plan;
+  plan.layers.resize(dims_.num_layers);
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    const std::vector<int32_t>& kept = device_kept_[l];
+    if (kept.empty()) continue;  // kept whole
+    const int64_t keep = static_cast<int64_t>(kept.size()) / dims_.num_kv_heads;
+    policies::LayerKeep& layer = plan.layers[l];
+    layer.heads.resize(dims_.num_kv_heads);
+    for (int32_t g = 0; g < dims_.num_kv_heads; ++g) {
+      layer.heads[g].assign(kept.begin() + g * keep, kept.begin() + (g + 1) * keep);
+    }
+  }
+  std::vector<std::vector<int32_t>>().swap(device_kept_);
+  return ApplyPlan(plan, kv, pool, /*data_moved=*/true);
+}
+
 absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& kv,
                                                                     BlockPool& pool) {
-  WINNOW_ASSIGN_OR_RETURN(const policies::KeepPlan plan, policy_->Plan());
+  absl::StatusOr<policies::KeepPlan> planned;
+  {
+    PhaseClock clock(stats_.time.planning);
+    planned = policy_->Plan();
+  }
+  WINNOW_RETURN_IF_ERROR(planned.status());
+  return ApplyPlan(*planned, kv, pool, /*data_moved=*/false);
+}
+
+absl::StatusOr<CompactionStats> CompressionSession::ApplyPlan(const policies::KeepPlan& plan,
+                                                              SequenceKv& kv, BlockPool& pool,
+                                                              bool data_moved) {
   stats_.slots_before = 0;
   for (int32_t l = 0; l < dims_.num_layers; ++l) stats_.slots_before += kv.num_slots(l);
-  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(plan, kv, pool);
+  absl::StatusOr<CompactionStats> applied;
+  {
+    PhaseClock clock(stats_.time.compaction);
+    applied = ApplyKeepPlan(plan, kv, pool, data_moved);
+  }
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
                                             "'s plan could not be applied: ",
@@ -254,7 +377,13 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
   step.tokens_seen = position + 1;
   step.slots = &slots_;
   if (policy_->WantsDecodeAttention()) step.attention = decode_attention_;
-  WINNOW_ASSIGN_OR_RETURN(const policies::KeepPlan plan, policy_->OnDecodeStep(step));
+  absl::StatusOr<policies::KeepPlan> planned;
+  {
+    PhaseClock clock(stats_.time.planning);
+    planned = policy_->OnDecodeStep(step);
+  }
+  WINNOW_RETURN_IF_ERROR(planned.status());
+  const policies::KeepPlan& plan = *planned;
   if (lookahead_left_ > 0) {
     if (!plan.empty()) {
       return absl::InternalError(
@@ -264,7 +393,11 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
     return ApplyPromptPlan(kv, pool);
   }
   if (plan.empty()) return CompactionStats{};
-  absl::StatusOr<CompactionStats> applied = ApplyKeepPlan(plan, kv, pool);
+  absl::StatusOr<CompactionStats> applied;
+  {
+    PhaseClock clock(stats_.time.compaction);
+    applied = ApplyKeepPlan(plan, kv, pool);
+  }
   if (!applied.ok()) {
     return absl::InternalError(absl::StrCat("compression: policy ", name_,
                                             "'s decode plan could not be applied: ",

@@ -20,6 +20,7 @@
 #include "cache/attention_selector.h"
 #include "cache/block_pool.h"
 #include "cache/compaction.h"
+#include "cache/compression_times.h"
 #include "cache/policies/policy.h"
 #include "cache/query_capture.h"
 #include "cache/sequence_kv.h"
@@ -35,6 +36,7 @@ struct CompressionStats {
   int64_t slots_evicted = 0;           // summed over layers, prefill + decode evictions
   int32_t blocks_freed = 0;            // prefill + decode compactions
   int32_t decode_compactions = 0;
+  CompressionPhaseTimes time;          // summed over the session's hooks
 };
 
 class CompressionSession {
@@ -102,6 +104,15 @@ class CompressionSession {
                      const policies::PolicyContext& context);
   // Asks the policy for its prompt plan, compacts, and records the compression's stats.
   absl::StatusOr<CompactionStats> ApplyPromptPlan(SequenceKv& kv, BlockPool& pool);
+  // Applies a prompt plan (compacting unless the device already has: `data_moved`) and records
+  // the compression's stats.
+  absl::StatusOr<CompactionStats> ApplyPlan(const policies::KeepPlan& plan, SequenceKv& kv,
+                                            BlockPool& pool, bool data_moved);
+  // The capture's device_plan hook: `layer`'s plan decided and applied on the device.
+  void PlanLayerOnDevice(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
+  // Compress after the device planned every layer: the kept slots come back, the tables shrink.
+  absl::StatusOr<CompactionStats> FinishDevicePlan(SequenceKv& kv, BlockPool& pool,
+                                                   ScoringBackend& scoring);
   // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
 
@@ -119,6 +130,12 @@ class CompressionSession {
   std::vector<int32_t> window_positions_;
   std::vector<std::vector<float>> column_sums_;  // [layer] num_heads x num_tokens
   std::vector<std::vector<float>> decode_attention_;
+  // The policy's WindowTopKSpec when it has one (and no lookahead), the layers the device has
+  // planned during the last prefill chunk, and each one's kept slots (num_kv_heads x keep,
+  // written by ScoringBackend::Flush; empty for a layer kept whole).
+  const policies::WindowTopKSpec* device_spec_ = nullptr;
+  int32_t device_layers_ = 0;
+  std::vector<std::vector<int32_t>> device_kept_;
   policies::SlotPositions slots_;
   CompressionStats stats_;
 };

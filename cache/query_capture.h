@@ -33,6 +33,13 @@ struct QueryCapture {
   // only the rows at positions >= host_from. Null otherwise.
   const void* device_rows = nullptr;
   int32_t device_row_count = 0;
+  // Optional: a plan the device decides and applies while the forward runs
+  // (ScoringBackend::CompactToWindowTopK). A forward whose query rows live on a device, and
+  // whose sequence holds no block shared with another (the compaction is in place), calls it
+  // instead of copying rows to the host: once per layer, after that layer's attention has read
+  // the whole cache, with device_rows set as for layer_done. Other forwards ignore it and
+  // capture rows as usual.
+  std::function<void(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring)> device_plan;
 
   int32_t num_rows() const { return static_cast<int32_t>(positions.size()); }
   void Clear() {

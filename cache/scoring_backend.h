@@ -15,10 +15,34 @@
 #include <span>
 
 #include "absl/status/status.h"
+#include "cache/policies/pooling.h"
 #include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache {
+
+// A SnapKV-shaped prompt plan for one layer, decided and applied where the K/V are: the window
+// rows' column sums, pooled along the keys and folded over each KV head's query heads, a per-KV-
+// head top-k of the keys before the window with the window kept, and the layer compacted to it
+// (cache/policies/snapkv.cc decides the same on the host).
+struct WindowTopKRequest {
+  std::span<const int32_t> block_table;  // the layer's
+  int32_t num_slots = 0;                 // keys in the layer: the whole prompt
+  // The window's query rows on the device (QueryCapture::device_rows), num_rows x num_heads x
+  // head_dim in the KV dtype; visible[r] = the row's position + 1.
+  const void* device_q = nullptr;
+  std::span<const int32_t> visible;
+  int32_t num_heads = 0;
+  float scale = 1.0f;
+  int32_t window = 1;  // slots [num_slots - window, num_slots) are kept, the keys before scored
+  int32_t kernel = 1;
+  policies::Pooling pooling = policies::Pooling::kAvg;
+  policies::GroupAggregation folding = policies::GroupAggregation::kMean;
+  int32_t keep = 1;  // slots kept per KV head, window included; 1 <= keep < num_slots
+  // Host memory for num_kv_heads x keep ints: each KV head's kept slots, ascending. Written by
+  // the next Flush(); the device data is compacted to them in stream order before that.
+  int32_t* kept_slots = nullptr;
+};
 
 class ScoringBackend {
  public:
@@ -42,6 +66,16 @@ class ScoringBackend {
                                        std::span<const float> query, int32_t num_heads,
                                        int32_t begin, int32_t end, float scale, bool gqa_mod,
                                        float* vote) = 0;
+
+  // WindowTopKRequest on the device, without waiting for it: a backend whose K/V live on a
+  // device implements it and a forward on that device calls it (QueryCapture::device_plan);
+  // the host backend has the rows on the host and plans there (Unimplemented here).
+  virtual absl::Status CompactToWindowTopK(const WindowTopKRequest& request) {
+    return absl::UnimplementedError("this scoring backend plans on the host");
+  }
+  // Waits for the queued device work and completes the host outputs of the calls that defer
+  // them (CompactToWindowTopK). Nothing to do on the host.
+  virtual absl::Status Flush() { return absl::OkStatus(); }
 
   // The host threads, idle while the hooks run (between forwards, or between a forward's
   // kernels for a selector), for the policies' own work on the scores: per-head pooling and

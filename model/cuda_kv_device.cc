@@ -8,6 +8,7 @@
 #include "kernels/cuda/compaction.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/scoring.h"
+#include "kernels/cuda/window_top_k.h"
 
 namespace winnow::model {
 
@@ -106,32 +107,72 @@ absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in,
   return Sync();
 }
 
+absl::Status CudaKvDevice::ColumnSumsOnDevice(const kernels::ScoreInput& in,
+                                              const void* device_q) {
+  const int64_t sums = int64_t{in.num_heads} * in.num_slots;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, sums));
+  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sums_.data(), 0, sums * sizeof(float), stream_));
+  if (device_q == nullptr) {
+    WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
+    return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
+  }
+  // The forward's own rows: bf16, the CUDA worker's activation and KV dtype.
+  kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
+                                        static_cast<const __nv_bfloat16*>(device_q),
+                                        in.num_rows, visible_.data(), in.num_heads, in.scale};
+  if (gemm_ != nullptr && kv_.dtype == kernels::KvDtype::kBF16) {
+    return tensor_core_sums_.Run(kv_, d, std::span<const int32_t>(in.visible, in.num_rows),
+                                 sums_.data(), *gemm_, stager_, stream_);
+  }
+  return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
+}
+
+absl::Status CudaKvDevice::CompactToWindowTopK(const cache::WindowTopKRequest& r) {
+  const int32_t n = r.num_slots;
+  const int32_t window = std::clamp(r.window, 1, n);
+  if (r.keep < 1 || r.keep >= n || r.device_q == nullptr || r.kept_slots == nullptr ||
+      r.visible.empty()) {
+    return absl::InvalidArgumentError("CompactToWindowTopK: bad request");
+  }
+  kernels::ScoreInput in;
+  in.block_table = r.block_table.data();
+  in.num_slots = n;
+  in.num_rows = static_cast<int32_t>(r.visible.size());
+  in.visible = r.visible.data();
+  in.num_heads = r.num_heads;
+  in.scale = r.scale;
+  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, r.device_q));
+  kc::WindowScoreShape shape;
+  shape.num_heads = r.num_heads;
+  shape.num_kv_heads = kv_.num_kv_heads;
+  shape.num_slots = n;
+  shape.prefix = n - window;
+  shape.kernel = r.kernel;
+  shape.pooling = static_cast<kc::KeyPooling>(r.pooling);
+  shape.folding = static_cast<kc::HeadFolding>(r.folding);
+  WINNOW_RETURN_IF_ERROR(
+      kc::Reserve(scores_, std::max<int64_t>(1, int64_t{kv_.num_kv_heads} * shape.prefix)));
+  WINNOW_RETURN_IF_ERROR(kc::PoolAndFoldWindowScores(sums_.data(), shape, scores_.data(), stream_));
+  const int64_t kept = int64_t{kv_.num_kv_heads} * r.keep;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(kept_, kept));
+  WINNOW_RETURN_IF_ERROR(kc::TopKWithWindow(scores_.data(), kv_.num_kv_heads, shape.prefix, n,
+                                            r.keep, kept_.data(), stream_));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(scratch_, kc::CompactionScratchBytes(kv_, r.keep)));
+  WINNOW_RETURN_IF_ERROR(kc::CompactLayer(kv_, table_.data(), table_.data(), kept_.data(), r.keep,
+                                          scratch_.data(), stream_));
+  return downloads_.Queue(kept_.data(), kept, r.kept_slots, stream_);
+}
+
+absl::Status CudaKvDevice::Flush() { return downloads_.Finish(stream_); }
+
 absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput& in,
                                                       float* column_sums,
                                                       const void* device_q) {
   if (in.num_rows == 0) return absl::OkStatus();
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
   const int64_t sums = int64_t{in.num_heads} * in.num_slots;
-  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, sums));
-  WINNOW_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sums_.data(), 0, sums * sizeof(float), stream_));
-  if (device_q != nullptr) {
-    // The forward's own rows: bf16, the CUDA worker's activation and KV dtype.
-    kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
-                                          static_cast<const __nv_bfloat16*>(device_q),
-                                          in.num_rows, visible_.data(), in.num_heads, in.scale};
-    if (gemm_ != nullptr && kv_.dtype == kernels::KvDtype::kBF16) {
-      WINNOW_RETURN_IF_ERROR(tensor_core_sums_.Run(
-          kv_, d, std::span<const int32_t>(in.visible, in.num_rows), sums_.data(), *gemm_,
-          stager_, stream_));
-    } else {
-      WINNOW_RETURN_IF_ERROR(
-          kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
-    }
-  } else {
-    WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
-    WINNOW_RETURN_IF_ERROR(
-        kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_));
-  }
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device_q));
   std::vector<float> chunk(sums);
   WINNOW_RETURN_IF_ERROR(Download(sums_.data(), sums, chunk.data(), stream_));
   WINNOW_RETURN_IF_ERROR(Sync());

@@ -51,6 +51,8 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
                                int32_t num_heads, int32_t begin, int32_t end, float scale,
                                bool gqa_mod, float* vote) override;
+  absl::Status CompactToWindowTopK(const cache::WindowTopKRequest& request) override;
+  absl::Status Flush() override;
   kernels::ThreadPool& host_threads() override { return host_threads_; }
 
  private:
@@ -69,6 +71,9 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   }
   // Waits for the queued work, so that downloads into host memory are complete.
   absl::Status Sync();
+  // sums_ = the column sums of `in`'s rows (device_q: bf16 rows on the device; null: in.q on
+  // the host), num_heads x in.num_slots, queued without waiting; UploadScoreInput(in) first.
+  absl::Status ColumnSumsOnDevice(const kernels::ScoreInput& in, const void* device_q);
 
   kernels::cuda::DevicePagedKv kv_;
   cudaStream_t stream_;
@@ -77,9 +82,11 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   kernels::cuda::TensorCoreColumnSums tensor_core_sums_;
   // Grown on demand and reused: the transient of one call.
   Buf<int32_t> table_, visible_, slots_, offsets_;
-  Buf<float> q_, probs_, lse_, sums_;
+  Buf<float> q_, probs_, lse_, sums_, scores_;
+  Buf<int32_t> kept_;
   Buf<std::byte> scratch_;
   kernels::cuda::PinnedStager stager_;
+  kernels::cuda::PinnedDownloads downloads_;  // CompactToWindowTopK's kept slots, until Flush
 };
 
 }  // namespace winnow::model

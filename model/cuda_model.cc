@@ -135,6 +135,9 @@ struct CudaModel::HostInputs {
   // block tables before any slot is appended (as the CPU forward writes them).
   std::vector<int64_t> slots;
   std::vector<int32_t> logits_rows;  // the rows whose logits were asked for, in output order
+  // Per entry: its capture's device_plan runs (QueryCapture): it has one and the sequence
+  // shares no block, so compacting in place touches no one else's cache.
+  std::vector<char> plans_on_device;
 };
 
 CudaModel::CudaModel(const Model& model, kernels::ThreadPool& threads, int32_t device)
@@ -358,6 +361,12 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   }
   GatherTokens(batch, c.hidden_size, &in.tokens, &in.embedding_rows, &in.embeddings,
                &in.positions);
+  in.plans_on_device.resize(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const cache::QueryCapture* capture = batch[e].capture;
+    in.plans_on_device[e] = capture != nullptr && capture->device_plan &&
+                            batch[e].kv->SharedBlocks(pool) == 0;
+  }
   const int32_t block_size = pool.layout().block_size;
   in.slots.reserve(in.rows * c.num_layers);
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -391,13 +400,22 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
             &in.slots);
     in.rows = graph_rows;
   }
+  absl::Status status = RunAll(batch, in, graph_rows > 0, pool, out);
+  // The device plans' kept slots (QueryCapture::device_plan) reach their sessions before the
+  // forward returns, whatever happened, so that none is written after its session is gone.
+  status.Update(kv_device_->Flush());
+  return status;
+}
+
+absl::Status CudaModel::RunAll(std::span<const BatchEntry> batch, const HostInputs& in,
+                               bool graphs, const cache::BlockPool& pool, ForwardOutput* out) {
   WINNOW_RETURN_IF_ERROR(ReserveProbabilities(batch));
   WINNOW_RETURN_IF_ERROR(Upload(in));
-  if (graph_rows > 0) {
+  if (graphs) {
     WINNOW_RETURN_IF_ERROR(RunLayersWithGraphs(batch, in, pool));
   } else {
     WINNOW_RETURN_IF_ERROR(Embed(in.rows));
-    for (int32_t l = 0; l < c.num_layers; ++l) {
+    for (int32_t l = 0; l < model_.config().num_layers; ++l) {
       WINNOW_RETURN_IF_ERROR(RunLayer(l, batch, in, pool));
     }
   }
@@ -559,8 +577,28 @@ absl::Status CudaModel::Attend(int32_t l, std::span<const BatchEntry> batch,
                                                   s.attn.data(), stream_));
   // The sequences that attend to a selection get their rows of attn rewritten: FlashInfer's
   // call needs the batch's rows contiguous, so it runs over all of them first.
-  return kc::SparseDecodeAttention(weights_->kv, sparse, s.q.data(), c.num_heads, scale,
-                                   s.attn.data(), stream_);
+  WINNOW_RETURN_IF_ERROR(kc::SparseDecodeAttention(weights_->kv, sparse, s.q.data(), c.num_heads,
+                                                   scale, s.attn.data(), stream_));
+  return PlanOnDevice(l, batch, in);
+}
+
+absl::Status CudaModel::PlanOnDevice(int32_t l, std::span<const BatchEntry> batch,
+                                     const HostInputs& in) {
+  const ModelConfig& c = model_.config();
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  for (size_t e = 0; e < batch.size(); ++e) {
+    if (!in.plans_on_device[e]) continue;
+    cache::QueryCapture* capture = batch[e].capture;
+    const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
+    const int32_t first = std::clamp(capture->first_position - batch[e].start_position, 0, n);
+    capture->device_rows =
+        first < n ? scratch_->q.data() + (in.first_row[e] + first) * q_dim : nullptr;
+    capture->device_row_count = n - first;
+    capture->device_plan(l, *batch[e].kv, *kv_device_);
+    capture->device_rows = nullptr;
+    capture->device_row_count = 0;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<kc::DeviceSparseDecode> CudaModel::SelectSlots(int32_t l,
@@ -660,7 +698,9 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
     // values the attention reads, widened to float. A consumer that reads rows on the device
     // (layer_done) gets only those from host_from copied to the host.
     const int32_t to_host =
-        capture->layer_done ? std::clamp(capture->host_from - start, first, n) : first;
+        in.plans_on_device[e] ? n
+        : capture->layer_done ? std::clamp(capture->host_from - start, first, n)
+                              : first;
     if (to_host < n) {
       const int64_t count = int64_t{n - to_host} * q_dim;
       rows_bf16.resize(count);

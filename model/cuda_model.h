@@ -100,6 +100,9 @@ class CudaModel : public ForwardBackend {
   // Grows the activation buffers to hold a batch of `rows` rows with `logits_rows` logits rows.
   absl::Status ReserveActivations(int64_t rows, int64_t logits_rows);
   absl::Status Upload(const HostInputs& in);
+  // The forward after its inputs: every layer (eager or through the graphs), then the logits.
+  absl::Status RunAll(std::span<const BatchEntry> batch, const HostInputs& in, bool graphs,
+                      const cache::BlockPool& pool, ForwardOutput* out);
   absl::Status RunLayer(int32_t layer, std::span<const BatchEntry> batch,
                         const HostInputs& in, const cache::BlockPool& pool);
   // The parts of a layer: what comes before the attention (norm with the previous layer's
@@ -116,6 +119,9 @@ class CudaModel : public ForwardBackend {
   // Every layer through the graphs of in.rows (a bucket; `in` padded to it).
   absl::Status RunLayersWithGraphs(std::span<const BatchEntry> batch, const HostInputs& in,
                                    const cache::BlockPool& pool);
+  // The device plans of `layer` (QueryCapture::device_plan), after its attention.
+  absl::Status PlanOnDevice(int32_t layer, std::span<const BatchEntry> batch,
+                            const HostInputs& in);
   // The compression hooks of `layer` (its K/V are in the arena, its queries in Scratch::q).
   absl::Status CaptureQueries(int32_t layer, std::span<const BatchEntry> batch,
                               const HostInputs& in, const cache::BlockPool& pool);

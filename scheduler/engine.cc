@@ -454,6 +454,7 @@ bool Engine::Impl::RunIteration() {
     }
     stats.forward_time = out.forward_time;
     stats.compression_time = out.compression_time;
+    stats.compression_phases = out.compression_phases;
     observer->OnIteration(stats);
   }
   ApplyResults(plan, out);

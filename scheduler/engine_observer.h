@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "cache/compression_times.h"
 #include "scheduler/request.h"
 
 namespace winnow::scheduler {
@@ -25,6 +26,7 @@ struct IterationStats {
   // After the forward: the sequences' compression hooks (scoring, the policies' decisions,
   // compaction), on the engine thread; zero when no sequence compresses.
   absl::Duration compression_time;
+  cache::CompressionPhaseTimes compression_phases;  // its split (cache/compression.h)
 };
 
 // Queue and pool state; published after every engine loop turn that changed anything, so the

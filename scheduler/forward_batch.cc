@@ -86,15 +86,18 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
 }  // namespace
 
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               cache::ScoringBackend& scoring,
-                               std::span<ChunkResult> results) {
+                               cache::ScoringBackend& scoring, std::span<ChunkResult> results,
+                               cache::CompressionPhaseTimes& phases) {
   absl::Duration spent;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].seq->compression == nullptr) continue;
+    const cache::CompressionSession& session = *chunks[i].seq->compression;
+    const cache::CompressionPhaseTimes before = session.stats().time;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::optional<CompressionEvent>> event =
         RunCompression(chunks[i], pool, scoring);
     spent += absl::Now() - start;
+    phases += session.stats().time - before;
     if (!event.ok()) {
       results[i].status = event.status();
       continue;

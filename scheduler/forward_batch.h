@@ -30,10 +30,11 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
 // through the forward backend's `scoring` (where the K/V are). Before sampling: the first
 // token comes from the full cache's logits (already computed), and a sequence that finishes on
 // it must not be compressed after its blocks are gone. A failure fails that chunk's sequence
-// only. Returns the time the hooks took: zero when no chunk's sequence compresses.
+// only. Returns the time the hooks took (zero when no chunk's sequence compresses) and adds
+// its split by phase into `phases`.
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               cache::ScoringBackend& scoring,
-                               std::span<ChunkResult> results);
+                               cache::ScoringBackend& scoring, std::span<ChunkResult> results,
+                               cache::CompressionPhaseTimes& phases);
 
 // Samples chunk `index`'s next token from its logits row in `out`.
 absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,

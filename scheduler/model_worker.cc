@@ -29,7 +29,8 @@ WorkerOutput ModelWorker::Execute(std::span<const ScheduledChunk> chunks) {
 
   result.chunks.resize(chunks.size());
   result.compression_time =
-      RunCompressions(chunks, pool_, forward_->Scoring(pool_), result.chunks);
+      RunCompressions(chunks, pool_, forward_->Scoring(pool_), result.chunks,
+                      result.compression_phases);
   SampleChunks(chunks, out_, *threads_, result.chunks);
   return result;
 }

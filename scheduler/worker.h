@@ -32,6 +32,7 @@ struct WorkerOutput {
   std::vector<ChunkResult> chunks;  // parallel to the plan's chunks
   absl::Duration forward_time;
   absl::Duration compression_time;  // the compression hooks after the forward
+  cache::CompressionPhaseTimes compression_phases;  // their split
 };
 
 // The host side of a worker: the threads it owns (the CPU forward's kernels and, on any device,

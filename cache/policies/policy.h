@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "base/status_macros.h"
 #include "cache/keep_plan.h"
+#include "cache/policies/pooling.h"
 #include "cache/scoring_backend.h"
 
 namespace winnow::cache {
@@ -279,6 +280,18 @@ struct DecodeStep {
   std::span<const std::vector<float>> attention;
 };
 
+// A prompt plan of SnapKV's shape, which a device can decide and apply by itself
+// (cache/scoring_backend.h, WindowTopKRequest): per layer, keep[layer] slots per KV head, the
+// last `window` prompt slots among them and the rest the best of the window rows' column sums,
+// pooled and folded as named.
+struct WindowTopKSpec {
+  int32_t window = 1;
+  int32_t kernel = 1;
+  Pooling pooling = Pooling::kAvg;
+  GroupAggregation aggregation = GroupAggregation::kMean;
+  std::vector<int32_t> keep;  // per layer; >= the prompt's length keeps the layer whole
+};
+
 // ---------------------------------------------------------------------------------------------
 // The policy.
 
@@ -323,6 +336,11 @@ class CompressionPolicy {
   // inside Select: the forward calls Select on the engine thread between kernels, when the
   // threads are idle. Overrides must call this one.
   virtual void UseScoring(ScoringBackend* scoring) { scoring_ = scoring; }
+
+  // Non-null when the prompt plan is exactly a WindowTopKSpec (no lookahead, nothing else
+  // observed): a forward on a device may then decide and compact each layer itself while it
+  // runs, and Plan() is not asked. Owned by the policy.
+  virtual const WindowTopKSpec* window_top_k() const { return nullptr; }
 
   // For admission: an upper bound on the slots, summed over layers, that the sequence holds
   // after compression once `generated` tokens have been appended. The default assumes every

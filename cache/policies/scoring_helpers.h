@@ -14,17 +14,15 @@
 
 #include "absl/status/statusor.h"
 #include "cache/policies/policy.h"
+#include "cache/policies/pooling.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache::policies {
 
-// How the query heads of a GQA group are folded into their KV head's score.
-enum class GroupAggregation { kSum, kMean, kMax };
 // Param `name`: "sum" / "mean" / "max".
 absl::Status ReadGroupAggregation(const PolicyConfig& config, const std::string& name,
                                   GroupAggregation* field);
 
-enum class Pooling { kNone, kAvg, kMax };
 // Param `name`: "none" / "avg" / "max".
 absl::Status ReadPooling(const PolicyConfig& config, const std::string& name, Pooling* field);
 

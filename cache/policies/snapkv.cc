@@ -20,6 +20,8 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
     if (budgets_.empty()) budgets_.assign(context.dims.num_layers, KeepCount(config.budget(), n));
     window_ = std::clamp(options_.window, 1, std::max(n, 1));
     plan_.layers.resize(context.dims.num_layers);
+    device_spec_ = {window_, options_.kernel, options_.pooling, options_.aggregation, {}};
+    for (int32_t b : budgets_) device_spec_.keep.push_back(std::clamp(b, 1, std::max(n, 1)));
   }
 
   std::string name() const override { return name_; }
@@ -54,6 +56,8 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
     return std::move(plan_);
   }
 
+  const WindowTopKSpec* window_top_k() const override { return &device_spec_; }
+
   int64_t SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const override {
     int64_t total = 0;
     for (int32_t b : budgets_) total += std::clamp(b, 1, std::max(prompt_tokens, 1)) + generated;
@@ -65,6 +69,7 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
   SnapKvOptions options_;
   std::vector<int32_t> budgets_;
   int32_t window_ = 1;
+  WindowTopKSpec device_spec_;
   KeepPlan plan_;
 };
 

@@ -185,4 +185,62 @@ class PinnedStager {
   int64_t used_ = 0;
 };
 
+// Device-to-host copies completed together: each is queued into page-locked staging, so the
+// copy itself waits for nothing, and Finish() waits for the stream once and moves every staged
+// result to its host destination. Staging grows while copies are pending (a new page-locked
+// block when the current one is full) and is merged into one block at Finish, so a steady
+// workload stops allocating after its first rounds.
+class PinnedDownloads {
+ public:
+  template <typename T>
+  absl::Status Queue(const T* device, int64_t count, T* host, cudaStream_t stream) {
+    if (count <= 0) return absl::OkStatus();
+    const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
+    if (blocks_.empty() || used_ + bytes > blocks_.back().size()) {
+      WINNOW_ASSIGN_OR_RETURN(PinnedBuffer<std::byte> block,
+                              PinnedBuffer<std::byte>::Allocate(
+                                  std::max<int64_t>(4 * bytes, int64_t{1} << 20)));
+      blocks_.push_back(std::move(block));
+      used_ = 0;
+    }
+    std::byte* staged = blocks_.back().data() + used_;
+    used_ += (bytes + 15) / 16 * 16;
+    pending_.push_back({staged, host, bytes});
+    return CudaStatus(cudaMemcpyAsync(staged, device, bytes, cudaMemcpyDeviceToHost, stream),
+                      "cudaMemcpyAsync (download)");
+  }
+
+  // Waits for the stream and copies every pending result out; on an error, drops them.
+  absl::Status Finish(cudaStream_t stream) {
+    if (pending_.empty()) return absl::OkStatus();
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    // After a failure the results are dropped: their destinations may not outlive the error.
+    if (synced == cudaSuccess) {
+      for (const Pending& p : pending_) std::memcpy(p.host, p.staged, p.bytes);
+    }
+    pending_.clear();
+    WINNOW_RETURN_IF_ERROR(CudaStatus(synced, "cudaStreamSynchronize (downloads)"));
+    used_ = 0;
+    if (blocks_.size() > 1) {
+      int64_t total = 0;
+      for (const PinnedBuffer<std::byte>& b : blocks_) total += b.size();
+      blocks_.clear();
+      WINNOW_ASSIGN_OR_RETURN(PinnedBuffer<std::byte> merged,
+                              PinnedBuffer<std::byte>::Allocate(total));
+      blocks_.push_back(std::move(merged));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    const std::byte* staged;
+    void* host;
+    int64_t bytes;
+  };
+  std::vector<PinnedBuffer<std::byte>> blocks_;  // the last one fills
+  int64_t used_ = 0;                             // bytes of blocks_.back() in use
+  std::vector<Pending> pending_;
+};
+
 }  // namespace winnow::kernels::cuda

@@ -5,6 +5,7 @@
 // kernels' tolerance (tests/cuda/scoring_test.cc).
 #include "model/cuda_kv_device.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "cache/block_pool.h"
 #include "cache/compaction.h"
 #include "cache/host_scoring.h"
+#include "cache/policies/scoring_helpers.h"
 #include "cache/policies/tokenselect.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention_scores.h"
@@ -188,6 +190,66 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   const std::vector<float> got_vote = on_device.Vote(0, query, 3, 20, kvs_[1]);
   EXPECT_TRUE(on_device.error().ok()) << on_device.error();
   ExpectClose(got_vote, want_vote, 2e-4, 1e-6, "TokenSelect vote");
+}
+
+// A SnapKV prompt plan decided and applied on the device (ScoringBackend::CompactToWindowTopK)
+// keeps the slots the host's helpers pick from the same rows, and moves the same bytes as the
+// host's compaction of those slots.
+TEST_P(CudaKvDeviceTest, CompactToWindowTopKKeepsAndMovesWhatTheHostWould) {
+  const int32_t window = 4, keep = 10, kernel = 3;
+  const int32_t prefix = kSlots - window;
+  const std::vector<float> q = RandomNormal(int64_t{window} * kHeads * kDim, 9);
+  const std::vector<float> q16 = ::winnow::testing::RoundedTo(KvDtype::kBF16, q);
+  auto d_q16 = ::winnow::testing::Upload16<__nv_bfloat16>(q);
+  std::vector<int32_t> visible(window);
+  for (int32_t r = 0; r < window; ++r) visible[r] = prefix + r + 1;
+  kernels::ScoreInput in;
+  in.block_table = kvs_[0].block_table(0).data();
+  in.num_slots = kSlots;
+  in.q = q16.data();
+  in.num_rows = window;
+  in.visible = visible.data();
+  in.num_heads = kHeads;
+  in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  kernels::ThreadPool threads(2);
+  std::vector<float> sums(int64_t{kHeads} * kSlots, 0.0f);
+  kernels::AccumulateAttentionColumns(host_->View(), in, sums.data(), threads);
+  namespace pol = cache::policies;
+  const std::vector<float> folded = pol::AggregateGroups(
+      pol::PoolRowPrefixes(sums, kHeads, kSlots, prefix, kernel, pol::Pooling::kAvg, nullptr),
+      kHeads, kKvHeads, prefix, pol::GroupAggregation::kMean);
+  const std::vector<int32_t> forced = pol::SinksAndWindow(kSlots, 0, window);
+  pol::KeepPlan plan;
+  plan.layers.resize(kLayers);
+  for (int32_t g = 0; g < kKvHeads; ++g) {
+    std::vector<float> scores(kSlots, 0.0f);
+    std::copy_n(folded.begin() + g * prefix, prefix, scores.begin());
+    plan.layers[0].heads.push_back(pol::TopKWithForced(scores, kSlots, forced, keep));
+  }
+
+  std::vector<int32_t> kept(kKvHeads * keep, -1);
+  cache::WindowTopKRequest request;
+  request.block_table = kvs_[1].block_table(0);
+  request.num_slots = kSlots;
+  request.device_q = d_q16.data();
+  request.visible = visible;
+  request.num_heads = kHeads;
+  request.scale = in.scale;
+  request.window = window;
+  request.kernel = kernel;
+  request.keep = keep;
+  request.kept_slots = kept.data();
+  ASSERT_TRUE(device_->CompactToWindowTopK(request).ok());
+  ASSERT_TRUE(device_->Flush().ok());
+  for (int32_t g = 0; g < kKvHeads; ++g) {
+    EXPECT_EQ(std::vector<int32_t>(kept.begin() + g * keep, kept.begin() + (g + 1) * keep),
+              plan.layers[0].heads[g])
+        << "KV head " << g;
+  }
+  ASSERT_TRUE(cache::ApplyKeepPlan(plan, kvs_[0], *host_).ok());
+  ASSERT_TRUE(cache::ApplyKeepPlan(plan, kvs_[1], *books_, /*data_moved=*/true).ok());
+  EXPECT_EQ(books_->num_free(), host_->num_free());
+  ExpectSameArena();
 }
 
 INSTANTIATE_TEST_SUITE_P(DevicePoolDtypes, CudaKvDeviceTest,
