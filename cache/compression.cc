@@ -145,23 +145,13 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   in.visible = visible.data();
   in.num_heads = dims_.num_heads;
   in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
-  // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched.
-  std::vector<float> chunk(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
-  // Called from inside the forward, which has no way to take an error: the first one is kept
-  // for AfterPrefillChunk to return.
-  if (absl::Status s =
-          scoring.AccumulateAttentionColumns(in, chunk.data(), capture_.device_rows);
-      !s.ok()) {
-    capture_status_.Update(s);
-    return;
-  }
-  std::vector<float>& sums = column_sums_[layer];
-  const int32_t n = std::min(in.num_slots, num_tokens_);
-  for (int32_t h = 0; h < dims_.num_heads; ++h) {
-    for (int32_t j = 0; j < n; ++j) {
-      sums[int64_t{h} * num_tokens_ + j] += chunk[int64_t{h} * in.num_slots + j];
-    }
-  }
+  // Complete once the forward returns (a device backend waits once for every layer's), and
+  // folded into the sums by AfterPrefillChunk. Called from inside the forward, which has no way
+  // to take an error: the first one is kept for AfterPrefillChunk to return.
+  chunk_sums_.push_back(
+      {layer, in.num_slots, std::vector<float>(static_cast<size_t>(dims_.num_heads) * in.num_slots)});
+  capture_status_.Update(
+      scoring.ColumnSumsDeferred(in, chunk_sums_.back().sums.data(), capture_.device_rows));
   if (on_device) return;  // the host got the window rows only
   // Keep only the observation-window rows of this layer.
   int32_t before_window = 0;
@@ -171,8 +161,26 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   rows_q.erase(rows_q.begin(), rows_q.begin() + before_window * row_floats);
 }
 
+void CompressionSession::FoldChunkSums() {
+  for (const ChunkSums& chunk : chunk_sums_) {
+    // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched.
+    std::vector<float>& sums = column_sums_[chunk.layer];
+    const int32_t n = std::min(chunk.num_slots, num_tokens_);
+    for (int32_t h = 0; h < dims_.num_heads; ++h) {
+      const float* from = chunk.sums.data() + int64_t{h} * chunk.num_slots;
+      float* to = sums.data() + int64_t{h} * num_tokens_;
+      for (int32_t j = 0; j < n; ++j) to[j] += from[j];
+    }
+  }
+  chunk_sums_.clear();
+}
+
 absl::Status CompressionSession::AfterPrefillChunk() {
-  if (!capture_status_.ok()) return capture_status_;
+  if (!capture_status_.ok()) {
+    chunk_sums_.clear();
+    return capture_status_;
+  }
+  FoldChunkSums();
   const int32_t rows = capture_.num_rows();
   if (rows == 0) return absl::OkStatus();
   if (device_layers_ > 0) {

@@ -62,6 +62,13 @@ class CompressionSession {
   int32_t FirstObservedPosition() const {
     return observe_.accumulate_all_rows ? 0 : observe_.window_begin;
   }
+  // The first position of the observation window when the device may plan this prompt
+  // (QueryCapture::device_plan: a chunk that completes the prompt and holds the whole window),
+  // else -1. The scheduler keeps the window in one chunk for it.
+  int32_t DevicePlanWindowBegin() const {
+    return device_spec_ != nullptr ? observe_.window_begin : -1;
+  }
+  int32_t num_tokens() const { return num_tokens_; }
   policies::CompressionPolicy& policy() { return *policy_; }
   const policies::SlotPositions& slot_positions() const { return slots_; }
   const CompressionStats& stats() const { return stats_; }
@@ -113,8 +120,10 @@ class CompressionSession {
   // Compress after the device planned every layer: the kept slots come back, the tables shrink.
   absl::StatusOr<CompactionStats> FinishDevicePlan(SequenceKv& kv, BlockPool& pool,
                                                    ScoringBackend& scoring);
-  // The capture's per-layer hook: folds `layer`'s captured rows into the column sums.
+  // The capture's per-layer hook: asks for the column sums of `layer`'s captured rows.
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
+  // Adds chunk_sums_ into column_sums_ (after the forward that asked for them).
+  void FoldChunkSums();
 
   std::string name_;
   std::unique_ptr<policies::CompressionPolicy> policy_;
@@ -129,6 +138,14 @@ class CompressionSession {
   std::vector<std::vector<float>> window_rows_;  // [layer] rows x num_heads x head_dim
   std::vector<int32_t> window_positions_;
   std::vector<std::vector<float>> column_sums_;  // [layer] num_heads x num_tokens
+  // This chunk's column sums per layer, asked for during the forward and complete after it
+  // (ScoringBackend::ColumnSumsDeferred); folded into column_sums_ by AfterPrefillChunk.
+  struct ChunkSums {
+    int32_t layer = 0;
+    int32_t num_slots = 0;
+    std::vector<float> sums;  // num_heads x num_slots
+  };
+  std::vector<ChunkSums> chunk_sums_;
   std::vector<std::vector<float>> decode_attention_;
   // The policy's WindowTopKSpec when it has one (and no lookahead), the layers the device has
   // planned during the last prefill chunk, and each one's kept slots (num_kv_heads x keep,

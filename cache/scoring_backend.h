@@ -11,6 +11,7 @@
 // like the outputs, are host memory.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -56,6 +57,15 @@ class ScoringBackend {
                                               float* log_normalizer) = 0;
   virtual absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in,
                                                   float* column_sums, const void* device_q) = 0;
+  // column_sums = (not +=) the column sums AccumulateAttentionColumns adds, num_heads x
+  // in.num_slots, without waiting: complete after the next Flush(), which a device forward
+  // calls before it returns, so a QueryCapture::layer_done hook may ask and read the result
+  // once the forward is done. The host computes it at once.
+  virtual absl::Status ColumnSumsDeferred(const kernels::ScoreInput& in, float* column_sums,
+                                          const void* device_q) {
+    std::fill(column_sums, column_sums + int64_t{in.num_heads} * in.num_slots, 0.0f);
+    return AccumulateAttentionColumns(in, column_sums, device_q);
+  }
   virtual absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                   float* norms) = 0;
   // TokenSelect's head soft vote (kernels/cpu/token_select_vote.h) over the candidate slots
@@ -74,7 +84,7 @@ class ScoringBackend {
     return absl::UnimplementedError("this scoring backend plans on the host");
   }
   // Waits for the queued device work and completes the host outputs of the calls that defer
-  // them (CompactToWindowTopK). Nothing to do on the host.
+  // them (ColumnSumsDeferred, CompactToWindowTopK). Nothing to do on the host.
   virtual absl::Status Flush() { return absl::OkStatus(); }
 
   // The host threads, idle while the hooks run (between forwards, or between a forward's

@@ -127,6 +127,18 @@ absl::Status CudaKvDevice::ColumnSumsOnDevice(const kernels::ScoreInput& in,
   return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
 }
 
+absl::Status CudaKvDevice::ColumnSumsDeferred(const kernels::ScoreInput& in,
+                                              float* column_sums, const void* device_q) {
+  const int64_t count = int64_t{in.num_heads} * in.num_slots;
+  if (in.num_rows == 0) {
+    std::fill(column_sums, column_sums + count, 0.0f);
+    return absl::OkStatus();
+  }
+  WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device_q));
+  return downloads_.Queue(sums_.data(), count, column_sums, stream_);
+}
+
 absl::Status CudaKvDevice::CompactToWindowTopK(const cache::WindowTopKRequest& r) {
   const int32_t n = r.num_slots;
   const int32_t window = std::clamp(r.window, 1, n);

@@ -51,9 +51,16 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
                                int32_t num_heads, int32_t begin, int32_t end, float scale,
                                bool gqa_mod, float* vote) override;
+  absl::Status ColumnSumsDeferred(const kernels::ScoreInput& in, float* column_sums,
+                                  const void* device_q) override;
   absl::Status CompactToWindowTopK(const cache::WindowTopKRequest& request) override;
   absl::Status Flush() override;
   kernels::ThreadPool& host_threads() override { return host_threads_; }
+
+  // A download of the forward's that completes with the deferred calls' (Flush).
+  absl::Status QueueDownload(const float* device, int64_t count, float* host) {
+    return downloads_.Queue(device, count, host, stream_);
+  }
 
  private:
   template <typename T>
@@ -86,7 +93,7 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   Buf<int32_t> kept_;
   Buf<std::byte> scratch_;
   kernels::cuda::PinnedStager stager_;
-  kernels::cuda::PinnedDownloads downloads_;  // CompactToWindowTopK's kept slots, until Flush
+  kernels::cuda::PinnedDownloads downloads_;  // the deferred calls' results, until Flush
 };
 
 }  // namespace winnow::model

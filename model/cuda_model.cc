@@ -121,6 +121,7 @@ struct CudaModel::Scratch {
   };
   std::vector<PendingProbs> pending_probs;
   kc::PinnedStager stager;
+  Buf<float> capture_rows;  // captured query rows widened for the host, one entry at a time
 };
 
 // What the host works out from the batch before anything runs on the device.
@@ -686,7 +687,6 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
                                        const HostInputs& in, const cache::BlockPool& pool) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  std::vector<Bf16> rows_bf16;
   for (size_t e = 0; e < batch.size(); ++e) {
     cache::QueryCapture* capture = batch[e].capture;
     if (capture == nullptr) continue;
@@ -702,17 +702,19 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
         : capture->layer_done ? std::clamp(capture->host_from - start, first, n)
                               : first;
     if (to_host < n) {
+      // Widened on the device and downloaded without a wait: the rows are complete when the
+      // forward returns (it flushes the KV device's downloads), when AfterPrefillChunk reads
+      // them. per_layer[l] grows once per forward, so the destination stays put until then.
       const int64_t count = int64_t{n - to_host} * q_dim;
-      rows_bf16.resize(count);
-      WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          rows_bf16.data(), scratch_->q.data() + (in.first_row[e] + to_host) * q_dim,
-          count * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_));
-      WINNOW_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      WINNOW_RETURN_IF_ERROR(kc::Reserve(scratch_->capture_rows, count));
+      WINNOW_RETURN_IF_ERROR(kc::WidenToFloat(
+          scratch_->q.data() + (in.first_row[e] + to_host) * q_dim, count,
+          scratch_->capture_rows.data(), stream_));
       std::vector<float>& rows = capture->per_layer[l];
       const size_t old = rows.size();
       rows.resize(old + count);
-      kernels::DecodeKv(kernels::KvDtype::kBF16, reinterpret_cast<std::byte*>(rows_bf16.data()),
-                        count, rows.data() + old);
+      WINNOW_RETURN_IF_ERROR(
+          kv_device_->QueueDownload(scratch_->capture_rows.data(), count, rows.data() + old));
     }
     if (l == 0) {
       for (int32_t i = first; i < n; ++i) capture->positions.push_back(start + i);

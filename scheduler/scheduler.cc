@@ -10,6 +10,21 @@
 namespace winnow::scheduler {
 namespace {
 
+// A prefill chunk of `count` tokens from `start` that would end inside the prompt's observation
+// window stops where the window begins instead, so that the window arrives in one forward with
+// the end of the prompt: a device forward then plans and compacts while it runs
+// (QueryCapture::device_plan) instead of sending rows to the host. Only when the shorter chunk
+// is not empty, so the prefill always moves on.
+int32_t KeepWindowWhole(const Sequence& s, int32_t start, int32_t count) {
+  if (!s.awaits_compression()) return count;
+  const int32_t window_begin = s.compression->DevicePlanWindowBegin();
+  const int32_t end = start + count;
+  if (window_begin <= start || end <= window_begin || end >= s.compression->num_tokens()) {
+    return count;
+  }
+  return window_begin - start;
+}
+
 // Builds one IterationPlan. Holds the iteration's running tallies (token budget, sequences
 // holding blocks, blocks that admitted compressing sequences still need) so each step below
 // reads like the rule it implements.
@@ -85,7 +100,7 @@ class IterationBuilder {
 
 void IterationBuilder::ScheduleRunning(Sequence* s) {
   if (!s->running() || budget_ == 0) return;
-  int32_t n = std::min(s->num_uncomputed(), budget_);
+  int32_t n = KeepWindowWhole(*s, s->num_computed, std::min(s->num_uncomputed(), budget_));
   while (true) {
     // A prefill chunk shrinks to what the pool holds rather than evicting anyone; a decode
     // token cannot shrink, so it preempts.
@@ -166,7 +181,7 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   }
   a.cached_blocks = a.hit_blocks * layers;
   a.rest = s.num_uncomputed() - a.hit_blocks * block_size;
-  a.chunk = std::min(a.rest, budget_);
+  a.chunk = KeepWindowWhole(s, a.hit_blocks * block_size, std::min(a.rest, budget_));
   const bool compressing = s.awaits_compression();
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy

@@ -170,6 +170,13 @@ __global__ void AddBiasKernel(T* x, const float* bias, int64_t rows, int64_t col
   }
 }
 
+__global__ void WidenKernel(const __nv_bfloat16* x, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __bfloat162float(x[i]);
+  }
+}
+
 unsigned ElementGrid(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + kRowThreads - 1) / kRowThreads, 1,
                                                    int64_t{1} << 20));
@@ -264,6 +271,13 @@ absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaSt
   if (absl::Status s = CheckPositive("AddBias", {{"cols", cols}}); !s.ok()) return s;
   AddBiasKernel<<<ElementGrid(rows * cols), kRowThreads, 0, stream>>>(x, bias, rows, cols);
   return LastLaunchStatus("AddBiasKernel");
+}
+
+absl::Status WidenToFloat(const __nv_bfloat16* x, int64_t count, float* out,
+                          cudaStream_t stream) {
+  if (count <= 0) return NoRows("WidenToFloat", count);
+  WidenKernel<<<ElementGrid(count), kRowThreads, 0, stream>>>(x, count, out);
+  return LastLaunchStatus("WidenKernel");
 }
 
 absl::Status LogSumExpRows(const float* x, int64_t rows, int64_t cols, float* out,

@@ -76,6 +76,10 @@ absl::Status SiluMul(const T* gate, const T* up, int64_t rows, int64_t cols, int
 template <typename T>
 absl::Status AddBias(T* x, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
+// out[i] = x[i] widened to float32, for i < count.
+absl::Status WidenToFloat(const __nv_bfloat16* x, int64_t count, float* out,
+                          cudaStream_t stream);
+
 // out[r] = log(sum_c exp(x[r * cols + c])), computed as max + log(sum exp(x - max)): the
 // log-normaliser of each logits row, so that the host sampler need not pass over the whole
 // vocabulary for a log-probability. x, out: float32. CPU: the log-normaliser in
