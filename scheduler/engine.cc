@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/fatal_error.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
 #include "cache/block_pool.h"
@@ -23,6 +24,30 @@
 
 namespace winnow::scheduler {
 namespace {
+
+// EngineOptions::inject_fatal_error_at: the real worker, whose forward of iteration `at` then
+// reports a lost device, as a sticky CUDA error would after the kernels ran.
+class LostDeviceWorker : public Worker {
+ public:
+  LostDeviceWorker(std::unique_ptr<Worker> inner, int64_t at)
+      : inner_(std::move(inner)), at_(at) {}
+  WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override {
+    WorkerOutput out = inner_->Execute(chunks);
+    if (++iterations_ != at_) return out;
+    out.status = base::MarkFatal(
+        absl::InternalError("injected fault: the device was lost (inject_fatal_error_at)"));
+    out.chunks.clear();
+    return out;
+  }
+  absl::Status Admits(const GenerationRequest& request) const override {
+    return inner_->Admits(request);
+  }
+
+ private:
+  std::unique_ptr<Worker> inner_;
+  const int64_t at_;
+  int64_t iterations_ = 0;
+};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -134,6 +159,7 @@ struct Engine::Impl {
   absl::flat_hash_set<uint64_t> live ABSL_GUARDED_BY(mu);  // submitted, not yet finished
   bool draining ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  absl::Status failure ABSL_GUARDED_BY(mu);  // a fatal forward error (base/fatal_error.h)
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
   SchedulerState published ABSL_GUARDED_BY(mu);
   std::thread thread;
@@ -142,6 +168,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Sequence>> seqs;  // waiting and running
   std::vector<uint64_t> finished_ids;           // to drop from `live` at the next publish
   int64_t preemptions_total = 0;
+  absl::Status failed_with;  // a fatal forward error, as `failure`: nothing runs again
 
   bool HasWork() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
     return stopping || !inbox.empty() || !cancels.empty();
@@ -159,6 +186,10 @@ struct Engine::Impl {
   // After a preemption: a fresh compression session for the recomputed tokens.
   void RestartCompression(Sequence* s);
   void ApplyResults(const IterationPlan& plan, const WorkerOutput& out);
+  // After a fatal forward error: Submit refuses from now on and the observer hears of it once;
+  // the caller then ends every request (FailRemaining), as Run does with any submitted later.
+  void StopAfterFatal(const absl::Status& status);
+  void FailRemaining();
   void Finish(Sequence* s, FinishReason reason, absl::Status status);
   void RemoveFinished();
   void Publish();
@@ -251,6 +282,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
     WINNOW_ASSIGN_OR_RETURN(worker, MakeWorker(options.device, *model, *pool, options.worker,
                                                forward_limits, options.cuda_graphs));
   }
+  if (options.inject_fatal_error_at > 0) {
+    worker = std::make_unique<LostDeviceWorker>(std::move(worker), options.inject_fatal_error_at);
+  }
 
   const EngineLimits limits = LimitsOf(options, config, layout, num_blocks);
   std::unique_ptr<Engine> engine(new Engine(model, limits));
@@ -300,6 +334,10 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
 
   base::MutexLock lock(&impl_->mu);
   if (impl_->stopping) return absl::UnavailableError("engine is shut down");
+  if (!impl_->failure.ok()) {
+    return absl::UnavailableError(absl::StrCat("the engine stopped after a device failure: ",
+                                               impl_->failure.message()));
+  }
   if (impl_->draining) {
     return absl::UnavailableError("server is draining; not accepting new requests");
   }
@@ -376,6 +414,7 @@ void Engine::Impl::Run() {
     // Cancels and deadlines act before scheduling, so their blocks are free for this very
     // iteration and no work is spent on them.
     ExpireAndCancel(to_cancel);
+    if (!failed_with.ok()) FailRemaining();
     RemoveFinished();
     if (!seqs.empty()) {
       if (!RunIteration()) {
@@ -505,8 +544,14 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
   if (!out.status.ok()) {
     spdlog::error("engine: forward failed for {} sequences: {}", plan.chunks.size(),
                   out.status.ToString());
+    if (base::IsFatal(out.status)) StopAfterFatal(out.status);
     for (const ScheduledChunk& c : plan.chunks) Finish(c.seq, FinishReason::kError, out.status);
+    if (!failed_with.ok()) FailRemaining();
     return;
+  }
+  // A chunk's hooks may meet a lost device too; the batch's results still apply.
+  for (const ChunkResult& r : out.chunks) {
+    if (base::IsFatal(r.status) && failed_with.ok()) StopAfterFatal(r.status);
   }
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -529,6 +574,26 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
     if (!r.token.has_value()) continue;
     std::optional<FinishReason> reason = output.OnToken(*s, *r.token, now);
     if (reason.has_value()) Finish(s, *reason, absl::OkStatus());
+  }
+  if (!failed_with.ok()) FailRemaining();
+}
+
+void Engine::Impl::StopAfterFatal(const absl::Status& status) {
+  spdlog::critical("engine: the device failed; no forward can run again: {}",
+                   status.ToString());
+  {
+    base::MutexLock lock(&mu);
+    failure = status;
+  }
+  failed_with = status;
+  if (observer) observer->OnFatalError(status);
+}
+
+void Engine::Impl::FailRemaining() {
+  for (auto& s : seqs) {
+    if (s->finished()) continue;
+    Finish(s.get(), FinishReason::kError,
+           absl::UnavailableError(absl::StrCat("the device failed: ", failed_with.message())));
   }
 }
 

@@ -70,6 +70,10 @@ struct EngineOptions {
   // worker, over the pool built for `device`: the fault-injection tests wrap the CPU worker in
   // one that fails on purpose.
   WorkerFactory worker_factory;
+  // Testing a supervisor's restart: > 0 makes the forward of that engine iteration (1-based)
+  // report a lost device (base/fatal_error.h), after it ran; the engine then stops
+  // (EngineObserver::OnFatalError). 0: never.
+  int64_t inject_fatal_error_at = 0;
 };
 
 struct EngineLimits {

@@ -88,6 +88,10 @@ class EngineObserver {
   // A request was admitted with prefix caching on: `hit_tokens` of its `queried_tokens` prompt
   // tokens had their K/V in the cache (vLLM's prefix_cache_queries / prefix_cache_hits).
   virtual void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {}
+  // A forward failed so that none can run again (base::IsFatal: the device's context is
+  // lost). Every request has ended with an error and Submit refuses new ones; a server should
+  // stop serving and exit so that its supervisor restarts it. Once, on the engine thread.
+  virtual void OnFatalError(const absl::Status& status) {}
   // The sequence's KV was compacted by its compression policy.
   virtual void OnCompression(const CompressionEvent& event) {}
   virtual void OnRequestFinished(const RequestStats& stats) {}

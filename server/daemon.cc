@@ -129,6 +129,24 @@ void SetConnectionLimits(const ServeOptions& options, grpc::ServerBuilder* build
 
 // Everything the daemon starts and owns, in start order: the members are destroyed in reverse,
 // so the engine goes before the model it runs and the servers before the state they read.
+// Hears the engine stop after a lost device (EngineObserver::OnFatalError) for the main
+// thread, which then exits so that the supervisor restarts the process.
+class DeviceFailureWatcher : public scheduler::EngineObserver {
+ public:
+  void OnFatalError(const absl::Status& status) override {
+    base::MutexLock lock(&mu_);
+    failure_ = status;
+  }
+  absl::Status failure() {
+    base::MutexLock lock(&mu_);
+    return failure_;
+  }
+
+ private:
+  base::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
 struct Daemon {
   explicit Daemon(const ServeOptions& options) : options(options) {}
 
@@ -143,6 +161,7 @@ struct Daemon {
   absl::Time load_start;
   std::unique_ptr<model::Model> model;
   RequestLogger request_logger;
+  DeviceFailureWatcher device_failure;
   std::unique_ptr<FanoutObserver> observer;
   std::unique_ptr<scheduler::Engine> engine;
 };
@@ -280,12 +299,14 @@ scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
   }
   engine_options.max_prompt_tokens = options.max_prompt_tokens;
   engine_options.max_tokens_limit = options.max_tokens_limit;
+  engine_options.inject_fatal_error_at = options.inject_fatal_error_at;
   return engine_options;
 }
 
 bool StartEngine(Daemon* d) {
   d->observer = std::make_unique<FanoutObserver>(
-      std::vector<scheduler::EngineObserver*>{d->metrics.get(), &d->request_logger});
+      std::vector<scheduler::EngineObserver*>{d->metrics.get(), &d->request_logger,
+                                              &d->device_failure});
   auto created =
       scheduler::Engine::Create(d->model.get(), EngineOptionsFor(d->options), d->observer.get());
   if (!created.ok()) {
@@ -360,6 +381,19 @@ void Stop(Daemon* d, bool drained) {
   spdlog::default_logger()->flush();
 }
 
+// The engine stopped after a lost device and every request has ended: health goes off, the
+// servers stop, and the exit code tells the supervisor (Kubernetes) to restart the process.
+int StopAfterDeviceFailure(Daemon* d, const absl::Status& failure) {
+  d->state.phase.store(Phase::kDraining);
+  SetHealth(d->server.get(), false);
+  d->metrics->SetServing(false);
+  LogEvent(spdlog::level::critical, "device lost; exiting for a restart",
+           {{"error", std::string(failure.message())},
+            {"exit_code", absl::StrCat(kExitDeviceLost)}});
+  Stop(d, /*drained=*/false);
+  return kExitDeviceLost;
+}
+
 // A failed start after gRPC listens: close the port at once, nothing is in flight yet.
 void AbortGrpc(grpc::Server* server) {
   server->Shutdown(std::chrono::system_clock::now());
@@ -387,7 +421,12 @@ int RunDaemon(const ServeOptions& options) {
   }
   Serve(&daemon);
 
-  signals.WaitFor(1, absl::InfiniteDuration());
+  // Until a signal, or until the device is lost (then nothing can run: no drain).
+  while (!signals.WaitFor(1, absl::Milliseconds(200))) {
+    if (absl::Status lost = daemon.device_failure.failure(); !lost.ok()) {
+      return StopAfterDeviceFailure(&daemon, lost);
+    }
+  }
   const bool drained = Drain(&daemon, &signals);
   Stop(&daemon, drained);
   return 0;

@@ -166,6 +166,10 @@ void FanoutObserver::OnPreemption(uint64_t id) {
 void FanoutObserver::OnCompression(const scheduler::CompressionEvent& event) {
   for (auto* o : observers_) o->OnCompression(event);
 }
+
+void FanoutObserver::OnFatalError(const absl::Status& status) {
+  for (auto* o : observers_) o->OnFatalError(status);
+}
 void FanoutObserver::OnRequestFinished(const scheduler::RequestStats& stats) {
   for (auto* o : observers_) o->OnRequestFinished(stats);
 }

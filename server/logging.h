@@ -41,6 +41,7 @@ class FanoutObserver : public scheduler::EngineObserver {
   void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
   void OnPreemption(uint64_t id) override;
   void OnCompression(const scheduler::CompressionEvent& event) override;
+  void OnFatalError(const absl::Status& status) override;
   void OnRequestFinished(const scheduler::RequestStats& stats) override;
   void OnIteration(const scheduler::IterationStats& stats) override;
   void OnSchedulerState(const scheduler::SchedulerState& state) override;

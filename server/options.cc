@@ -203,6 +203,10 @@ const std::vector<Setting>& Settings() {
                  &ServeOptions::max_prompt_tokens, 0, kI32),
       IntSetting("max-tokens-limit", "largest accepted max_tokens (4096)",
                  &ServeOptions::max_tokens_limit, 1, kI32),
+      IntSetting("inject-fatal-error-at",
+                 "testing a supervisor's restart: the forward of this engine iteration reports "
+                 "a lost device, and the daemon exits 3; 0: never (0)",
+                 &ServeOptions::inject_fatal_error_at, 0, std::numeric_limits<int64_t>::max()),
       Setting{"max-message-bytes", "largest accepted gRPC request, e.g. 64MiB (64MiB)",
               [](const std::string& v, ServeOptions* o) -> absl::Status {
                 WINNOW_ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(v));
@@ -527,6 +531,7 @@ std::string ServeOptions::DebugString() const {
       " threads=", threads, " cpu_activations=", std::string(model::CpuActivationsName(cpu_activations)),
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
+      " inject_fatal_error_at=", inject_fatal_error_at,
       " max_message_bytes=", max_message_bytes,
       " max_concurrent_streams=", max_concurrent_streams,
       " max_connection_age=", absl::FormatDuration(max_connection_age),

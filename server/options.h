@@ -53,6 +53,7 @@ struct ServeOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 4096;
+  int64_t inject_fatal_error_at = 0;  // testing: EngineOptions::inject_fatal_error_at
   int64_t max_message_bytes = 64 << 20;  // gRPC receive limit (embeddings make requests big)
   // HTTP/2 streams one gRPC connection may have open at once; more wait for one to end.
   int32_t max_concurrent_streams = 256;

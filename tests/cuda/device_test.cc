@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "base/fatal_error.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -9,6 +11,24 @@ namespace winnow::kernels::cuda {
 namespace {
 
 class DeviceTest : public testing::CudaTest {};
+
+// No GPU needed: which runtime errors leave the context unusable, and that their status says
+// so (base/fatal_error.h), so that the engine stops and the daemon exits for a restart.
+TEST(CudaStatusTest, StickyErrorsAreFatalOthersAreNot) {
+  for (cudaError_t sticky : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+                             cudaErrorECCUncorrectable}) {
+    const absl::Status st = CudaStatus(sticky, "a kernel");
+    EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+    EXPECT_TRUE(base::IsFatal(st)) << st;
+  }
+  for (cudaError_t passing : {cudaErrorMemoryAllocation, cudaErrorInvalidValue,
+                              cudaErrorInvalidConfiguration}) {
+    const absl::Status st = CudaStatus(passing, "a call");
+    EXPECT_FALSE(st.ok());
+    EXPECT_FALSE(base::IsFatal(st)) << st;
+  }
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "a call").ok());
+}
 
 TEST_F(DeviceTest, ListsAtLeastOneDeviceWithMemory) {
   const std::vector<DeviceInfo> devices = ListDevices();

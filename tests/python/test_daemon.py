@@ -481,6 +481,29 @@ def test_drain_timeout_cancels_and_exits_zero():
         d.stop()
 
 
+def test_lost_device_ends_requests_turns_health_off_and_exits_three():
+    # --inject-fatal-error-at: the third forward reports a lost device, as a sticky CUDA error
+    # would. The stream in flight ends with an error and the process exits 3 (server/daemon.h,
+    # kExitDeviceLost) for its supervisor to restart it.
+    d = Daemon("--inject-fatal-error-at", "3")
+    try:
+        results = [None]
+        t = threading.Thread(target=_stream_in_thread,
+                             args=(d.target, make_prompt(10, 7), 200, results, 0,
+                                   [threading.Event()]))
+        t.start()
+        assert d.wait_exit(30) == 3
+        t.join(30)
+        status, msgs = results[0]
+        assert status != grpc.StatusCode.OK
+        assert msgs and msgs[-1].finish_reason == pb2.FINISH_REASON_ERROR
+        logs = d.logs()
+        assert "device lost; exiting for a restart" in logs
+        assert "injected fault: the device was lost" in logs
+    finally:
+        d.stop()
+
+
 # ------------------------------------------------------------------------------------------
 # Configuration precedence and JSON logs
 

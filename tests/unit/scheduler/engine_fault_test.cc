@@ -8,6 +8,7 @@
 //
 // Overload: a request that can never fit the pool, even compressed, is refused at Submit.
 // (The queue-full and uncompressed never-fit cases are in engine_test.cc.)
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "base/fatal_error.h"
 #include "model/model.h"
 #include "scheduler/model_worker.h"
 #include "scheduler/engine.h"
@@ -389,6 +391,59 @@ TEST_F(EngineFaultTest, CompressedRequestThatCanNeverFitIsRefusedAtOnce) {
   EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
   EXPECT_EQ(sink->tokens().size(), 60u);
   ExpectIdleAndPoolFree(*engine);
+}
+
+
+// Hears OnFatalError (engine thread) for the test.
+class FatalRecord : public EngineObserver {
+ public:
+  void OnFatalError(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    statuses_.push_back(status);
+  }
+  std::vector<absl::Status> statuses() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return statuses_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<absl::Status> statuses_;
+};
+
+TEST_F(EngineFaultTest, LostDeviceEndsEveryRequestAndRefusesNewOnes) {
+  // The forward of iteration 3 reports a lost device (base/fatal_error.h): the requests of that
+  // batch end with its error, every other one (waiting, max_seqs 2) with UNAVAILABLE, the
+  // observer hears it once, Submit refuses from then on, and no block is held.
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{64} << 20;
+  options.max_seqs = 2;
+  options.inject_fatal_error_at = 3;
+  FatalRecord record;
+  absl::StatusOr<std::unique_ptr<Engine>> created = Engine::Create(model_, options, &record);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& engine = **created;
+  const Submitted s = SubmitAll(engine, Requests(/*max_tokens=*/16));
+  for (const auto& sink : s.sinks) {
+    EXPECT_EQ(sink->finish().reason, FinishReason::kError);
+    EXPECT_FALSE(sink->finish().status.ok());
+  }
+  const std::vector<absl::Status> fatal = record.statuses();
+  ASSERT_EQ(fatal.size(), 1u);
+  EXPECT_TRUE(base::IsFatal(fatal[0])) << fatal[0];
+  auto late = std::make_shared<CollectingSink>();
+  absl::StatusOr<uint64_t> refused = engine.Submit(Requests(4)[0], late);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("device"));
+  ExpectIdleAndPoolFree(engine);
+}
+
+TEST(FatalErrorTest, MarksAndRecognisesAFatalStatus) {
+  EXPECT_FALSE(base::IsFatal(absl::InternalError("an ordinary error")));
+  const absl::Status fatal = base::MarkFatal(absl::InternalError("device lost"));
+  EXPECT_TRUE(base::IsFatal(fatal));
+  EXPECT_EQ(fatal.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(base::MarkFatal(absl::OkStatus()).ok());
 }
 
 }  // namespace
