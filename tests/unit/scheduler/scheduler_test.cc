@@ -61,7 +61,8 @@ class Harness {
     r.priority = a.priority;
     r.compression.policy = a.policy;
     r.compression.budget = a.budget;
-    if (!a.policy.empty()) r.compression.params["decode"] = std::string("off");
+    // streaming_llm would also evict while decoding; these tests count prompt plans only.
+    if (a.policy == "streaming_llm") r.compression.params["decode"] = std::string("off");
     auto seq = std::make_unique<Sequence>(std::move(r), kLayers, kBlockSize);
     seq->id = seq->arrival = static_cast<uint64_t>(seqs_.size());
     if (prefix_caching_) {
@@ -316,6 +317,31 @@ TEST(SchedulerTest, BlocksFreedByCompressionAdmitWaitingRequestsNextIteration) {
   EXPECT_LE(compressing->kv.num_blocks_held(), 2 * 3);
   plan = h.Step();
   EXPECT_EQ(plan.admitted, (std::vector<Sequence*>{next}));
+}
+
+TEST(SchedulerTest, ADevicePlannableWindowStaysInOneChunk) {
+  // snapkv observes the last 32 prompt tokens (positions 28-59 of 60): a 48-token chunk would
+  // end inside them, so the first chunk stops at 28 and the second brings the whole window
+  // with the end of the prompt (QueryCapture::device_plan's condition). streaming_llm observes
+  // nothing: its prompt is cut where the budget falls.
+  Harness h(80, {48, 8});
+  Sequence* snap = h.Add({60, 2, 0, "snapkv", 0.5});
+  ASSERT_EQ(snap->compression->DevicePlanWindowBegin(), 28);
+  IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].count, 28);
+  plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 28);
+  EXPECT_EQ(plan.chunks[0].count, 32);
+  EXPECT_TRUE(snap->compression->compressed());
+
+  Harness other(80, {48, 8});
+  Sequence* streaming = other.Add({60, 2, 0, "streaming_llm", 0.5});
+  EXPECT_EQ(streaming->compression->DevicePlanWindowBegin(), -1);
+  plan = other.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].count, 48);
 }
 
 TEST(SchedulerTest, PreemptedCompressingSequenceThatOutgrewThePoolIsRejected) {
