@@ -204,6 +204,23 @@ Ceiling MeasureCeiling(scheduler::Engine& engine, TimeObserver& times,
   return c;
 }
 
+// One row of the table: the burst's numbers, its rate against none's and the ceiling's (0: not
+// measured).
+void PrintRow(const std::string& policy, const BurstResult& r, double none_rate,
+              double ceiling_rate) {
+  const double rate = r.output_tokens / r.seconds;
+  char ratio[16] = "-", of_ceiling[16] = "-";
+  if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
+  if (ceiling_rate > 0) std::snprintf(of_ceiling, sizeof(of_ceiling), "%.2f", rate / ceiling_rate);
+  std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s | %s | "
+              "%lld | %lld | %d |\n",
+              policy.c_str(), r.peak_running, r.mean_running, r.seconds, r.forward_seconds,
+              r.compression_seconds, r.scoring_seconds, r.planning_seconds, r.compaction_seconds,
+              rate, ratio, of_ceiling, static_cast<long long>(r.blocks_freed),
+              static_cast<long long>(r.preemptions), r.failed);
+  std::fflush(stdout);
+}
+
 int Run(const Options& opt) {
   bench::SyntheticShape shape;
   Check(bench::ShapeByName(opt.shape, &shape), "--shape");
@@ -260,19 +277,8 @@ int Run(const Options& opt) {
   double none_rate = 0;
   for (const std::string& policy : opt.policies) {
     const BurstResult r = RunBurst(**engine, times, prompts, opt, policy);
-    const double rate = r.output_tokens / r.seconds;
-    if (policy == "none") none_rate = rate;
-    char ratio[16] = "-", of_ceiling[16] = "-";
-    if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
-    if (ceiling_rate > 0) std::snprintf(of_ceiling, sizeof(of_ceiling), "%.2f", rate / ceiling_rate);
-    std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s | %s | "
-                "%lld | %lld | %d |\n",
-                policy.c_str(), r.peak_running, r.mean_running, r.seconds, r.forward_seconds,
-                r.compression_seconds, r.scoring_seconds, r.planning_seconds,
-                r.compaction_seconds, rate, ratio, of_ceiling,
-                static_cast<long long>(r.blocks_freed), static_cast<long long>(r.preemptions),
-                r.failed);
-    std::fflush(stdout);
+    if (policy == "none") none_rate = r.output_tokens / r.seconds;
+    PrintRow(policy, r, none_rate, ceiling_rate);
   }
   return 0;
 }

@@ -235,61 +235,10 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   const int32_t rows = static_cast<int32_t>(window_positions_.size());
   std::vector<int32_t> visible(rows);
   for (int32_t r = 0; r < rows; ++r) visible[r] = window_positions_[r] + 1;
-  std::vector<float> probs;
-  std::vector<float> log_normalizer;
-  std::vector<float> window_sums;
+  LayerScores scores;
   policy_->UseScoring(&scoring);
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
-    policies::ObservationAttention attention;
-    attention.layer = l;
-    attention.num_heads = dims_.num_heads;
-    attention.num_kv_heads = dims_.num_kv_heads;
-    attention.num_rows = rows;
-    attention.num_slots = num_tokens_;
-    attention.row_positions = window_positions_;
-    if (rows > 0) {
-      kernels::ScoreInput in;
-      in.block_table = kv.block_table(l).data();
-      in.num_slots = num_tokens_;
-      in.q = window_rows_[l].data();
-      in.num_rows = rows;
-      in.visible = visible.data();
-      in.num_heads = dims_.num_heads;
-      in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
-      if (observe_.row_probabilities) {
-        // One layer at a time: the transient is num_heads x rows x num_tokens floats.
-        probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
-        log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
-        PhaseClock clock(stats_.time.scoring);
-        WINNOW_RETURN_IF_ERROR(
-            scoring.AttentionProbabilities(in, probs.data(), log_normalizer.data()));
-        attention.probs = probs;
-        attention.log_normalizer = log_normalizer;
-      } else {
-        // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
-        window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
-        PhaseClock clock(stats_.time.scoring);
-        WINNOW_RETURN_IF_ERROR(
-            scoring.AccumulateAttentionColumns(in, window_sums.data(), /*device_q=*/nullptr));
-        attention.window_sums = window_sums;
-      }
-    }
-    if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
-    std::vector<float> value_norms;
-    if (observe_.value_norms) {
-      value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
-      PhaseClock clock(stats_.time.scoring);
-      WINNOW_RETURN_IF_ERROR(
-          scoring.ValueNorms(kv.block_table(l), num_tokens_, value_norms.data()));
-      attention.value_norms = value_norms;
-    }
-    {
-      PhaseClock clock(stats_.time.planning);
-      WINNOW_RETURN_IF_ERROR(policy_->ObserveLayer(attention));
-    }
-    // The window rows of this layer are no longer needed.
-    std::vector<float>().swap(window_rows_[l]);
-    if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
+    WINNOW_RETURN_IF_ERROR(ObserveLayer(l, kv, scoring, visible, scores));
   }
 
   stats_.prefill_tokens = num_tokens_;
@@ -299,6 +248,63 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
     return CompactionStats{};
   }
   return ApplyPromptPlan(kv, pool);
+}
+
+absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
+                                              ScoringBackend& scoring,
+                                              std::span<const int32_t> visible,
+                                              LayerScores& scores) {
+  const int32_t rows = static_cast<int32_t>(visible.size());
+  policies::ObservationAttention attention;
+  attention.layer = l;
+  attention.num_heads = dims_.num_heads;
+  attention.num_kv_heads = dims_.num_kv_heads;
+  attention.num_rows = rows;
+  attention.num_slots = num_tokens_;
+  attention.row_positions = window_positions_;
+  if (rows > 0) {
+    kernels::ScoreInput in;
+    in.block_table = kv.block_table(l).data();
+    in.num_slots = num_tokens_;
+    in.q = window_rows_[l].data();
+    in.num_rows = rows;
+    in.visible = visible.data();
+    in.num_heads = dims_.num_heads;
+    in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+    PhaseClock clock(stats_.time.scoring);
+    if (observe_.row_probabilities) {
+      // One layer at a time: the transient is num_heads x rows x num_tokens floats.
+      scores.probs.assign(static_cast<size_t>(dims_.num_heads) * rows * num_tokens_, 0.0f);
+      scores.log_normalizer.assign(static_cast<size_t>(dims_.num_heads) * rows, 0.0f);
+      WINNOW_RETURN_IF_ERROR(scoring.AttentionProbabilities(in, scores.probs.data(),
+                                                            scores.log_normalizer.data()));
+      attention.probs = scores.probs;
+      attention.log_normalizer = scores.log_normalizer;
+    } else {
+      // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
+      scores.window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
+      WINNOW_RETURN_IF_ERROR(scoring.AccumulateAttentionColumns(in, scores.window_sums.data(),
+                                                                /*device_q=*/nullptr));
+      attention.window_sums = scores.window_sums;
+    }
+  }
+  if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
+  std::vector<float> value_norms;
+  if (observe_.value_norms) {
+    value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
+    PhaseClock clock(stats_.time.scoring);
+    WINNOW_RETURN_IF_ERROR(
+        scoring.ValueNorms(kv.block_table(l), num_tokens_, value_norms.data()));
+    attention.value_norms = value_norms;
+  }
+  {
+    PhaseClock clock(stats_.time.planning);
+    WINNOW_RETURN_IF_ERROR(policy_->ObserveLayer(attention));
+  }
+  // The window rows of this layer are no longer needed.
+  std::vector<float>().swap(window_rows_[l]);
+  if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CompactionStats> CompressionSession::FinishDevicePlan(SequenceKv& kv,

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,13 @@ class CompressionSession {
                                             BlockPool& pool, bool data_moved);
   // The capture's device_plan hook: `layer`'s plan decided and applied on the device.
   void PlanLayerOnDevice(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
+  // Layer l's scores for the policy (window rows' scores, column sums, value norms) and its
+  // ObserveLayer; `scores` is reused across layers (the window's transients).
+  struct LayerScores {
+    std::vector<float> probs, log_normalizer, window_sums;
+  };
+  absl::Status ObserveLayer(int32_t l, const SequenceKv& kv, ScoringBackend& scoring,
+                            std::span<const int32_t> visible, LayerScores& scores);
   // Compress after the device planned every layer: the kept slots come back, the tables shrink.
   absl::StatusOr<CompactionStats> FinishDevicePlan(SequenceKv& kv, BlockPool& pool,
                                                    ScoringBackend& scoring);

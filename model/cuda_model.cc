@@ -344,6 +344,20 @@ int64_t CudaModel::GraphRows(std::span<const BatchEntry> batch, int64_t rows) co
   return bucket;
 }
 
+namespace {
+
+// HostInputs::plans_on_device.
+std::vector<char> PlansOnDevice(std::span<const BatchEntry> batch, const cache::BlockPool& pool) {
+  std::vector<char> plans(batch.size());
+  for (size_t e = 0; e < batch.size(); ++e) {
+    const cache::QueryCapture* capture = batch[e].capture;
+    plans[e] = capture != nullptr && capture->device_plan && batch[e].kv->SharedBlocks(pool) == 0;
+  }
+  return plans;
+}
+
+}  // namespace
+
 absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockPool& pool,
                                 ForwardOutput* out) {
   WINNOW_RETURN_IF_ERROR(model_.ValidateBatch(batch, pool));
@@ -362,12 +376,7 @@ absl::Status CudaModel::Forward(std::span<const BatchEntry> batch, cache::BlockP
   }
   GatherTokens(batch, c.hidden_size, &in.tokens, &in.embedding_rows, &in.embeddings,
                &in.positions);
-  in.plans_on_device.resize(batch.size());
-  for (size_t e = 0; e < batch.size(); ++e) {
-    const cache::QueryCapture* capture = batch[e].capture;
-    in.plans_on_device[e] = capture != nullptr && capture->device_plan &&
-                            batch[e].kv->SharedBlocks(pool) == 0;
-  }
+  in.plans_on_device = PlansOnDevice(batch, pool);
   const int32_t block_size = pool.layout().block_size;
   in.slots.reserve(in.rows * c.num_layers);
   for (int32_t l = 0; l < c.num_layers; ++l) {
