@@ -54,21 +54,40 @@ def prose_paragraphs() -> list[str]:
     return paragraphs
 
 
-def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int) -> dict:
-    """One document of about target_chars with the needle at a uniform random depth."""
+WORDS = ["marigold", "harbour", "lantern", "juniper", "meadow", "copper", "thistle", "saffron",
+         "glacier", "walnut", "falcon", "orchard", "pebble", "cobalt", "willow", "ember"]
+TASKS = ("single", "multikey", "word")
+
+
+def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
+                task: str = "single") -> dict:
+    """One document of about target_chars with the needle at a uniform random depth.
+
+    single: one sentence states a 7-digit code, asked for; multikey: four such sentences for
+    four offices at random depths, one asked for (the others are distractors); word: the value
+    is a word (a password), scored as a whole word."""
     start = rng.randrange(len(paragraphs))
     body, size = [], 0
     while size < target_chars:
         p = paragraphs[(start + len(body)) % len(paragraphs)]
         body.append(p)
         size += len(p) + 2
-    place = rng.choice(PLACES)
-    code = str(rng.randrange(10 ** (CODE_DIGITS - 1), 10 ** CODE_DIGITS))
-    depth = rng.random()
-    body.insert(round(depth * len(body)), f"The access code for the {place} office is {code}.")
-    question = f"What is the access code for the {place} office?"
+    places = rng.sample(PLACES, 4) if task == "multikey" else [rng.choice(PLACES)]
+    if task == "word":
+        values = [rng.choice(WORDS)]
+        needles = [f"The password for the {places[0]} office is {values[0]}."]
+        question = f"What is the password for the {places[0]} office?"
+    else:
+        values = [str(rng.randrange(10 ** (CODE_DIGITS - 1), 10 ** CODE_DIGITS))
+                  for _ in places]
+        needles = [f"The access code for the {p} office is {v}." for p, v in zip(places, values)]
+        question = f"What is the access code for the {places[0]} office?"
+    depths = [rng.random() for _ in needles]
+    # Inserted deepest first, so each lands at its depth of the prose.
+    for depth, needle in sorted(zip(depths, needles), reverse=True):
+        body.insert(round(depth * len(body)), needle)
     content = "Read the document below.\n\n" + "\n\n".join(body) + "\n\n" + question
-    return {"code": code, "depth": depth, "content": content}
+    return {"task": task, "code": values[0], "depth": depths[0], "content": content}
 
 
 def digits_in(reply: str) -> list[str]:
@@ -80,6 +99,14 @@ def is_correct(reply: str, code: str) -> bool:
     """Whether one of the reply's numbers is the code: "17849611" for 1784961 is wrong (the
     number's end was lost with the token after it)."""
     return code in digits_in(reply)
+
+
+def is_correct_for(sample: dict, reply: str) -> bool:
+    """The sample's value in the reply: the exact number (is_correct), or the word as a whole
+    word, any case."""
+    if sample.get("task") == "word":
+        return re.search(rf"\b{re.escape(sample['code'])}\b", reply, re.IGNORECASE) is not None
+    return is_correct(reply, sample["code"])
 
 
 def correct_prefix(reply: str, code: str) -> int:
@@ -127,23 +154,25 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, max_tokens
         text, _, final = client.generate_text(chat=[("user", sample["content"])],
                                               max_tokens=max_tokens, compression=compression)
         return {"reply": text, "prompt_tokens": final.usage.prompt_tokens,
-                "correct": is_correct(text, sample["code"]),
+                "correct": is_correct_for(sample, text),
                 "prefix": correct_prefix(text, sample["code"])}
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         return list(pool.map(ask, samples))
 
 
-def table(cells: dict, n: int) -> str:
-    lines = [f"| policy | budget | correct of {n} | 95% CI | mean correct leading digits |",
-             "|---|---:|---:|---|---:|"]
+def table(cells: dict, n: int, task: str = "single") -> str:
+    digits = task != "word"
+    lines = [f"| policy | budget | correct of {n} | 95% CI |"
+             + (" mean correct leading digits |" if digits else ""),
+             "|---|---:|---:|---|" + ("---:|" if digits else "")]
     for (policy, budget), results in cells.items():
         k = sum(r["correct"] for r in results)
         lo, hi = wilson(k, len(results))
         prefix = sum(r["prefix"] for r in results) / len(results)
         shown = "-" if policy == "none" else f"{budget:g}"
-        lines.append(f"| {policy} | {shown} | {k} ({k / len(results):.0%}) | "
-                     f"{lo:.0%}-{hi:.0%} | {prefix:.1f} of {CODE_DIGITS} |")
+        lines.append(f"| {policy} | {shown} | {k} ({k / len(results):.0%}) | {lo:.0%}-{hi:.0%} |"
+                     + (f" {prefix:.1f} of {CODE_DIGITS} |" if digits else ""))
     return "\n".join(lines)
 
 
@@ -153,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--tokens", type=int, default=2000, help="document length, about")
+    ap.add_argument("--task", choices=TASKS, default="single",
+                    help="single code, four codes asked for one (multikey), or a word")
     ap.add_argument("--policies", default="none,snapkv,winnowkv_docs")
     ap.add_argument("--budgets", default="0.1,0.2,0.5")
     ap.add_argument("--max-tokens", type=int, default=24)
@@ -167,7 +198,8 @@ def main(argv=None) -> int:
         raise SystemExit("needle: no source documents on this machine (see documents.py)")
     rng = random.Random(f"needle:{args.seed}")
     target_chars = int(args.tokens * documents.CHARS_PER_TOKEN)
-    samples = [make_sample(rng, paragraphs, target_chars) for _ in range(args.samples)]
+    samples = [make_sample(rng, paragraphs, target_chars, args.task)
+               for _ in range(args.samples)]
     budgets = [float(b) for b in args.budgets.split(",")]
     cells: dict = {}
     started = time.monotonic()
@@ -186,7 +218,7 @@ def main(argv=None) -> int:
     tokens = [r["prompt_tokens"] for r in next(iter(cells.values()))]
     print(f"{args.samples} samples, prompts {min(tokens)}-{max(tokens)} tokens "
           f"(mean {sum(tokens) / len(tokens):.0f}), {time.monotonic() - started:.0f} s\n")
-    print(table(cells, args.samples))
+    print(table(cells, args.samples, args.task))
     if args.json_out:
         args.json_out.write_text(json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 
 import pytest
@@ -47,6 +48,24 @@ def test_a_needle_sits_once_in_real_prose():
     assert sample["content"].count(sample["code"]) == 1
     assert sample["content"].startswith("Read the document below.")
     assert sample["content"].rstrip().endswith("office?")
+
+
+def test_multikey_states_four_codes_and_asks_for_one():
+    import random
+    sample = needle.make_sample(random.Random(3), needle.prose_paragraphs(), 4000, "multikey")
+    stated = re.findall(r"The access code for the (\w+) office is (\d+)\.", sample["content"])
+    assert len(stated) == 4 and len({place for place, _ in stated}) == 4
+    asked = re.search(r"What is the access code for the (\w+) office\?", sample["content"])
+    assert (asked.group(1), sample["code"]) in stated
+
+
+def test_a_word_counts_as_a_whole_word_in_any_case():
+    import random
+    sample = needle.make_sample(random.Random(3), needle.prose_paragraphs(), 4000, "word")
+    word = sample["code"]
+    assert word in needle.WORDS and sample["content"].count(f" is {word}.") == 1
+    assert needle.is_correct_for(sample, f"The password is {word.capitalize()}.")
+    assert not needle.is_correct_for(sample, f"The password is {word}s.")
 
 
 def test_smoke_run_through_the_daemon(tmp_path):
