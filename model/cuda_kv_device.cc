@@ -76,9 +76,7 @@ absl::Status CudaKvDevice::UploadScoreInput(const kernels::ScoreInput& in) {
   const int32_t blocks = (in.num_slots + kv_.block_size - 1) / kv_.block_size;
   WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(in.block_table, blocks), table_));
   WINNOW_RETURN_IF_ERROR(Upload(std::span<const int32_t>(in.visible, in.num_rows), visible_));
-  const int64_t rows = int64_t{in.num_heads} * in.num_rows;
-  WINNOW_RETURN_IF_ERROR(kc::Reserve(probs_, std::max<int64_t>(1, rows * in.num_slots)));
-  return kc::Reserve(lse_, std::max<int64_t>(1, rows));
+  return kc::Reserve(lse_, std::max<int64_t>(1, int64_t{in.num_heads} * in.num_rows));
 }
 
 absl::StatusOr<kc::DeviceScoreInput<float>> CudaKvDevice::UploadHostQuery(
@@ -96,10 +94,11 @@ absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in,
                                                   float* log_normalizer) {
   if (in.num_rows == 0) return absl::OkStatus();
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
+  const int64_t rows = int64_t{in.num_heads} * in.num_rows;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(probs_, std::max<int64_t>(1, rows * in.num_slots)));
   WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
   WINNOW_RETURN_IF_ERROR(
       kc::AttentionProbabilities(kv_, d, probs_.data(), lse_.data(), stream_));
-  const int64_t rows = int64_t{in.num_heads} * in.num_rows;
   WINNOW_RETURN_IF_ERROR(Download(probs_.data(), rows * in.num_slots, probs, stream_));
   if (log_normalizer != nullptr) {
     WINNOW_RETURN_IF_ERROR(Download(lse_.data(), rows, log_normalizer, stream_));

@@ -67,7 +67,8 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   using Buf = kernels::cuda::DeviceBuffer<T>;
 
   // Uploads the table and `visible` of `in` into table_ / visible_ (the q pointer is the
-  // caller's), and sizes probs_ / lse_ for its rows.
+  // caller's), and sizes lse_ for its rows. (probs_ is AttentionProbabilities' alone: the
+  // column sums of a long prefill chunk never need rows x keys floats.)
   absl::Status UploadScoreInput(const kernels::ScoreInput& in);
   // Uploads in.q (host float rows) into q_; the device input over table_, visible_ and q_.
   absl::StatusOr<kernels::cuda::DeviceScoreInput<float>> UploadHostQuery(
