@@ -202,7 +202,7 @@ class CompositePolicy : public CompressionPolicy {
   LayerKeep KeepLayer(std::span<const float> scores, int32_t keep_count) const {
     const int32_t n = layout().num_tokens;
     LayerKeep keep = PerHeadTopK(scores, dims().num_kv_heads, n, forced_list_, keep_count,
-                                 threads(), options_.neighbours);
+                                 threads(), options_.neighbours, options_.neighbour_share);
     if (options_.merge) {
       for (const std::vector<int32_t>& kept : keep.heads) {
         keep.merge.push_back(MergeGroups(kept, n, forced_));
@@ -446,6 +446,7 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   WINNOW_RETURN_IF_ERROR(config.ReadBool("merge", &o.merge));
   WINNOW_RETURN_IF_ERROR(config.ReadBool("value_norm", &o.value_norm));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("neighbours", &o.neighbours, 0, 64));
+  WINNOW_RETURN_IF_ERROR(config.ReadDouble("neighbour_share", &o.neighbour_share, 0.0, 1.0));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("lookahead", &o.lookahead, 0, 1024));
   if (o.lookahead > 0 && o.allocation == Allocation::kSparsity) {
     return absl::InvalidArgumentError(

@@ -22,6 +22,9 @@
 //   neighbours  r > 0: each kept token brings the r tokens on either side of it, from the same
 //               budget (fewer, wider picks: TopKWithNeighbours), so that a value spread over
 //               several tokens is kept whole.
+//   neighbour_share  with neighbours: the share of the candidate budget that widened picks may
+//               take (the best picks first); the rest goes to single picks. 0.5 keeps a needle's
+//               digits and most of a summary's spread (docs/experiments/compression-needle.md).
 //   lookahead   N > 0: the plan waits for the reply's first N tokens, decoded on the whole
 //               prompt, and their attention joins the observed rows' (CompressionPolicy::
 //               LookaheadSteps); they are kept.
@@ -67,6 +70,7 @@ struct CompositeOptions {
   bool merge = false;
   bool value_norm = false;   // weight each key's score by ||v|| of its KV head (VATP)
   int32_t neighbours = 0;    // each kept token brings this many on either side
+  double neighbour_share = 1.0;  // of the candidate budget, what widened picks may take
   int32_t lookahead = 0;     // decode steps whose attention joins the window's before the plan
   double beta = 20.0;        // pyramid: largest / smallest layer
   double p = 0.01;           // sparsity: the threshold, a fraction of the row max

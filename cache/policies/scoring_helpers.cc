@@ -242,7 +242,7 @@ std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
 
 std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n,
                                         std::span<const int32_t> forced, int32_t k,
-                                        int32_t radius) {
+                                        int32_t radius, double share) {
   k = std::clamp(k, 0, n);
   if (radius <= 0 || static_cast<int32_t>(forced.size()) >= k) {
     return TopKWithForced(scores, n, forced, k);
@@ -263,10 +263,12 @@ std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n
   // Best first, ties to the lower slot (TopK's order).
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  const int32_t widen_until =
+      count + static_cast<int32_t>(std::lround(std::clamp(share, 0.0, 1.0) * (k - count)));
   for (int32_t c : order) {
     if (count >= k) break;
     keep(c);
-    for (int32_t d = 1; d <= radius && count < k; ++d) {
+    for (int32_t d = 1; d <= radius && count < std::min(k, widen_until); ++d) {
       keep(c + d);
       keep(c - d);
     }
@@ -290,12 +292,13 @@ std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window) {
 
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
                       std::span<const int32_t> forced, int32_t k, kernels::ThreadPool* threads,
-                      int32_t neighbours) {
+                      int32_t neighbours, double neighbour_share) {
   LayerKeep keep;
   keep.heads.resize(num_kv_heads);
   ForEachHead(threads, num_kv_heads, [&](int32_t g) {
     keep.heads[g] =
-        TopKWithNeighbours(kv_scores.subspan(int64_t{g} * n, n), n, forced, k, neighbours);
+        TopKWithNeighbours(kv_scores.subspan(int64_t{g} * n, n), n, forced, k, neighbours,
+                           neighbour_share);
   });
   return keep;
 }

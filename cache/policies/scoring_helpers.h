@@ -88,9 +88,11 @@ std::vector<int32_t> TopKWithForced(std::span<const float> scores, int32_t n,
 // one before; slots already kept are skipped), until k slots are kept. A value stated over
 // several tokens (the digits of a number) then survives whole when the scorer keeps one of its
 // tokens or the key before it. radius 0 is TopKWithForced.
+// With `share` < 1 only the first share x (k - forced) slots come from widened picks; the
+// rest are single picks (the best remaining slots).
 std::vector<int32_t> TopKWithNeighbours(std::span<const float> scores, int32_t n,
                                         std::span<const int32_t> forced, int32_t k,
-                                        int32_t radius);
+                                        int32_t radius, double share = 1.0);
 
 // Sinks + recent window as forced slots for a prompt of n tokens: [0, sinks) and [n - window,
 // n), ascending, deduplicated.
@@ -102,7 +104,8 @@ std::vector<int32_t> SinksAndWindow(int32_t n, int32_t sinks, int32_t window);
 // With `neighbours` > 0, each head's picks are TopKWithNeighbours'.
 LayerKeep PerHeadTopK(std::span<const float> kv_scores, int32_t num_kv_heads, int32_t n,
                       std::span<const int32_t> forced, int32_t k,
-                      kernels::ThreadPool* threads = nullptr, int32_t neighbours = 0);
+                      kernels::ThreadPool* threads = nullptr, int32_t neighbours = 0,
+                      double neighbour_share = 1.0);
 
 // fn(h) for every h in [0, count): split over `threads` when it is given (the policy's idle
 // forward pool, CompressionPolicy::threads()), in order on the calling thread otherwise. Each

@@ -137,6 +137,22 @@ TEST(ScoringHelpersTest, TopKWithNeighboursKeepsRunsAroundTheBestSlots) {
   EXPECT_EQ(TopKWithNeighbours(s, 16, {}, 16, 4).size(), 16u);
 }
 
+TEST(ScoringHelpersTest, NeighbourShareWidensOnlyThatPartOfTheBudget) {
+  // Slots 10, 3, 6 score best. Share 0.5 of the 6 candidate slots: slot 10 and its two
+  // neighbours after the sink (3 slots), then single picks 3 and 6 and the best of the rest.
+  std::vector<float> s(16, 0.0f);
+  s[10] = 5;
+  s[3] = 4;
+  s[6] = 3;
+  s[14] = 2;
+  const std::vector<int32_t> sink = {0};
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 7, 1, 0.5),
+            (std::vector<int32_t>{0, 3, 6, 9, 10, 11, 14}));
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 7, 1, 1.0),
+            (std::vector<int32_t>{0, 2, 3, 4, 9, 10, 11}));
+  EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 7, 1, 0.0), TopKWithForced(s, 16, sink, 7));
+}
+
 TEST(ScoringHelpersTest, GroupAggregation) {
   const std::vector<float> heads = {1, 4, 3, 2, 0, 0, 5, 5};  // 4 heads x 2 slots
   EXPECT_EQ(AggregateGroups(heads, 4, 2, 2, GroupAggregation::kSum),
