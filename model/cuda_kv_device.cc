@@ -14,6 +14,20 @@ namespace winnow::model {
 
 namespace kc = kernels::cuda;
 
+// CompactToWindowTopK passes the policy's enums to the kernel's by value.
+static_assert(static_cast<int>(cache::policies::Pooling::kNone) ==
+                  static_cast<int>(kc::KeyPooling::kNone) &&
+              static_cast<int>(cache::policies::Pooling::kAvg) ==
+                  static_cast<int>(kc::KeyPooling::kAvg) &&
+              static_cast<int>(cache::policies::Pooling::kMax) ==
+                  static_cast<int>(kc::KeyPooling::kMax));
+static_assert(static_cast<int>(cache::policies::GroupAggregation::kSum) ==
+                  static_cast<int>(kc::HeadFolding::kSum) &&
+              static_cast<int>(cache::policies::GroupAggregation::kMean) ==
+                  static_cast<int>(kc::HeadFolding::kMean) &&
+              static_cast<int>(cache::policies::GroupAggregation::kMax) ==
+                  static_cast<int>(kc::HeadFolding::kMax));
+
 namespace {
 
 // Copies `count` device floats into host memory, in the stream's order (waited for by Sync).

@@ -61,6 +61,19 @@ int32_t Argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+// Appends the greedy token of `logits`, its runner-up and their margin to the run's tokens,
+// runner_up and margin; returns the token.
+template <typename Run>
+int32_t RecordGreedyStep(std::span<const float> logits, Run& run) {
+  std::vector<float> row(logits.begin(), logits.end());
+  run.tokens.push_back(Argmax(row));
+  const float top = row[run.tokens.back()];
+  row[run.tokens.back()] = -INFINITY;
+  run.runner_up.push_back(Argmax(row));
+  run.margin.push_back(top - row[run.runner_up.back()]);
+  return run.tokens.back();
+}
+
 // One sequence's run: prefill in chunks, then greedy decode steps.
 struct GreedyRun {
   std::vector<int32_t> tokens;       // generated
@@ -137,13 +150,7 @@ class CudaModelTest : public testing::CudaTest {
       start += count;
       if (!last) continue;
       if (run.first_logits.empty()) run.first_logits.assign(out.Row(0).begin(), out.Row(0).end());
-      std::vector<float> row(out.Row(0).begin(), out.Row(0).end());
-      run.tokens.push_back(Argmax(row));
-      const float top = row[run.tokens.back()];
-      row[run.tokens.back()] = -INFINITY;
-      run.runner_up.push_back(Argmax(row));
-      run.margin.push_back(top - row[run.runner_up.back()]);
-      seq.push_back(run.tokens.back());
+      seq.push_back(RecordGreedyStep(out.Row(0), run));
     }
     kv.Release(pool);
     EXPECT_EQ(pool.num_used(), 0);
@@ -206,13 +213,7 @@ class CudaModelTest : public testing::CudaTest {
       }
       start += count;
       if (!last) continue;
-      std::vector<float> row(out.Row(0).begin(), out.Row(0).end());
-      run.tokens.push_back(Argmax(row));
-      const float top = row[run.tokens.back()];
-      row[run.tokens.back()] = -INFINITY;
-      run.runner_up.push_back(Argmax(row));
-      run.margin.push_back(top - row[run.runner_up.back()]);
-      seq.push_back(run.tokens.back());
+      seq.push_back(RecordGreedyStep(out.Row(0), run));
     }
     run.slots = session->slot_positions();
     run.stats = session->stats();
