@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -72,16 +73,19 @@ void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) ++prompt_counts_[t];
 }
 
-SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float> log_norm) {
-  const bool penalized = params_.repetition_penalty != 1.0f ||
-                         params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
-  if (params_.temperature == 0.0f && !penalized) {
+SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float> log_norm,
+                             std::span<const uint64_t> allowed) {
+  const bool adjusted = params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                        params_.presence_penalty != 0.0f || !params_.logit_bias.empty() ||
+                        !allowed.empty();
+  if (params_.temperature == 0.0f && !adjusted) {
     // Plain greedy reads the logits as they are: no working copy.
     const auto best = std::max_element(logits.begin(), logits.end());
     return Finish(logits, static_cast<int32_t>(best - logits.begin()), log_norm);
   }
   work_.assign(logits.begin(), logits.end());
   ApplyPenalties();
+  if (!allowed.empty()) ApplyMask(allowed);
   int32_t chosen = 0;
   if (params_.temperature == 0.0f) {
     // Greedy; ties go to the lowest id so the choice never depends on iteration order.
@@ -90,6 +94,13 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::optional<float>
     chosen = SampleWithTemperature();
   }
   return Finish(logits, chosen, log_norm);
+}
+
+void Sampler::ApplyMask(std::span<const uint64_t> allowed) {
+  const int32_t vocab = static_cast<int32_t>(work_.size());
+  for (int32_t id = 0; id < vocab; ++id) {
+    if (!((allowed[id >> 6] >> (id & 63)) & 1)) work_[id] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 // Repetition (CTRL-style) over prompt and output, as transformers and vLLM do; frequency and
@@ -110,11 +121,16 @@ void Sampler::ApplyPenalties() {
       work_[id] -= params_.frequency_penalty * count + params_.presence_penalty;
     }
   }
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id >= 0 && id < static_cast<int32_t>(work_.size())) work_[id] += bias;
+  }
 }
 
 int32_t Sampler::SampleWithTemperature() {
   for (float& v : work_) v /= params_.temperature;
   int32_t keep = RankCandidates();
+  // Masked tokens (-inf) are never candidates.
+  while (keep > 1 && std::isinf(work_[order_[keep - 1]]) && work_[order_[keep - 1]] < 0) --keep;
   // Probabilities of the kept candidates, highest first.
   const float max_logit = work_[order_[0]];
   std::vector<double> probs(keep);

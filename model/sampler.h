@@ -24,6 +24,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // applies to generated tokens
   uint64_t seed = 0;
   int32_t top_logprobs = 0;        // how many top log-probabilities to report per token
+  // Added to the logits of these token ids before sampling (OpenAI's logit_bias: -100 bans a
+  // token, 100 all but forces it).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // InvalidArgument naming the field for NaN, negative or out-of-range values.
   absl::Status Validate() const;
@@ -43,13 +46,18 @@ class Sampler {
   void AddPromptTokens(std::span<const int32_t> tokens);
   // Picks the next token from `logits` (vocab_size floats) and records it as generated.
   // `log_norm`, when given, is log(sum(exp(logits))) computed elsewhere (on the GPU), which
-  // spares the pass over the vocabulary that log-probabilities otherwise need.
+  // spares the pass over the vocabulary that log-probabilities otherwise need. `allowed`, when
+  // not empty, is a bit mask over the vocabulary (bit id % 64 of word id / 64): only those
+  // tokens may be picked (constrained decoding); at least one must be set.
   SampledToken Sample(std::span<const float> logits,
-                      std::optional<float> log_norm = std::nullopt);
+                      std::optional<float> log_norm = std::nullopt,
+                      std::span<const uint64_t> allowed = {});
 
  private:
-  // Penalties applied to work_, a copy of the logits.
+  // Penalties and logit biases applied to work_, a copy of the logits.
   void ApplyPenalties();
+  // Tokens outside `allowed` get -inf in work_.
+  void ApplyMask(std::span<const uint64_t> allowed);
   // Temperature, top-k, top-p and min-p over work_, then a seeded draw among what is left.
   int32_t SampleWithTemperature();
   // Orders candidate ids in order_ by descending work_ logit (ties: lower id first), only as far

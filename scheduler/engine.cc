@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -74,6 +75,7 @@ absl::Status CheckContract(const GenerationRequest& r, const model::ModelConfig&
     return BrokenContract("embedding rows do not match the embedding positions");
   }
   if (r.max_tokens < 1) return BrokenContract("max_tokens < 1");
+  if (r.grammar != nullptr && r.ignore_eos) return BrokenContract("a grammar with ignore_eos");
   if (static_cast<int64_t>(r.prompt_tokens.size()) > limits.max_prompt_tokens) {
     return BrokenContract(absl::StrCat("prompt longer than ", limits.max_prompt_tokens));
   }
@@ -151,6 +153,20 @@ struct Engine::Impl {
   Scheduler scheduler;
   std::unique_ptr<Worker> worker;
   OutputProcessor output;
+
+  // The vocabulary as structured output reads it, built by the first request with a grammar.
+  const std::shared_ptr<const structured::TokenVocabulary>& Vocabulary() {
+    std::call_once(vocabulary_once, [this] {
+      const model::Tokenizer& tok = model.tokenizer();
+      std::vector<std::string> pieces(tok.vocab_size());
+      for (int32_t id = 0; id < tok.vocab_size(); ++id) pieces[id] = tok.TokenToPiece(id, false);
+      vocabulary = std::make_shared<const structured::TokenVocabulary>(
+          pieces, tok.end_of_generation_ids());
+    });
+    return vocabulary;
+  }
+  std::once_flag vocabulary_once;
+  std::shared_ptr<const structured::TokenVocabulary> vocabulary;
 
   // --- Shared with the callers' threads. ---
   mutable base::Mutex mu;
@@ -323,6 +339,10 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   auto seq = std::make_unique<Sequence>(std::move(request), config.num_layers,
                                         limits_.block_size);
   seq->compression = *std::move(compression);
+  if (seq->req.grammar != nullptr) {
+    seq->constraint =
+        std::make_unique<structured::Constraint>(seq->req.grammar, impl_->Vocabulary());
+  }
   if (limits_.prefix_caching) {
     seq->prefix_keys = cache::PrefixBlockKeys(seq->req.prompt_tokens, seq->req.embeddings,
                                               config.hidden_size, limits_.block_size,

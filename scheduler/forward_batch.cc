@@ -43,7 +43,16 @@ absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, siz
   const std::optional<float> log_norm =
       row < static_cast<int32_t>(out.log_norm.size()) ? std::optional(out.log_norm[row])
                                                       : std::nullopt;
-  return chunk.seq->sampler.Sample(out.Row(row), log_norm);
+  Sequence& seq = *chunk.seq;
+  if (seq.constraint == nullptr) return seq.sampler.Sample(out.Row(row), log_norm);
+  const structured::TokenMask& allowed = seq.constraint->Allowed();
+  if (std::all_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w == 0; })) {
+    return absl::FailedPreconditionError(
+        "structured output: no token of the vocabulary continues the output");
+  }
+  model::SampledToken token = seq.sampler.Sample(out.Row(row), log_norm, allowed);
+  WINNOW_RETURN_IF_ERROR(seq.constraint->Accept(token.id));
+  return token;
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "cache/policies/policy.h"
 #include "model/sampler.h"
+#include "structured/constraint.h"
 
 namespace winnow::scheduler {
 
@@ -61,6 +62,9 @@ struct GenerationRequest {
   std::vector<cache::policies::PromptSpan> prompt_spans;
   // Prefix caching: only requests with equal salts share cached KV blocks.
   std::string cache_salt;
+  // Structured output: the generated text is a JSON value of this grammar (null: free text).
+  // Incompatible with ignore_eos (the output ends where the value does).
+  std::shared_ptr<const structured::CompiledGrammar> grammar;
 };
 
 struct TokenLogprob {

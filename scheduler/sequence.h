@@ -62,6 +62,8 @@ struct Sequence {
   // recomputed cache is compressed again.
   std::unique_ptr<cache::CompressionSession> compression;
   model::Sampler sampler;
+  // Structured output (null without a grammar): which tokens may come next.
+  std::unique_ptr<structured::Constraint> constraint;
   // Prefix caching (empty when off): content keys of the prompt's full blocks, and how many of
   // them this sequence has published (keyed) in the pool.
   std::vector<uint64_t> prefix_keys;

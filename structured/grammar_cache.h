@@ -1,0 +1,23 @@
+// Compiled grammars by schema text, shared process-wide: requests that send the same schema
+// (an agent's tools, an extraction pipeline's record type) share one grammar and its cached
+// token masks, so only the first pays for compiling and for each state's mask.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "structured/constraint.h"
+
+namespace winnow::structured {
+
+// The grammar of a JSON Schema document (Grammar::FromJsonSchema's errors), from the cache
+// when the same text was compiled recently. Holds up to kCachedGrammars, least recently used
+// out first.
+inline constexpr size_t kCachedGrammars = 32;
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(std::string_view schema);
+
+// Any JSON object (response_format json_object): one grammar for the process.
+std::shared_ptr<const CompiledGrammar> JsonObjectGrammar();
+
+}  // namespace winnow::structured
