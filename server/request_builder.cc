@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "structured/grammar_cache.h"
 
 namespace winnow::server {
 namespace {
@@ -120,7 +121,8 @@ absl::Status CheckStopping(const v1::StoppingCriteria& stopping, int32_t vocab,
 
 // The wire's unset optionals become their documented defaults; an unseeded request gets a
 // random seed.
-absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& request) {
+absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& request,
+                                                   int32_t vocab_size) {
   // top_logprobs is a top-level field of the request; check it under that name before
   // SamplingParams::Validate would call it sampling.top_logprobs.
   if (request.top_logprobs() < 0 || request.top_logprobs() > kMaxTopLogprobs) {
@@ -144,10 +146,44 @@ absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& r
     out.seed = seeder();
   }
   out.top_logprobs = request.top_logprobs();
+  for (const auto& [id, bias] : s.logit_bias()) {
+    const std::string field = absl::StrCat("sampling.logit_bias[", id, "]");
+    if (id < 0 || id >= vocab_size) {
+      return Invalid(field, absl::StrCat("token id outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!std::isfinite(bias) || bias < -100.0f || bias > 100.0f) {
+      return Invalid(field, absl::StrCat("must be in [-100, 100], got ", bias));
+    }
+    out.logit_bias.emplace_back(id, bias);
+  }
+  // Map order is unspecified; sorted, equal requests sample equally.
+  std::sort(out.logit_bias.begin(), out.logit_bias.end());
   // The one definition of the ranges. Its errors read "sampling.<field> = <value> is invalid:
   // must be ...", and every <field> is the wire's name in v1.SamplingParams (the tests pin each).
   WINNOW_RETURN_IF_ERROR(out.Validate());
   return out;
+}
+
+// The grammar of response_format (null when unset); compiled grammars are shared by schema
+// text (structured/grammar_cache.h).
+absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> BuildGrammar(
+    const v1::GenerateRequest& request) {
+  const v1::ResponseFormat& format = request.response_format();
+  if (format.format_case() == v1::ResponseFormat::FORMAT_NOT_SET) return nullptr;
+  if (request.stopping().ignore_eos()) {
+    return Invalid("response_format", "cannot be combined with stopping.ignore_eos: structured "
+                                      "output ends where the JSON value does");
+  }
+  if (format.format_case() == v1::ResponseFormat::kJsonObject) {
+    if (!format.json_object()) return Invalid("response_format.json_object", "must be true");
+    return structured::JsonObjectGrammar();
+  }
+  absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> grammar =
+      structured::CompileJsonSchema(format.json_schema());
+  if (!grammar.ok()) {
+    return Invalid("response_format.json_schema", std::string(grammar.status().message()));
+  }
+  return grammar;
 }
 
 // What can be checked before the prompt exists: the policy name, the budget, and that params
@@ -310,8 +346,11 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   // Cheap checks first: a bad parameter should not cost a tokenization of a long prompt.
   const v1::StoppingCriteria& stopping = request.stopping();
   WINNOW_RETURN_IF_ERROR(CheckStopping(stopping, model.config().vocab_size, limits));
-  WINNOW_ASSIGN_OR_RETURN(model::SamplingParams sampling, BuildSampling(request));
+  WINNOW_ASSIGN_OR_RETURN(model::SamplingParams sampling,
+                          BuildSampling(request, model.config().vocab_size));
   WINNOW_RETURN_IF_ERROR(CheckCompressionSpec(request.compression()));
+  WINNOW_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledGrammar> grammar,
+                          BuildGrammar(request));
 
   WINNOW_ASSIGN_OR_RETURN(PromptInput prompt, BuildPrompt(request, model));
   const int32_t prompt_len = static_cast<int32_t>(prompt.tokens.size());
@@ -338,6 +377,7 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   out.ignore_eos = stopping.ignore_eos();
   out.priority = request.priority();
   out.compression = std::move(compression);
+  out.grammar = std::move(grammar);
   return out;
 }
 

@@ -25,6 +25,17 @@ std::string NewRequestId() {
   return absl::StrFormat("req-%016x", rng());
 }
 
+// The client's X-Request-Id header when it is a usable id: at most kMaxRequestIdBytes of
+// printable ASCII (it is echoed in a header and written to logs); else empty.
+std::string ClientRequestId(const httplib::Request& req) {
+  std::string id = req.get_header_value("X-Request-Id");
+  if (id.size() > kMaxRequestIdBytes) return "";
+  for (const char c : id) {
+    if (c < 0x21 || c > 0x7E) return "";
+  }
+  return id;
+}
+
 void Reject(ServingState* state, httplib::Response& res, const absl::Status& status,
             const std::string& message, const std::string& param) {
   if (state->metrics != nullptr) {
@@ -151,6 +162,9 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
                                              &param);
     return Reject(state, res, built.status(), message, param);
   }
+  // The id: the body's request_id, else the client's X-Request-Id header (a gateway's trace
+  // id), else a new one; echoed in the X-Request-Id response header and the logs.
+  if (built->request_id.empty()) built->request_id = ClientRequestId(req);
   const std::string request_id = built->request_id.empty() ? NewRequestId() : built->request_id;
   built->request_id = request_id;
 

@@ -15,7 +15,7 @@ HttpError ClassifyStatus(const absl::Status& status) {
     case absl::StatusCode::kInvalidArgument:
       // request_builder's prompt-length check (--max-prompt-tokens): too long, not malformed.
       if (StartsWith(message, "input: the prompt has")) {
-        return {413, "invalid_request_error", "context_length_exceeded"};
+        return {400, "invalid_request_error", "context_length_exceeded"};
       }
       return {400, "invalid_request_error", ""};
     case absl::StatusCode::kFailedPrecondition:
@@ -23,11 +23,12 @@ HttpError ClassifyStatus(const absl::Status& status) {
     case absl::StatusCode::kNotFound:
       return {404, "invalid_request_error", "model_not_found"};
     case absl::StatusCode::kResourceExhausted:
-      // The engine's one transient refusal; the others say the request can never fit.
+      // The engine's one transient refusal; the others say the request can never fit (400, as
+      // OpenAI answers a prompt beyond the context).
       if (StartsWith(message, "request queue is full")) {
         return {429, "rate_limit_error", "queue_full"};
       }
-      return {413, "invalid_request_error", "context_length_exceeded"};
+      return {400, "invalid_request_error", "context_length_exceeded"};
     case absl::StatusCode::kUnauthenticated:
       return {401, "invalid_request_error", "invalid_api_key"};
     case absl::StatusCode::kUnavailable:

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -14,7 +15,8 @@
 namespace winnow::server::http {
 namespace {
 
-using Json = nlohmann::json;
+// ordered_json keeps a JSON schema's property order: structured output generates in it.
+using Json = nlohmann::ordered_json;
 
 absl::Status Bad(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
@@ -169,7 +171,10 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
     if (role == nullptr || !role->is_string()) return Bad(field + ".role", "must be a string");
     WINNOW_ASSIGN_OR_RETURN(std::string content, MessageContent(msg, field + ".content"));
     v1::ChatMessage* out_msg = chat->add_messages();
-    out_msg->set_role(role->get<std::string>());
+    // OpenAI's "developer" role replaces "system" for newer models; the templates served
+    // today know only system.
+    const std::string& r = role->get_ref<const std::string&>();
+    out_msg->set_role(r == "developer" ? "system" : r);
     out_msg->set_content(std::move(content));
   }
   return absl::OkStatus();
@@ -198,6 +203,49 @@ absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
   return absl::OkStatus();
 }
 
+// logit_bias: {"<token id>": bias}; the ids are strings in JSON. Ranges are checked by the
+// request builder.
+absl::Status ParseLogitBias(const Json& body, v1::SamplingParams* s) {
+  const Json* bias = Member(body, "logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) return Bad("logit_bias", "must be an object of token id: bias");
+  for (const auto& [key, value] : bias->items()) {
+    const std::string field = absl::StrCat("logit_bias[", key, "]");
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(key, &id)) return Bad(field, "the key must be a token id");
+    if (!value.is_number()) return Bad(field, "must be a number");
+    (*s->mutable_logit_bias())[id] = value.get<float>();
+  }
+  return absl::OkStatus();
+}
+
+// response_format: text (the default), json_object, or json_schema with the schema under
+// json_schema.schema (OpenAI's shape; name, description and strict are accepted: the output
+// always follows the schema strictly).
+absl::Status ParseResponseFormat(const Json& body, v1::ResponseFormat* out) {
+  const Json* rf = Member(body, "response_format");
+  if (rf == nullptr) return absl::OkStatus();
+  if (!rf->is_object()) return Bad("response_format", "must be an object");
+  WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> type, String(*rf, "type"));
+  if (!type || *type == "text") return absl::OkStatus();
+  if (*type == "json_object") {
+    out->set_json_object(true);
+    return absl::OkStatus();
+  }
+  if (*type != "json_schema") {
+    return Bad("response_format.type",
+               absl::StrCat("must be text, json_object or json_schema, got \"", *type, "\""));
+  }
+  const Json* js = Member(*rf, "json_schema");
+  if (js == nullptr || !js->is_object()) {
+    return Bad("response_format.json_schema", "must be an object with a \"schema\"");
+  }
+  const Json* schema = Member(*js, "schema");
+  if (schema == nullptr) return Bad("response_format.json_schema.schema", "is required");
+  out->set_json_schema(schema->dump());
+  return absl::OkStatus();
+}
+
 absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   WINNOW_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature"));
   // OpenAI's default temperature is 1 (winnow's gRPC default is greedy).
@@ -217,7 +265,7 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   if (pres) s->set_presence_penalty(static_cast<float>(*pres));
   WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> seed, IntegerMember(body, "seed"));
   if (seed) s->set_seed(static_cast<uint64_t>(*seed));  // negative seeds wrap; still fixed
-  return absl::OkStatus();
+  return ParseLogitBias(body, s);
 }
 
 // kv_compression: {policy, budget, params: {name: number}, options: {name: string}}, winnow's
@@ -279,15 +327,9 @@ absl::Status RejectUnsupported(const Json& body) {
   if (echo.value_or(false)) return Bad("echo", "is not supported");
   WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> suffix, String(body, "suffix"));
   if (suffix && !suffix->empty()) return Bad("suffix", "is not supported");
-  for (const char* key : {"logit_bias", "tools", "functions"}) {
+  for (const char* key : {"tools", "functions"}) {
     const Json* v = Member(body, key);
     if (v != nullptr && !v->empty()) return Bad(key, "is not supported");
-  }
-  if (const Json* rf = Member(body, "response_format"); rf != nullptr) {
-    const Json* type = rf->is_object() ? Member(*rf, "type") : nullptr;
-    if (type == nullptr || *type != "text") {
-      return Bad("response_format", "only {\"type\": \"text\"} is supported");
-    }
   }
   return absl::OkStatus();
 }
@@ -364,6 +406,7 @@ absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
   WINNOW_RETURN_IF_ERROR(ParseSampling(body, g.mutable_sampling()));
   WINNOW_RETURN_IF_ERROR(ParseLimits(body, out));
   WINNOW_RETURN_IF_ERROR(ParseLogprobs(body, out));
+  WINNOW_RETURN_IF_ERROR(ParseResponseFormat(body, g.mutable_response_format()));
   return ParseCompression(body, g.mutable_compression());
 }
 
@@ -389,6 +432,7 @@ std::string OpenAiFieldMessage(const OpenAiRequest& request, const std::string& 
       {"stopping.stop_token_ids", "stop_token_ids"},
       {"stopping.stop", "stop"},
       {"stopping.ignore_eos", "ignore_eos"},
+      {"response_format.json_schema", "response_format.json_schema.schema"},
       {"sampling.top_logprobs", chat ? "top_logprobs" : "logprobs"},
       {"top_logprobs", chat ? "top_logprobs" : "logprobs"},
       {"sampling.", ""},

@@ -337,10 +337,10 @@ def test_other_errors(daemon, client, model_name):
     # Too long: a prompt over --max-prompt-tokens, and prompt + max_tokens beyond the context.
     status, out = http(daemon, "POST", "/v1/completions",
                        {"prompt": "word " * 700, "max_tokens": 1})
-    assert status == 413 and out["error"]["code"] == "context_length_exceeded", out
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded", out
     status, out = http(daemon, "POST", "/v1/completions",
                        {"prompt": PROMPT, "max_tokens": 1000})
-    assert status == 413 and "KV blocks" in out["error"]["message"], out
+    assert status == 400 and "KV blocks" in out["error"]["message"], out
     # Deeply nested JSON is refused, not a crash.
     status, out = http(daemon, "POST", "/v1/completions",
                        raw=b'{"prompt": ' + b"[" * 200000 + b"]" * 200000 + b"}")

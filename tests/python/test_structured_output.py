@@ -1,0 +1,225 @@
+"""Structured output and the OpenAI request fields agents send, through the official SDK.
+
+JSON-schema replies are validated with the `jsonschema` package, greedy and under temperature-1
+sampling; json_object replies parse as objects; unsupported schema keywords are 400s naming the
+schema path; logit_bias moves the output as OpenAI documents it; the pool is whole afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from daemon_harness import Daemon, binary_path, model_path
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+pydantic = pytest.importorskip("pydantic")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _binary_and_model():
+    if not binary_path().exists() or not model_path().exists():
+        pytest.fail(f"need {binary_path()} and {model_path()} (make build model)")
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with Daemon() as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    c = openai.OpenAI(base_url=daemon.http_url + "/v1", api_key="unused", max_retries=0,
+                      timeout=120)
+    yield c
+    c.close()
+
+
+
+# A corpus of schemas as applications write them: nested objects, arrays, enums, optional
+# fields, numeric bounds, a $defs reference, anyOf with null. Strings are bounded so that a
+# temperature-1 sample ends within max_tokens (an unbounded string may run until the limit).
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "email": {"type": "string", "maxLength": 32},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "order": {
+        "type": "object",
+        "properties": {
+            "status": {"enum": ["pending", "shipped", "delivered"]},
+            "items": {
+                "type": "array", "minItems": 1, "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string", "maxLength": 12},
+                                   "quantity": {"type": "integer", "minimum": 1, "maximum": 9},
+                                   "price": {"type": "number", "minimum": 0, "maximum": 1000}},
+                    "required": ["sku", "quantity", "price"],
+                },
+            },
+            "gift": {"type": "boolean"},
+        },
+        "required": ["status", "items"],
+    },
+    "weather": {
+        "$defs": {"reading": {"type": "object",
+                              "properties": {"celsius": {"type": "number", "minimum": -90,
+                                                         "maximum": 60},
+                                             "note": {"anyOf": [{"type": "string",
+                                                                 "maxLength": 20},
+                                                                {"type": "null"}]}},
+                              "required": ["celsius", "note"]}},
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20},
+                       "today": {"$ref": "#/$defs/reading"},
+                       "tomorrow": {"$ref": "#/$defs/reading"}},
+        "required": ["city", "today", "tomorrow"],
+    },
+    "tags": {
+        "type": "array", "maxItems": 4,
+        "items": {"type": "string", "minLength": 1, "maxLength": 10},
+    },
+}
+
+
+def ask(client, model, schema_name, temperature, seed=None, stream=False):
+    kwargs = dict(
+        model=model,
+        messages=[{"role": "user", "content": f"Give an example {schema_name} as JSON."}],
+        max_tokens=300, temperature=temperature, seed=seed,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": schema_name, "strict": True,
+                                         "schema": SCHEMAS[schema_name]}})
+    if not stream:
+        out = client.chat.completions.create(**kwargs)
+        return out.choices[0].message.content, out.choices[0].finish_reason
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    (m,) = client.models.list().data
+    return m.id
+
+
+@pytest.mark.parametrize("schema_name", sorted(SCHEMAS))
+def test_json_schema_replies_validate_greedy_and_sampled(daemon, client, model, schema_name):
+    for temperature, seed in [(0.0, None), (1.0, 1), (1.0, 2)]:
+        text, finish = ask(client, model, schema_name, temperature, seed)
+        assert finish == "stop", (temperature, seed, text)
+        jsonschema.validate(json.loads(text), SCHEMAS[schema_name])
+    # Streamed: the deltas join into the same reply.
+    streamed, finish = ask(client, model, schema_name, 1.0, 1, stream=True)
+    assert streamed == ask(client, model, schema_name, 1.0, 1)[0] and finish == "stop"
+    daemon.wait_pool_free()
+
+
+def test_sdk_parse_with_a_pydantic_model(client, model):
+    # The SDK's own structured-output path: the model class becomes a strict json_schema
+    # (pydantic's $defs, $ref, titles, additionalProperties: false) and the reply is parsed back.
+    class Step(pydantic.BaseModel):
+        explanation: str = pydantic.Field(max_length=40)
+        output: int
+
+    class Solution(pydantic.BaseModel):
+        steps: list[Step] = pydantic.Field(max_length=3)
+        answer: int
+
+    out = client.chat.completions.parse(
+        model=model, max_tokens=400, temperature=0,
+        messages=[{"role": "system", "content": "Solve step by step, briefly."},
+                  {"role": "user", "content": "What is 3 + 4 * 2?"}],
+        response_format=Solution)
+    assert isinstance(out.choices[0].message.parsed, Solution)
+
+
+def test_json_object_mode(client, model):
+    out = client.chat.completions.create(
+        model=model, max_tokens=200, temperature=0,
+        messages=[{"role": "user", "content": "Give a JSON object with two keys, name and colour, for a cat."}],
+        response_format={"type": "json_object"})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_completions_endpoint_takes_response_format_too(client, model):
+    out = client.completions.create(
+        model=model, prompt="A JSON list of two fruits:", max_tokens=60, temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {
+            "name": "fruits", "schema": SCHEMAS["tags"]}}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].text), SCHEMAS["tags"])
+
+
+@pytest.mark.parametrize("response_format,extra,param,needle", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}}}}, {},
+     "response_format.json_schema.schema", "properties.a.pattern"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},
+     {}, "response_format.json_schema.schema", "does not resolve"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, {},
+     "response_format.json_schema.schema", "is required"),
+    ({"type": "yaml"}, {}, "response_format.type", "json_schema"),
+    ({"type": "json_object"}, {"ignore_eos": True}, "response_format", "ignore_eos"),
+])
+def test_bad_response_formats_are_400_naming_the_field(daemon, response_format, extra, param,
+                                                       needle):
+    import urllib.request
+    import urllib.error
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "response_format": response_format, **extra}
+    req = urllib.request.Request(daemon.http_url + "/v1/chat/completions", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    out = json.loads(err.value.read())
+    assert err.value.code == 400, out
+    assert out["error"]["param"] == param and needle in out["error"]["message"], out
+
+
+def test_logit_bias_bans_and_forces_tokens(daemon, client, model):
+    prompt = "The capital of France is"
+    base = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                     logprobs=1)
+    first = base.choices[0].text
+    (first_id,) = daemon.client.tokenize(first, add_special_tokens=False)
+    banned = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                       logit_bias={str(first_id): -100})
+    assert banned.choices[0].text != first
+    forced_id = daemon.client.tokenize(" banana", add_special_tokens=False)[0]
+    forced = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                       logit_bias={str(forced_id): 100})
+    assert daemon.client.tokenize(forced.choices[0].text, add_special_tokens=False) == [forced_id]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model, prompt=prompt, max_tokens=1,
+                                  logit_bias={"99999999": 1})
+    assert err.value.body["param"] == "logit_bias[99999999]"
+
+
+def test_developer_role_and_client_request_id(daemon, client, model):
+    def chat(role):
+        return client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": role, "content": "Answer in French."},
+                      {"role": "user", "content": "Hello"}]).choices[0].message.content
+    assert chat("developer") == chat("system")
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}],
+        extra_headers={"X-Request-Id": "trace-42"})
+    assert raw.headers["x-request-id"] == "trace-42"
+    assert raw.parse().id.endswith("trace-42")
+    daemon.wait_pool_free()
