@@ -512,6 +512,7 @@ bool Engine::Impl::RunIteration() {
       (c.is_decode() ? stats.decode_tokens : stats.prefill_tokens) += c.count;
     }
     stats.forward_time = out.forward_time;
+    stats.sampling_time = out.sampling_time;
     stats.compression_time = out.compression_time;
     stats.compression_phases = out.compression_phases;
     observer->OnIteration(stats);

@@ -23,6 +23,8 @@ struct IterationStats {
   int32_t decode_tokens = 0;   // entries of exactly one token that produced a sample
   int32_t preemptions = 0;     // sequences preempted while building this batch
   absl::Duration forward_time;
+  // Sampling after the forward, structured-output token masks included.
+  absl::Duration sampling_time;
   // After the forward: the sequences' compression hooks (scoring, the policies' decisions,
   // compaction), on the engine thread; zero when no sequence compresses.
   absl::Duration compression_time;

@@ -31,7 +31,9 @@ WorkerOutput ModelWorker::Execute(std::span<const ScheduledChunk> chunks) {
   result.compression_time =
       RunCompressions(chunks, pool_, forward_->Scoring(pool_), result.chunks,
                       result.compression_phases);
+  const absl::Time t1 = absl::Now();
   SampleChunks(chunks, out_, *threads_, result.chunks);
+  result.sampling_time = absl::Now() - t1;
   return result;
 }
 

@@ -31,6 +31,8 @@ struct WorkerOutput {
   absl::Status status;
   std::vector<ChunkResult> chunks;  // parallel to the plan's chunks
   absl::Duration forward_time;
+  absl::Duration sampling_time;     // sampling every chunk that samples (structured-output
+                                    // masks included)
   absl::Duration compression_time;  // the compression hooks after the forward
   cache::CompressionPhaseTimes compression_phases;  // their split
 };

@@ -82,12 +82,60 @@ bool MatchesType(const Json& value, std::string_view type) {
 // a recursive schema becomes a cycle in the node graph (the matcher bounds the nesting depth).
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const Json& root) : root_(root) {}
+  explicit SchemaCompiler(const Json& root) : root_(&root) {}
 
   absl::StatusOr<std::shared_ptr<const Grammar>> Run() {
     auto grammar = std::make_shared<Grammar>();
     grammar_ = grammar.get();
-    WINNOW_ASSIGN_OR_RETURN(grammar->root_, Compile(root_, "", 0));
+    WINNOW_ASSIGN_OR_RETURN(grammar->root_, Compile(*root_, "", 0));
+    return grammar;
+  }
+
+  // Tool calls: open + one of {"name": <tool>, "arguments": <its parameters>} + close, repeated
+  // with separators when parallel. Each tool's parameters are a document of their own (their
+  // $refs resolve inside them).
+  absl::StatusOr<std::shared_ptr<const Grammar>> ToolCalls(const std::vector<ToolSpec>& tools,
+                                                           bool parallel,
+                                                           const ToolCallFormat& format) {
+    auto grammar = std::make_shared<Grammar>();
+    grammar_ = grammar.get();
+    Node call;  // kAnyOf over the tools
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const std::string path = absl::StrCat("tools[", i, "].parameters");
+      Json params = tools[i].parameters.empty()
+                        ? Json{{"type", "object"}, {"additionalProperties", false}}
+                        : Json::parse(tools[i].parameters, nullptr, false);
+      if (params.is_discarded()) return Bad(path, "not valid JSON");
+      root_ = &params;
+      ref_scope_ = absl::StrCat(i, ":");
+      WINNOW_ASSIGN_OR_RETURN(const int32_t arguments, Compile(params, path, 0));
+      Node object;
+      object.kind = NodeKind::kObject;
+      object.properties = {{"name", Add(Literals({Json(tools[i].name).dump()})), true},
+                           {"arguments", arguments, true}};
+      object.key_trie.Insert("\"name\"", 0);
+      object.key_trie.Insert("\"arguments\"", 1);
+      call.alternatives.push_back(Add(std::move(object)));
+    }
+    Node one;
+    one.kind = NodeKind::kSequence;
+    one.sequence = {Add(Literals({format.open})), Add(std::move(call)),
+                    Add(Literals({format.close}))};
+    const int32_t one_call = Add(std::move(one));
+    if (!parallel) {
+      grammar->root_ = one_call;
+      return grammar;
+    }
+    // calls = one_call (separator calls)?: the optional tail is an anyOf with an empty
+    // sequence; the recursion is in tail position, so the stack does not grow per call.
+    const int32_t calls = Add(Node{.kind = NodeKind::kSequence});
+    const int32_t more = Add(Node{.kind = NodeKind::kSequence});
+    const int32_t none = Add(Node{.kind = NodeKind::kSequence});
+    const int32_t tail = Add(Node{});
+    grammar->nodes_[more].sequence = {Add(Literals({format.separator})), calls};
+    grammar->nodes_[tail].alternatives = {more, none};
+    grammar->nodes_[calls].sequence = {one_call, tail};
+    grammar->root_ = calls;
     return grammar;
   }
 
@@ -199,20 +247,20 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> CompileRef(const Json& ref, const std::string& path, int depth) {
     if (!ref.is_string()) return Bad(path, "must be a string");
     const std::string pointer = ref.get<std::string>();
-    if (const auto it = refs_.find(pointer); it != refs_.end()) return it->second;
+    if (const auto it = refs_.find(ref_scope_ + pointer); it != refs_.end()) return it->second;
     if (pointer.empty() || pointer[0] != '#') {
       return Bad(path, absl::StrCat("only references inside the schema (\"#/...\") are "
                                     "supported, not \"", pointer, "\""));
     }
     const Json* target = nullptr;
     try {
-      target = &root_.at(Json::json_pointer(pointer.substr(1)));
+      target = &root_->at(Json::json_pointer(pointer.substr(1)));
     } catch (const Json::exception&) {
       return Bad(path, absl::StrCat("\"", pointer, "\" does not resolve"));
     }
     // Reserve the node first: a reference back to this one (recursion) gets its id.
     WINNOW_ASSIGN_OR_RETURN(const int32_t id, AddChecked(Node{}, path));
-    refs_[pointer] = id;
+    refs_[ref_scope_ + pointer] = id;
     WINNOW_ASSIGN_OR_RETURN(const int32_t body, Compile(*target, pointer, depth + 1));
     // The reserved node forwards to the body: an anyOf of one.
     grammar_->nodes_[id].alternatives = {body};
@@ -424,7 +472,8 @@ class SchemaCompiler {
     return AddChecked(std::move(number), path);
   }
 
-  const Json& root_;
+  const Json* root_;  // what "#/..." references resolve against
+  std::string ref_scope_;  // keeps the $refs of different roots apart
   Grammar* grammar_ = nullptr;
   int32_t any_value_ = -1;
   absl::flat_hash_map<std::string, int32_t> refs_;
@@ -433,6 +482,13 @@ class SchemaCompiler {
 std::shared_ptr<const Grammar> Grammar::AnyObject() {
   static const Json kEmpty = Json::object();
   return SchemaCompiler(kEmpty).AnyObject();
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> Grammar::ForToolCalls(
+    const std::vector<ToolSpec>& tools, bool parallel, const ToolCallFormat& format) {
+  if (tools.empty()) return absl::InvalidArgumentError("tools: no tool to call");
+  static const Json kEmpty = Json::object();
+  return SchemaCompiler(kEmpty).ToolCalls(tools, parallel, format);
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> Grammar::FromJsonSchema(

@@ -22,8 +22,9 @@ enum class NodeKind : uint8_t {
   kString,
   kNumber,
   kInteger,
-  kLiterals,  // one of a set of JSON texts (enum, const, true/false, null), byte for byte
+  kLiterals,  // one of a set of texts (enum, const, true/false, null; or raw text), byte for byte
   kAnyOf,     // any of `alternatives`
+  kSequence,  // `sequence` in order, with nothing between (tool-call framing)
 };
 
 // Bounds of a number or integer node; absent ends are unbounded.
@@ -35,6 +36,20 @@ struct NumberBounds {
 
   bool bounded() const { return min.has_value() || max.has_value(); }
   bool Contains(double v) const;
+};
+
+// A function the model may call: its parameters are a JSON Schema (text; empty: none).
+struct ToolSpec {
+  std::string name;
+  std::string parameters;
+};
+
+// How tool calls are written: open + {"name": ..., "arguments": {...}} + close, several
+// separated by `separator` when parallel calls are allowed (Hermes / Qwen2.5's format by default).
+struct ToolCallFormat {
+  std::string open = "<tool_call>\n";
+  std::string close = "\n</tool_call>";
+  std::string separator = "\n";
 };
 
 struct Property {
@@ -64,6 +79,8 @@ struct Node {
   ByteTrie literals;
   // kAnyOf.
   std::vector<int32_t> alternatives;
+  // kSequence.
+  std::vector<int32_t> sequence;
 
   // Index of the first required property at or after `from` (properties.size() if none).
   int32_t FirstRequiredFrom(int32_t from) const;
@@ -77,6 +94,10 @@ class Grammar {
   // the schema path ("properties.age.minimum") and the keyword.
   static absl::StatusOr<std::shared_ptr<const Grammar>> FromJsonSchema(
       std::string_view schema_json);
+  // One call (or, when `parallel`, one or more) of one of `tools`, in `format`: the arguments
+  // follow the tool's parameters schema. Errors name the tool ("tools[1].parameters: ...").
+  static absl::StatusOr<std::shared_ptr<const Grammar>> ForToolCalls(
+      const std::vector<ToolSpec>& tools, bool parallel, const ToolCallFormat& format);
 
   const Node& node(int32_t id) const { return nodes_[id]; }
   int32_t root() const { return root_; }

@@ -196,15 +196,40 @@ void JsonMatcher::Step(Stack s, int byte, Out& out) const {
       return StepNumber(std::move(s), byte, out);
     case FrameKind::kLiteral:
       return StepLiteral(std::move(s), byte, out);
+    case FrameKind::kSequence:
+      return StepSequence(std::move(s), byte, out);
   }
 }
 
-void JsonMatcher::StartValue(Stack s, int32_t node_id, int byte, Out& out) const {
+// The next part of a sequence starts with `byte`; the last part replaces the sequence frame
+// (a tail call), so a sequence that recurses in its last part does not deepen the stack.
+void JsonMatcher::StepSequence(Stack s, int byte, Out& out, int expansions) const {
+  Frame& f = s.back();
+  const std::vector<int32_t>& parts = grammar_->node(f.node).sequence;
+  if (f.a >= static_cast<int32_t>(parts.size())) {  // empty: done before this byte
+    s.pop_back();
+    if (s.empty()) return;
+    Step(std::move(s), byte, out);
+    return;
+  }
+  const int32_t part = parts[f.a++];
+  if (f.a == static_cast<int32_t>(parts.size())) s.pop_back();
+  StartValue(std::move(s), part, byte, out, expansions + 1);
+}
+
+void JsonMatcher::StartValue(Stack s, int32_t node_id, int byte, Out& out,
+                             int expansions) const {
   const Node& node = grammar_->node(node_id);
   const bool room = static_cast<int>(s.size()) < kMaxDepth;
+  if (expansions > 2 * kMaxDepth) return;
   switch (node.kind) {
     case NodeKind::kAnyOf:
-      for (const int32_t alt : node.alternatives) StartValue(s, alt, byte, out);
+      for (const int32_t alt : node.alternatives) StartValue(s, alt, byte, out, expansions + 1);
+      return;
+    case NodeKind::kSequence:
+      if (!room) return;
+      s.push_back(Frame{.kind = FrameKind::kSequence, .node = node_id});
+      StepSequence(std::move(s), byte, out, expansions);
       return;
     case NodeKind::kObject:
       if (byte != '{' || !room) return;
@@ -493,7 +518,7 @@ void JsonMatcher::StepNumber(Stack s, int byte, Out& out) const {
       f.ws = 1;
       break;
     case kNumExpDigits:
-      if (digit >= 0 && f.ws < 3) {
+      if (digit >= 0 && f.ws < kMaxExpDigits) {
         ++f.ws;
         break;
       }

@@ -4,7 +4,8 @@
 // it. The output it accepts is JSON that validates against the schema, with these limits of
 // the generator (docs/api.md, "Structured output"): at most kMaxWhitespace bytes of
 // whitespace between tokens, containers nested at most kMaxDepth deep, numbers of at most
-// kMaxIntDigits integer and kMaxFracDigits fraction digits (and no exponent where bounded),
+// kMaxIntDigits integer, kMaxFracDigits fraction and kMaxExpDigits exponent digits (no exponent
+// where bounded),
 // strings valid UTF-8 without \u escapes of lone surrogates.
 #pragma once
 
@@ -23,8 +24,12 @@ inline constexpr int kMaxWhitespace = 20;
 inline constexpr int kMaxDepth = 32;
 inline constexpr int kMaxIntDigits = 18;
 inline constexpr int kMaxFracDigits = 18;
+// Two exponent digits keep every number a finite double (JSON parsers overflow on 1e400).
+inline constexpr int kMaxExpDigits = 2;
 
-enum class FrameKind : uint8_t { kDone, kValue, kObject, kArray, kString, kNumber, kLiteral };
+enum class FrameKind : uint8_t {
+  kDone, kValue, kObject, kArray, kString, kNumber, kLiteral, kSequence
+};
 
 // One level of a stack. The meaning of phase, a and b depends on the kind (json_matcher.cc).
 struct Frame {
@@ -70,7 +75,11 @@ class JsonMatcher {
  private:
   using Out = absl::InlinedVector<Stack, 2>;
   void Step(Stack s, int byte, Out& out) const;
-  void StartValue(Stack s, int32_t node, int byte, Out& out) const;
+  // `expansions` counts the anyOf/sequence nodes entered for this byte: a schema whose anyOf
+  // reaches itself without a byte in between ({"$defs": {"a": {"anyOf": [{"$ref": ...a}]}}})
+  // is cut there instead of recursing forever.
+  void StartValue(Stack s, int32_t node, int byte, Out& out, int expansions = 0) const;
+  void StepSequence(Stack s, int byte, Out& out, int expansions = 0) const;
   void StepObject(Stack s, int byte, Out& out) const;
   void StartKey(const Stack& s, Out& out) const;
   void StepArray(Stack s, int byte, Out& out) const;

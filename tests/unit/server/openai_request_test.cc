@@ -77,6 +77,42 @@ TEST(OpenAiRequestTest, OpenAiDefaults) {
   EXPECT_FALSE(bare.generate.stopping().has_max_tokens());
 }
 
+TEST(OpenAiRequestTest, ResponseFormatLogitBiasAndDeveloperRole) {
+  OpenAiRequest r = ParseOk(Endpoint::kChat, R"({
+      "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "x"}],
+      "logit_bias": {"42": -100, "7": 3.5},
+      "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+          "schema": {"type": "object", "properties": {"zeta": {"type": "string"},
+                                                      "alpha": {"type": "integer"}}}}}})");
+  const v1::GenerateRequest& g = r.generate;
+  EXPECT_EQ(g.chat().messages(0).role(), "system");
+  EXPECT_EQ(g.sampling().logit_bias().at(42), -100.0f);
+  EXPECT_EQ(g.sampling().logit_bias().at(7), 3.5f);
+  // The schema's property order survives (it is the order properties are generated in).
+  EXPECT_EQ(g.response_format().json_schema(),
+            R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}})");
+  EXPECT_TRUE(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "response_format":
+      {"type": "json_object"}})").generate.response_format().json_object());
+  EXPECT_EQ(ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "response_format":
+      {"type": "text"}})").generate.response_format().format_case(),
+            v1::ResponseFormat::FORMAT_NOT_SET);
+  EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [], "response_format": {"type": "xml"}})"),
+            "response_format.type: must be text, json_object or json_schema, got \"xml\"");
+  EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [], "response_format":
+      {"type": "json_schema", "json_schema": {"name": "n"}}})"),
+            "response_format.json_schema.schema: is required");
+  EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [], "logit_bias": {"x": 1}})"),
+            "logit_bias[x]: the key must be a token id");
+  OpenAiRequest chat = ParseOk(Endpoint::kChat, R"({"messages": [{"role":"u","content":"x"}]})");
+  std::string param;
+  EXPECT_EQ(OpenAiFieldMessage(chat, "response_format.json_schema: properties.a.pattern: no",
+                               &param),
+            "response_format.json_schema.schema: properties.a.pattern: no");
+  EXPECT_EQ(param, "response_format.json_schema.schema");
+  EXPECT_EQ(OpenAiFieldMessage(chat, "sampling.logit_bias[9]: must be in", &param),
+            "logit_bias[9]: must be in");
+}
+
 TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
   EXPECT_EQ(ParseError(Endpoint::kCompletions, "{nope"), "body: not valid JSON");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, "[1]"), "body: must be a JSON object");

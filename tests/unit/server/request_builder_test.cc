@@ -171,8 +171,46 @@ TEST_F(RequestBuilderTest, RejectsEveryBadParameterNamingItsField) {
            [](auto& r) { r.mutable_sampling()->set_frequency_penalty(3); }},
           {"sampling.presence_penalty",
            [&](auto& r) { r.mutable_sampling()->set_presence_penalty(nan); }},
+          {"sampling.logit_bias[-1]",
+           [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[-1] = 1; }},
+          {"sampling.logit_bias[5]",
+           [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[5] = 101; }},
+          {"sampling.logit_bias[5]",
+           [&](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[5] = nan; }},
+          {"response_format.json_schema: properties.a.pattern",
+           [](auto& r) {
+             r.mutable_response_format()->set_json_schema(
+                 R"({"properties": {"a": {"type": "string", "pattern": "x"}}})");
+           }},
+          {"response_format.json_schema: the schema is not valid JSON",
+           [](auto& r) { r.mutable_response_format()->set_json_schema("{"); }},
+          {"response_format.json_object",
+           [](auto& r) { r.mutable_response_format()->set_json_object(false); }},
+          {"response_format: cannot be combined with stopping.ignore_eos",
+           [](auto& r) {
+             r.mutable_response_format()->set_json_object(true);
+             r.mutable_stopping()->set_ignore_eos(true);
+           }},
       },
       Limits(), *model_);
+}
+
+TEST_F(RequestBuilderTest, ResponseFormatAndLogitBiasComeOutTyped) {
+  v1::GenerateRequest r = Valid();
+  (*r.mutable_sampling()->mutable_logit_bias())[7] = -100;
+  (*r.mutable_sampling()->mutable_logit_bias())[3] = 2.5f;
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
+  r.mutable_response_format()->set_json_schema(schema);
+  absl::StatusOr<scheduler::GenerationRequest> out = Build(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {7, -100.0f}}));
+  ASSERT_NE(out->grammar, nullptr);
+  // The same schema text shares one compiled grammar (and its cached masks).
+  absl::StatusOr<scheduler::GenerationRequest> again = Build(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->grammar, out->grammar);
+  EXPECT_EQ(Build(Valid())->grammar, nullptr);
 }
 
 // Everything about compression, including what only the policy itself knows about its params.

@@ -108,9 +108,10 @@ TEST(JsonMatcherTest, NumberBoundsWithExclusiveEnds) {
 
 TEST(JsonMatcherTest, UnboundedNumbersFollowJsonSyntax) {
   const JsonMatcher m = Matcher(R"({"type": "number"})");
-  for (const char* ok : {"0", "-0", "12.5", "1e5", "-3.25E-2", "7e+10"}) {
+  for (const char* ok : {"0", "-0", "12.5", "1e5", "-3.25E-2", "7e+10", "1e99"}) {
     EXPECT_TRUE(Accepts(m, ok)) << ok;
   }
+  EXPECT_FALSE(IsPrefix(m, "1e100"));  // 1e400 would overflow a double
   for (const char* bad : {"01", "1.", ".5", "+1", "1e", "--1", "1.e3"}) {
     EXPECT_FALSE(Accepts(m, bad)) << bad;
   }
@@ -161,6 +162,44 @@ TEST(JsonMatcherTest, RefsDefsAndRecursionWithABoundedDepth) {
   std::string deep;
   for (int i = 0; i < kMaxDepth; ++i) deep += R"({"v": 1, "kids": [)";
   EXPECT_FALSE(IsPrefix(m, deep));
+}
+
+TEST(JsonMatcherTest, AnAnyOfThatReachesItselfIsCutNotRecursedForever) {
+  const JsonMatcher m = Matcher(R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"},
+      {"type": "null"}]}}, "$ref": "#/$defs/a"})");
+  EXPECT_TRUE(Accepts(m, "null"));
+  EXPECT_FALSE(IsPrefix(m, "1"));
+}
+
+TEST(JsonMatcherTest, ToolCallsInHermesFormat) {
+  const std::vector<ToolSpec> tools = {
+      {"get_weather", R"({"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]})"},
+      {"now", ""}};
+  auto one = Grammar::ForToolCalls(tools, /*parallel=*/false, ToolCallFormat{});
+  ASSERT_TRUE(one.ok()) << one.status();
+  const JsonMatcher single(*one);
+  const std::string weather =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  EXPECT_TRUE(Accepts(single, weather));
+  EXPECT_TRUE(Accepts(single, now));
+  EXPECT_FALSE(Accepts(single, weather + "\n" + now));
+  EXPECT_FALSE(IsPrefix(single, "<tool_call>\n{\"name\": \"set"));
+  EXPECT_FALSE(IsPrefix(single, "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"x"));
+  EXPECT_FALSE(IsPrefix(single, "Sure! <tool_call>"));
+  auto many = Grammar::ForToolCalls(tools, /*parallel=*/true, ToolCallFormat{});
+  ASSERT_TRUE(many.ok());
+  const JsonMatcher parallel(*many);
+  EXPECT_TRUE(Accepts(parallel, weather));
+  std::string calls = weather;
+  for (int i = 0; i < 3 * kMaxDepth; ++i) calls += "\n" + (i % 2 ? weather : now);
+  EXPECT_TRUE(Accepts(parallel, calls));  // the stack does not grow per call
+  EXPECT_FALSE(Accepts(parallel, weather + "\n"));
+  auto bad = Grammar::ForToolCalls({{"f", R"({"type": "object", "not": {}})"}}, false, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "tools[0].parameters.not: the keyword \"not\" is not supported in structured output");
 }
 
 TEST(JsonMatcherTest, WhitespaceIsBounded) {
