@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "model/tokenizer/unicode.h"
+#include "nlohmann/json.hpp"
 
 namespace winnow::model {
 namespace {
@@ -139,6 +140,70 @@ std::string TodayForLlama() {
   return buf;
 }
 
+
+using OrderedJson = nlohmann::ordered_json;
+
+// Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators, only '"', '\\'
+// and control characters escaped.
+void AppendPythonJson(const OrderedJson& v, std::string* out) {
+  switch (v.type()) {
+    case OrderedJson::value_t::object: {
+      out->push_back('{');
+      bool first = true;
+      for (const auto& [key, value] : v.items()) {
+        if (!first) out->append(", ");
+        first = false;
+        AppendPythonJson(OrderedJson(key), out);
+        out->append(": ");
+        AppendPythonJson(value, out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case OrderedJson::value_t::array: {
+      out->push_back('[');
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) out->append(", ");
+        AppendPythonJson(v[i], out);
+      }
+      out->push_back(']');
+      return;
+    }
+    default:
+      // Scalars: nlohmann writes strings, numbers and literals as json.dumps does, except that
+      // it escapes nothing above U+001F either (ensure_ascii=False).
+      out->append(v.dump(-1, ' ', /*ensure_ascii=*/false,
+                         OrderedJson::error_handler_t::replace));
+  }
+}
+
+// Qwen2.5's tool preamble, closing the system turn.
+constexpr char kToolsIntro[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+constexpr char kToolsOutro[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+
+// An assistant turn with tool calls, as Qwen2.5 writes it.
+absl::StatusOr<std::string> AssistantToolCalls(const ChatMessage& m) {
+  std::string out = absl::StrCat(kImStart, "assistant");
+  if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
+  for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+    const ToolCall& call = m.tool_calls[j];
+    absl::StatusOr<std::string> arguments = PythonJsonDumps(call.arguments);
+    if (!arguments.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tool_calls[", j, "].arguments: not valid JSON"));
+    }
+    absl::StrAppend(&out, "\n<tool_call>\n{\"name\": \"", call.name, "\", \"arguments\": ",
+                    *arguments, "}\n</tool_call>");
+  }
+  absl::StrAppend(&out, kImEnd, "\n");
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& file) {
@@ -190,28 +255,71 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& j
       "prompt instead");
 }
 
-absl::StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
-                                                bool add_generation_prompt) const {
-  for (const ChatMessage& m : messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown chat role '", m.role, "'; expected system, user or assistant"));
-    }
-  }
+absl::StatusOr<std::string> ChatTemplate::ApplyChatMl(const std::vector<ChatMessage>& messages,
+                                                      bool add_generation_prompt,
+                                                      const std::vector<std::string>& tools) const {
   std::string out;
-  if (kind_ == ChatTemplateKind::kChatMl) {
-    const bool first_is_system = !messages.empty() && messages[0].role == "system";
-    if (!default_system_.empty() && !first_is_system &&
-        (system_outside_loop_ || !messages.empty())) {
-      absl::StrAppend(&out, kImStart, "system\n", default_system_, kImEnd, "\n");
+  const bool first_is_system = !messages.empty() && messages[0].role == "system";
+  if (!tools.empty()) {
+    // The system turn carries the tools: the first system message (else the default one),
+    // then the tool signatures, one JSON object per line.
+    const std::string& system = first_is_system ? messages[0].content : default_system_;
+    absl::StrAppend(&out, kImStart, "system\n", system, system.empty() ? "" : "\n\n",
+                    kToolsIntro);
+    for (size_t i = 0; i < tools.size(); ++i) {
+      absl::StatusOr<std::string> tool = PythonJsonDumps(tools[i]);
+      if (!tool.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("tools[", i, "]: not valid JSON"));
+      }
+      absl::StrAppend(&out, "\n", *tool);
     }
-    for (const ChatMessage& m : messages) {
+    absl::StrAppend(&out, kToolsOutro, kImEnd, "\n");
+  } else if (!default_system_.empty() && !first_is_system &&
+             (system_outside_loop_ || !messages.empty())) {
+    absl::StrAppend(&out, kImStart, "system\n", default_system_, kImEnd, "\n");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (i == 0 && first_is_system && !tools.empty()) continue;  // in the tools turn
+    if (m.role == "tool") {
+      // Consecutive tool results share one user turn.
+      if (i == 0 || messages[i - 1].role != "tool") absl::StrAppend(&out, kImStart, "user");
+      absl::StrAppend(&out, "\n<tool_response>\n", m.content, "\n</tool_response>");
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") {
+        absl::StrAppend(&out, kImEnd, "\n");
+      }
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      absl::StatusOr<std::string> turn = AssistantToolCalls(m);
+      if (!turn.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("[", i, "].", turn.status().message()));
+      }
+      out += *turn;
+    } else {
       absl::StrAppend(&out, kImStart, m.role, "\n", m.content, kImEnd, "\n");
     }
-    if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
-    return out;
   }
+  if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
+  return out;
+}
 
+absl::StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
+                                                bool add_generation_prompt,
+                                                const std::vector<std::string>& tools) const {
+  bool uses_tools = !tools.empty();
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown chat role '", m.role, "'; expected system, user, assistant or tool"));
+    }
+    uses_tools = uses_tools || m.role == "tool" || !m.tool_calls.empty();
+  }
+  if (kind_ == ChatTemplateKind::kChatMl) return ApplyChatMl(messages, add_generation_prompt, tools);
+  if (uses_tools) {
+    return absl::InvalidArgumentError(
+        "the model's chat template (Llama 3) does not render tools, tool calls or tool turns "
+        "yet; ChatML models do");
+  }
+  std::string out;
   // Llama-3: content is trimmed; 3.0 puts bos_token before the first message only, 3.1+ always
   // starts with bos_token and a system turn carrying the knowledge-cutoff and today's dates.
   size_t first = 0;
@@ -234,6 +342,14 @@ absl::StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& 
                     PythonStrip(messages[i].content), kEotId);
   }
   if (add_generation_prompt) absl::StrAppend(&out, kHeaderStart, "assistant", kHeaderEnd, "\n\n");
+  return out;
+}
+
+absl::StatusOr<std::string> PythonJsonDumps(const std::string& json_text) {
+  const OrderedJson v = OrderedJson::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  std::string out;
+  AppendPythonJson(v, &out);
   return out;
 }
 

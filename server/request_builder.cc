@@ -1,13 +1,16 @@
 #include "server/request_builder.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "structured/grammar_cache.h"
 
 namespace winnow::server {
@@ -166,13 +169,57 @@ absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& r
 
 // The grammar of response_format (null when unset); compiled grammars are shared by schema
 // text (structured/grammar_cache.h).
+// The grammar of a chat's tool_choice: required or a tool's name constrain the reply to tool
+// calls (null for auto and none, which leave the reply free).
+absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGrammar(
+    const v1::ChatMessages& chat) {
+  const std::string& choice = chat.tool_choice();
+  if (choice.empty() || choice == "auto" || choice == "none") return nullptr;
+  if (chat.tools().empty()) return Invalid("chat.tool_choice", "needs chat.tools");
+  std::vector<structured::ToolSpec> tools;
+  for (const v1::Tool& tool : chat.tools()) {
+    if (choice == "required" || tool.name() == choice) {
+      tools.push_back({tool.name(), tool.parameters()});
+    }
+  }
+  if (tools.empty()) {
+    return Invalid("chat.tool_choice",
+                   absl::StrCat("must be auto, none, required or a tool's name; no tool is "
+                                "named '", choice, "'"));
+  }
+  const bool parallel = chat.has_parallel_tool_calls() ? chat.parallel_tool_calls() : true;
+  absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> grammar =
+      structured::CompileToolCalls(tools, parallel);
+  if (!grammar.ok()) {
+    // "tools[1].parameters: ..." -> "chat.tools[1].parameters: ...".
+    return absl::InvalidArgumentError(absl::StrCat("chat.", grammar.status().message()));
+  }
+  return grammar;
+}
+
+// The grammar the reply must follow (null when free): response_format's, or the tool calls a
+// chat's tool_choice requires. Compiled grammars are shared by schema text
+// (structured/grammar_cache.h).
 absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> BuildGrammar(
     const v1::GenerateRequest& request) {
+  std::shared_ptr<const structured::CompiledGrammar> tool_calls;
+  if (request.has_chat()) {
+    WINNOW_ASSIGN_OR_RETURN(tool_calls, ToolChoiceGrammar(request.chat()));
+  }
   const v1::ResponseFormat& format = request.response_format();
-  if (format.format_case() == v1::ResponseFormat::FORMAT_NOT_SET) return nullptr;
+  const bool has_format = format.format_case() != v1::ResponseFormat::FORMAT_NOT_SET;
+  if (!has_format && tool_calls == nullptr) return nullptr;
   if (request.stopping().ignore_eos()) {
-    return Invalid("response_format", "cannot be combined with stopping.ignore_eos: structured "
-                                      "output ends where the JSON value does");
+    return Invalid(has_format ? "response_format" : "chat.tool_choice",
+                   "cannot be combined with stopping.ignore_eos: a constrained reply ends where "
+                   "its grammar does");
+  }
+  if (tool_calls != nullptr) {
+    if (has_format) {
+      return Invalid("response_format", "cannot be combined with a chat.tool_choice that "
+                                        "requires a call (the reply is the call)");
+    }
+    return tool_calls;
   }
   if (format.format_case() == v1::ResponseFormat::kJsonObject) {
     if (!format.json_object()) return Invalid("response_format.json_object", "must be true");
@@ -265,6 +312,39 @@ int32_t MaxTokens(const v1::StoppingCriteria& stopping, const RequestLimits& lim
 
 }  // namespace
 
+// Function names as OpenAI allows them: 1-64 of [A-Za-z0-9_-].
+bool ValidToolName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+// The chat's tools as the template renders them: OpenAI tool objects, as JSON text.
+absl::StatusOr<std::vector<std::string>> ToolObjects(const v1::ChatMessages& chat,
+                                                     const std::string& field) {
+  using Json = nlohmann::ordered_json;
+  std::vector<std::string> tools;
+  for (int i = 0; i < chat.tools_size(); ++i) {
+    const v1::Tool& tool = chat.tools(i);
+    const std::string at = absl::StrCat(field, ".tools[", i, "]");
+    if (!ValidToolName(tool.name())) {
+      return Invalid(at + ".name", "must be 1-64 letters, digits, '_' or '-'");
+    }
+    Json function = {{"name", tool.name()}};
+    if (!tool.description().empty()) function["description"] = tool.description();
+    if (!tool.parameters().empty()) {
+      Json parameters = Json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
+      if (parameters.is_discarded() || !parameters.is_object()) {
+        return Invalid(at + ".parameters", "must be a JSON Schema object");
+      }
+      function["parameters"] = std::move(parameters);
+    }
+    tools.push_back(Json{{"type", "function"}, {"function", std::move(function)}}.dump());
+  }
+  return tools;
+}
+
 absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
                                                   const model::Model& model, bool add_special,
                                                   const std::string& field) {
@@ -281,14 +361,23 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
     if (m.role().empty()) {
       return Invalid(absl::StrCat(field, ".messages[", i, "].role"), "must not be empty");
     }
-    messages.push_back({m.role(), m.content()});
+    model::ChatMessage message{m.role(), m.content()};
+    message.tool_call_id = m.tool_call_id();
+    for (const v1::ToolCall& call : m.tool_calls()) {
+      message.tool_calls.push_back({call.id(), call.name(), call.arguments()});
+    }
+    messages.push_back(std::move(message));
   }
-  auto text = tmpl->Apply(messages, chat.has_add_generation_prompt()
-                                        ? chat.add_generation_prompt()
-                                        : true);
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<std::string> tools, ToolObjects(chat, field));
+  auto text = tmpl->Apply(messages,
+                          chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true,
+                          tools);
   if (!text.ok()) {
-    return absl::Status(text.status().code(),
-                        absl::StrCat(field, ".messages: ", text.status().message()));
+    // The template names a message as "[i].tool_calls[j]...", or speaks of them all.
+    const std::string why(text.status().message());
+    const bool names_a_message = absl::StartsWith(why, "[");
+    return absl::Status(text.status().code(), absl::StrCat(field, ".messages",
+                                                           names_a_message ? "" : ": ", why));
   }
   return model::EncodeRenderedChat(model.tokenizer(), *text, add_special);
 }

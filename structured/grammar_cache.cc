@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
 namespace winnow::structured {
@@ -51,6 +52,22 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(std::st
   if (!grammar.ok()) return grammar.status();
   auto compiled = std::make_shared<const CompiledGrammar>(*std::move(grammar));
   Cache().Insert(schema, compiled);
+  return compiled;
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileToolCalls(
+    const std::vector<ToolSpec>& tools, bool parallel) {
+  // The key: everything the grammar depends on, unambiguously (lengths before texts).
+  std::string key = parallel ? "tools+parallel:" : "tools:";
+  for (const ToolSpec& t : tools) {
+    absl::StrAppend(&key, t.name.size(), ":", t.name, t.parameters.size(), ":", t.parameters);
+  }
+  if (auto cached = Cache().Find(key); cached != nullptr) return cached;
+  absl::StatusOr<std::shared_ptr<const Grammar>> grammar =
+      Grammar::ForToolCalls(tools, parallel, ToolCallFormat{});
+  if (!grammar.ok()) return grammar.status();
+  auto compiled = std::make_shared<const CompiledGrammar>(*std::move(grammar));
+  Cache().Insert(key, compiled);
   return compiled;
 }
 

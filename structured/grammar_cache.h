@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "structured/constraint.h"
@@ -16,6 +17,10 @@ namespace winnow::structured {
 // out first.
 inline constexpr size_t kCachedGrammars = 32;
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(std::string_view schema);
+
+// Calls of `tools` (Grammar::ForToolCalls, in the default Hermes format), cached like schemas.
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileToolCalls(
+    const std::vector<ToolSpec>& tools, bool parallel);
 
 // Any JSON object (response_format json_object): one grammar for the process.
 std::shared_ptr<const CompiledGrammar> JsonObjectGrammar();

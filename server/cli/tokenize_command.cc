@@ -92,12 +92,16 @@ absl::Status RunJsonl(const model::Tokenizer& tok, const std::string& path, bool
 absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
                      const std::string& path, bool add_special) {
   WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
+  // Ordered: tools are rendered with their keys in the order sent, as Python's json.dumps does.
+  using json = nlohmann::ordered_json;
   json doc = json::parse(data, nullptr, /*allow_exceptions=*/false);
   bool add_generation_prompt = true;
   json messages = doc;
+  std::vector<std::string> tools;
   if (doc.is_object()) {
     messages = doc.value("messages", json::array());
     add_generation_prompt = doc.value("add_generation_prompt", true);
+    for (const json& tool : doc.value("tools", json::array())) tools.push_back(tool.dump());
   }
   if (!messages.is_array()) return absl::InvalidArgumentError("--chat: expected a message list");
   std::vector<model::ChatMessage> chat;
@@ -106,10 +110,21 @@ absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
         !m.contains("content") || !m["content"].is_string()) {
       return absl::InvalidArgumentError("--chat: each message needs string role and content");
     }
-    chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    model::ChatMessage message{m["role"].get<std::string>(), m["content"].get<std::string>()};
+    message.tool_call_id = m.value("tool_call_id", "");
+    // OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}}.
+    for (const json& call : m.value("tool_calls", json::array())) {
+      const json function = call.value("function", json::object());
+      const json arguments = function.value("arguments", json::object());
+      message.tool_calls.push_back({call.value("id", ""), function.value("name", ""),
+                                    arguments.is_string() ? arguments.get<std::string>()
+                                                          : arguments.dump()});
+    }
+    chat.push_back(std::move(message));
   }
   WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl, model::ChatTemplate::FromGguf(file));
-  WINNOW_ASSIGN_OR_RETURN(const std::string prompt, tmpl.Apply(chat, add_generation_prompt));
+  WINNOW_ASSIGN_OR_RETURN(const std::string prompt,
+                          tmpl.Apply(chat, add_generation_prompt, tools));
   const std::vector<int32_t> ids = model::EncodeRenderedChat(tok, prompt, add_special);
   json obj;
   obj["prompt"] = prompt;

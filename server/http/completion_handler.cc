@@ -179,6 +179,7 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
   ctx.created = static_cast<int64_t>(std::time(nullptr));
   ctx.model = model_name;
   ctx.logprobs = parsed->logprobs;
+  ctx.tools = parsed->tools;
   ctx.include_usage = parsed->stream && parsed->include_usage;
   ctx.tokenizer = &model.tokenizer();
   res.set_header("X-Request-Id", request_id);

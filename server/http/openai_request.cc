@@ -158,6 +158,84 @@ absl::StatusOr<std::string> MessageContent(const Json& msg, const std::string& f
   return text;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": "<JSON text>"}}], as the SDK sends its earlier replies back.
+absl::Status ParseToolCalls(const Json& msg, const std::string& field, v1::ChatMessage* out) {
+  const Json* calls = Member(msg, "tool_calls");
+  if (calls == nullptr) return absl::OkStatus();
+  if (!calls->is_array()) return Bad(field, "must be a list of tool calls");
+  for (size_t j = 0; j < calls->size(); ++j) {
+    const Json& call = (*calls)[j];
+    const std::string at = absl::StrCat(field, "[", j, "]");
+    const Json* function = call.is_object() ? Member(call, "function") : nullptr;
+    if (function == nullptr || !function->is_object()) {
+      return Bad(at + ".function", "must be an object with name and arguments");
+    }
+    v1::ToolCall* out_call = out->add_tool_calls();
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> id, String(call, "id"));
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> name, String(*function, "name"));
+    if (!name) return Bad(at + ".function.name", "is required");
+    out_call->set_id(id.value_or(""));
+    out_call->set_name(*name);
+    const Json* arguments = Member(*function, "arguments");
+    // The SDK sends a JSON string; an object is taken as is.
+    out_call->set_arguments(arguments == nullptr ? "{}"
+                            : arguments->is_string() ? arguments->get<std::string>()
+                                                     : arguments->dump());
+  }
+  return absl::OkStatus();
+}
+
+// tools, tool_choice and parallel_tool_calls (chat only).
+absl::Status ParseTools(const Json& body, v1::ChatMessages* chat) {
+  if (const Json* tools = Member(body, "tools"); tools != nullptr) {
+    if (!tools->is_array()) return Bad("tools", "must be a list of tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& tool = (*tools)[i];
+      const std::string at = absl::StrCat("tools[", i, "]");
+      if (!tool.is_object()) return Bad(at, "must be an object");
+      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> type, String(tool, "type"));
+      if (type.value_or("function") != "function") {
+        return Bad(at + ".type", absl::StrCat("only function tools are supported, got '",
+                                              *type, "'"));
+      }
+      const Json* function = Member(tool, "function");
+      if (function == nullptr || !function->is_object()) {
+        return Bad(at + ".function", "must be an object with a name");
+      }
+      v1::Tool* out = chat->add_tools();
+      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> name, String(*function, "name"));
+      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> description,
+                              String(*function, "description"));
+      out->set_name(name.value_or(""));
+      out->set_description(description.value_or(""));
+      if (const Json* parameters = Member(*function, "parameters"); parameters != nullptr) {
+        out->set_parameters(parameters->dump());
+      }
+    }
+  }
+  if (const Json* choice = Member(body, "tool_choice"); choice != nullptr) {
+    if (choice->is_string()) {
+      chat->set_tool_choice(choice->get<std::string>());
+    } else {
+      // {"type": "function", "function": {"name": "..."}}
+      const Json* function = choice->is_object() ? Member(*choice, "function") : nullptr;
+      const Json* name = function != nullptr && function->is_object()
+                             ? Member(*function, "name") : nullptr;
+      if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+        return Bad("tool_choice", "must be auto, none, required or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}");
+      }
+      chat->set_tool_choice(name->get<std::string>());
+    }
+    const std::string& c = chat->tool_choice();
+    if (c.empty()) return Bad("tool_choice", "must not be empty");
+  }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> parallel, Bool(body, "parallel_tool_calls"));
+  if (parallel) chat->set_parallel_tool_calls(*parallel);
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
   const Json* m = Member(body, "messages");
   if (m == nullptr) return Bad("messages", "is required");
@@ -176,8 +254,11 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
     const std::string& r = role->get_ref<const std::string&>();
     out_msg->set_role(r == "developer" ? "system" : r);
     out_msg->set_content(std::move(content));
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> tool_call_id, String(msg, "tool_call_id"));
+    if (tool_call_id) out_msg->set_tool_call_id(*tool_call_id);
+    WINNOW_RETURN_IF_ERROR(ParseToolCalls(msg, field + ".tool_calls", out_msg));
   }
-  return absl::OkStatus();
+  return ParseTools(body, chat);
 }
 
 absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
@@ -327,9 +408,10 @@ absl::Status RejectUnsupported(const Json& body) {
   if (echo.value_or(false)) return Bad("echo", "is not supported");
   WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> suffix, String(body, "suffix"));
   if (suffix && !suffix->empty()) return Bad("suffix", "is not supported");
-  for (const char* key : {"tools", "functions"}) {
-    const Json* v = Member(body, key);
-    if (v != nullptr && !v->empty()) return Bad(key, "is not supported");
+  for (const char* key : {"functions", "function_call"}) {
+    if (Member(body, key) != nullptr) {
+      return Bad(key, "is not supported: send tools and tool_choice instead");
+    }
   }
   return absl::OkStatus();
 }
@@ -392,8 +474,12 @@ absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
   if (out->endpoint == Endpoint::kChat) {
     WINNOW_RETURN_IF_ERROR(ParseMessages(body, &g));
   } else {
+    for (const char* key : {"tools", "tool_choice"}) {
+      if (Member(body, key) != nullptr) return Bad(key, "is for /v1/chat/completions");
+    }
     WINNOW_RETURN_IF_ERROR(ParsePrompt(body, &g));
   }
+  out->tools = g.has_chat() && g.chat().tools_size() > 0 && g.chat().tool_choice() != "none";
   WINNOW_ASSIGN_OR_RETURN(std::optional<bool> add_special, Bool(body, "add_special_tokens"));
   if (add_special) g.set_add_special_tokens(*add_special);
   WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> request_id, String(body, "request_id"));
@@ -438,6 +524,8 @@ std::string OpenAiFieldMessage(const OpenAiRequest& request, const std::string& 
       {"sampling.", ""},
       {"compression", "kv_compression"},
       {"chat.messages", "messages"},
+      {"chat.tools", "tools"},
+      {"chat.tool_choice", "tool_choice"},
       {"chat", "messages"},
       {"token_ids.ids", "prompt"},
       {"input", chat ? "messages" : "prompt"},

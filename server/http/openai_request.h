@@ -23,6 +23,8 @@ struct OpenAiRequest {
   // errors about stopping.max_tokens name it.
   std::string max_tokens_field = "max_tokens";
   bool logprobs = false;
+  // The request offers tools (and tool_choice is not none): the reply is parsed for tool calls.
+  bool tools = false;
   v1::GenerateRequest generate;
 };
 

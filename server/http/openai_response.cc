@@ -73,6 +73,25 @@ Json UsageJson(const scheduler::Usage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
 }
 
+// OpenAI's tool_calls entries; streamed ones carry their index among the reply's calls.
+Json ToolCallsJson(const std::vector<ParsedToolCall>& calls, int first_index, bool indexed) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json call = {{"id", calls[i].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) call["index"] = first_index + static_cast<int>(i);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// "tool_calls" when a reply that ended by itself called tools.
+const char* FinishReasonWithCalls(scheduler::FinishReason reason, bool called) {
+  return called && reason == scheduler::FinishReason::kStop ? "tool_calls"
+                                                            : OpenAiFinishReason(reason);
+}
+
 Json Envelope(const ResponseContext& ctx, const char* object) {
   return {{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
 }
@@ -90,7 +109,15 @@ std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
   Json body = Envelope(ctx, chat ? "chat.completion" : "text_completion");
   Json choice = {{"index", 0}, {"finish_reason", OpenAiFinishReason(reason)}};
   int64_t offset = 0;
-  if (chat) {
+  if (chat && ctx.tools) {
+    const ParsedReply reply = ParseToolCalls(text);
+    const bool called = !reply.calls.empty();
+    choice["message"] = {{"role", "assistant"},
+                         {"content", called && reply.content.empty() ? Json() : Json(reply.content)}};
+    if (called) choice["message"]["tool_calls"] = ToolCallsJson(reply.calls, 0, false);
+    choice["finish_reason"] = FinishReasonWithCalls(reason, called);
+    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, logprobs) : Json(nullptr);
+  } else if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
     choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, logprobs) : Json(nullptr);
   } else {
@@ -136,13 +163,40 @@ std::string StreamFormatter::Start() {
 
 std::string StreamFormatter::Delta(const std::string& text,
                                    const std::vector<scheduler::TokenLogprob>& lp) {
+  if (ctx_.tools) {
+    const int before = tool_calls_.calls_so_far();
+    const ParsedReply reply = tool_calls_.Feed(text);
+    std::string out;
+    if (!reply.content.empty() || (!lp.empty() && ctx_.logprobs)) out = Chunk(reply.content, lp, nullptr);
+    if (!reply.calls.empty()) out += ToolCallsChunk(reply.calls, before);
+    return out;
+  }
   if (text.empty() && (lp.empty() || !ctx_.logprobs)) return "";
   return Chunk(text, lp, nullptr);
 }
 
+std::string StreamFormatter::ToolCallsChunk(const std::vector<ParsedToolCall>& calls,
+                                            int first_index) {
+  Json body = Envelope(ctx_, "chat.completion.chunk");
+  body["choices"] = Json::array({{{"index", 0},
+                                  {"delta", {{"tool_calls", ToolCallsJson(calls, first_index,
+                                                                          true)}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}}});
+  if (ctx_.include_usage) body["usage"] = nullptr;
+  return SseEvent(Dump(body));
+}
+
 std::string StreamFormatter::Finish(scheduler::FinishReason reason,
                                     const scheduler::Usage& usage) {
-  std::string out = Chunk("", {}, OpenAiFinishReason(reason));
+  std::string out;
+  const char* finish_reason = OpenAiFinishReason(reason);
+  if (ctx_.tools) {
+    const ParsedReply rest = tool_calls_.Finish();  // an unclosed block is content
+    if (!rest.content.empty()) out += Chunk(rest.content, {}, nullptr);
+    finish_reason = FinishReasonWithCalls(reason, tool_calls_.calls_so_far() > 0);
+  }
+  out += Chunk("", {}, finish_reason);
   if (ctx_.include_usage) {
     const bool chat = ctx_.endpoint == Endpoint::kChat;
     Json body = Envelope(ctx_, chat ? "chat.completion.chunk" : "text_completion");

@@ -13,6 +13,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "server/http/openai_request.h"
+#include "server/http/tool_calls.h"
 
 namespace winnow::server::http {
 
@@ -24,6 +25,7 @@ struct ResponseContext {
   std::string model;
   bool logprobs = false;
   bool include_usage = false;  // streams: a last chunk with usage (and "usage": null before)
+  bool tools = false;  // chat with tools offered: tool calls in the reply become tool_calls
   const model::Tokenizer* tokenizer = nullptr;  // token text for logprobs
 };
 
@@ -50,8 +52,11 @@ class StreamFormatter {
  private:
   std::string Chunk(const std::string& text, const std::vector<scheduler::TokenLogprob>& lp,
                     const char* finish_reason);
+  // A chat chunk whose delta carries these tool calls.
+  std::string ToolCallsChunk(const std::vector<ParsedToolCall>& calls, int first_index);
   ResponseContext ctx_;
   int64_t text_offset_ = 0;
+  ToolCallStream tool_calls_;  // with ctx_.tools
 };
 
 // {"error": {"message", "type", "param", "code"}}; empty param/code are null.

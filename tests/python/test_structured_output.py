@@ -223,3 +223,115 @@ def test_developer_role_and_client_request_id(daemon, client, model):
     assert raw.headers["x-request-id"] == "trace-42"
     assert raw.parse().id.endswith("trace-42")
     daemon.wait_pool_free()
+
+
+# ------------------------------------------------------------------------------------------
+# Tool calling: the SDK's round trip (call -> tool result -> answer), whole and streamed.
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {"name": "current_time", "parameters": {
+    "type": "object", "properties": {}, "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def check_calls(calls, allowed=("get_weather", "current_time")):
+    assert calls, "no tool call"
+    schemas = {t["function"]["name"]: t["function"]["parameters"]
+               for t in (WEATHER_TOOL, TIME_TOOL)}
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in allowed
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_tool_call_round_trip(daemon, client, model):
+    # One call (the 135M model, offered parallel calls, keeps calling until max_tokens).
+    out = client.chat.completions.create(model=model, messages=ASK, temperature=0,
+                                         max_tokens=120, tools=[WEATHER_TOOL, TIME_TOOL],
+                                         tool_choice="required", parallel_tool_calls=False)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    check_calls(choice.message.tool_calls)
+    # The call and its result go back through the template; the model answers in text.
+    history = ASK + [choice.message.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": call.id,
+         "content": json.dumps({"celsius": 21, "sky": "clear"})}
+        for call in choice.message.tool_calls]
+    answer = client.chat.completions.create(model=model, messages=history, temperature=0,
+                                            max_tokens=40, tools=[WEATHER_TOOL, TIME_TOOL],
+                                            tool_choice="none")
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+    daemon.wait_pool_free()
+
+
+def test_tool_calls_streamed_equal_whole(client, model):
+    # Parallel calls, cut by max_tokens: the complete calls are the same either way.
+    kwargs = dict(model=model, messages=ASK, temperature=0, max_tokens=60,
+                  tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
+    out = client.chat.completions.create(**kwargs).choices[0]
+    whole = out.message.tool_calls
+    check_calls(whole)
+    calls = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        finish = chunk.choices[0].finish_reason or finish
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            entry["name"] += delta.function.name or ""
+            entry["arguments"] += delta.function.arguments or ""
+    assert finish == out.finish_reason
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+
+
+def test_named_tool_choice_and_no_parallel_calls(client, model):
+    out = client.chat.completions.create(
+        model=model, messages=ASK, temperature=1, seed=3, max_tokens=120,
+        tools=[WEATHER_TOOL, TIME_TOOL], parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = out.choices[0].message.tool_calls
+    assert len(calls) == 1
+    check_calls(calls, allowed=("get_weather",))
+
+
+def test_auto_tool_choice_answers_or_calls(client, model):
+    out = client.chat.completions.create(model=model, messages=ASK, temperature=0,
+                                         max_tokens=60, tools=[WEATHER_TOOL])
+    message = out.choices[0].message
+    if message.tool_calls:
+        assert out.choices[0].finish_reason == "tool_calls"
+        check_calls(message.tool_calls)
+    else:
+        assert message.content and "<tool_call>" not in message.content
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [WEATHER_TOOL], "tool_choice": "set_alarm"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"functions": [WEATHER_TOOL["function"]]}, "functions"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                          "function": {"name": "get_weather", "arguments": "{oops"}}]}]},
+     "messages[1].tool_calls[0].arguments"),
+])
+def test_bad_tool_requests_are_400_naming_the_field(daemon, model, body, param):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(
+        daemon.http_url + "/v1/chat/completions", method="POST",
+        data=json.dumps({"model": model, "messages": ASK, "max_tokens": 4, **body}).encode(),
+        headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    out = json.loads(err.value.read())
+    assert err.value.code == 400 and out["error"]["param"] == param, out

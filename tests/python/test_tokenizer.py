@@ -514,3 +514,112 @@ def test_other_chat_templates_match_jinja(winnow_bin, tmp_path, name, template):
             out = json.loads(run_winnow(winnow_bin, "tokenize", "--model", str(path), "--chat",
                                         str(f)))
             assert out["prompt"] == expected, (name, conversation)
+
+
+# Qwen2.5's template with its tool sections (Hermes format): what winnow renders for every
+# ChatML model when a request carries tools, tool calls or tool results.
+QWEN25_TOOLS_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city, \u00e0 la carte",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+                                                                    "properties": {}}}}]
+
+TOOL_CONVERSATIONS = [
+    [{"role": "user", "content": "Weather in Oslo?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}},
+         {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 4}'},
+     {"role": "tool", "tool_call_id": "call_2", "content": "12:00"},
+     {"role": "assistant", "content": "4 \u00b0C at noon."},
+     {"role": "user", "content": "Thanks"}],
+    [{"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Let me check.", "tool_calls": [
+         {"id": "c", "type": "function",
+          "function": {"name": "get_weather", "arguments": '{"city":"Lima","unit":"c"}'}}]},
+     {"role": "tool", "tool_call_id": "c", "content": "sunny"}],
+]
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_tool_rendering_matches_qwen25_template(winnow_bin, tmp_path, with_tools):
+    """Tools, tool calls and tool results render as Qwen2.5's template does under transformers
+    (its tojson: json.dumps with ensure_ascii=False; arguments given as JSON text are parsed
+    first, as vLLM does before rendering)."""
+    jinja2 = pytest.importorskip("jinja2")
+    path = build_spm_gguf(tmp_path, None, chat_template=QWEN25_TOOLS_TEMPLATE, name="qwen25")
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    for conversation in TOOL_CONVERSATIONS:
+        parsed = json.loads(json.dumps(conversation))
+        for m in parsed:
+            for call in m.get("tool_calls", []):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        tools = TOOLS if with_tools else None
+        expected = env.from_string(QWEN25_TOOLS_TEMPLATE).render(
+            messages=parsed, tools=tools, add_generation_prompt=True, bos_token="<s>")
+        f = tmp_path / "chat.json"
+        f.write_text(json.dumps({"messages": conversation, "tools": tools or []}))
+        out = json.loads(run_winnow(winnow_bin, "tokenize", "--model", str(path), "--chat",
+                                    str(f)))
+        assert out["prompt"] == expected, conversation
