@@ -159,7 +159,32 @@ TEST(ChatTemplateTest, RejectsUnknownTemplatesAndRoles) {
   EXPECT_NE(t.status().message().find("raw prompt"), absl::string_view::npos);
   auto chatml = ChatTemplate::FromTemplateText(kSmolLm2);
   ASSERT_TRUE(chatml.ok());
-  EXPECT_EQ(chatml->Apply({{"tool", "x"}}, true).status().code(),
+  EXPECT_EQ(chatml->Apply({{"robot", "x"}}, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChatTemplateTest, ToolsRenderForChatMlAndAreRefusedByLlama3) {
+  auto chatml = ChatTemplate::FromTemplateText(kSmolLm2);
+  ASSERT_TRUE(chatml.ok());
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"c1", "f", R"({"x":1})"});
+  ChatMessage result{"tool", "42"};
+  result.tool_call_id = "c1";
+  auto out = chatml->Apply({{"user", "Hi"}, call, result}, true,
+                           {R"({"type":"function","function":{"name":"f"}})"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_NE(out->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n</tools>"),
+            std::string::npos) << *out;
+  EXPECT_NE(out->find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+                      "{\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n42\n"
+                      "</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+            std::string::npos) << *out;
+  call.tool_calls[0].arguments = "{oops";
+  EXPECT_EQ(chatml->Apply({call}, true).status().message(),
+            "[0].tool_calls[0].arguments: not valid JSON");
+  auto llama = ChatTemplate::FromTemplateText(kLlama3);
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->Apply({{"user", "Hi"}}, true, {R"({"type":"function"})"}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
