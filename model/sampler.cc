@@ -67,7 +67,19 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
+SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top) {
+  SamplingParams params;
+  params.top_logprobs = top;
+  // A fresh sampler's Finish is exactly the scoring; the count it records is thrown away.
+  Sampler scorer(params);
+  return scorer.Score(logits, id);
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+SampledToken Sampler::Score(std::span<const float> logits, int32_t id) {
+  return Finish(logits, id, std::nullopt);
+}
 
 void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) ++prompt_counts_[t];

@@ -38,6 +38,10 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // highest first
 };
 
+// The log-probability of `id` under `logits` (and the `top` most likely tokens), as Sampler
+// reports a sampled token's: for scoring given tokens (prompt log-probabilities).
+SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
@@ -52,6 +56,9 @@ class Sampler {
   SampledToken Sample(std::span<const float> logits,
                       std::optional<float> log_norm = std::nullopt,
                       std::span<const uint64_t> allowed = {});
+
+  // `id`'s log-probability and top alternatives under `logits` (recorded as generated).
+  SampledToken Score(std::span<const float> logits, int32_t id);
 
  private:
   // Penalties and logit biases applied to work_, a copy of the logits.

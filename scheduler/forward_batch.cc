@@ -22,7 +22,9 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
       e.embeddings = std::span<const float>(s->req.embeddings)
                          .subspan(first_row * hidden_size, rows * hidden_size);
     }
-    e.logits = c.samples ? model::LogitsMode::kLast : model::LogitsMode::kNone;
+    e.logits = s->ScoresPrompt(c.start) ? model::LogitsMode::kAll
+               : c.samples                ? model::LogitsMode::kLast
+                                          : model::LogitsMode::kNone;
     if (s->compression != nullptr) {
       if (!s->compression->compressed()) {
         e.capture = s->compression->PrefillCapture(c.start, c.count);
@@ -38,8 +40,11 @@ std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk>
 
 absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, size_t index,
                                                 const model::ForwardOutput& out) {
-  const int32_t row = index < out.first_row.size() ? out.first_row[index] : -1;
-  if (row < 0) return absl::InternalError("forward returned no logits");
+  if (index >= out.first_row.size() || out.first_row[index] < 0) {
+    return absl::InternalError("forward returned no logits");
+  }
+  // The chunk's last row (its only one unless the prompt is being scored).
+  const int32_t row = out.first_row[index] + out.num_rows[index] - 1;
   const std::optional<float> log_norm =
       row < static_cast<int32_t>(out.log_norm.size()) ? std::optional(out.log_norm[row])
                                                       : std::nullopt;
@@ -116,10 +121,35 @@ absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::Bl
   return spent;
 }
 
+namespace {
+
+// prompt_logprobs: the log-probability of each prompt token after the chunk's rows, from the
+// row before it; positions already scored (before a preemption) are skipped.
+void ScorePrompt(const ScheduledChunk& chunk, size_t index, const model::ForwardOutput& out) {
+  Sequence& s = *chunk.seq;
+  for (int32_t r = 0; r < out.num_rows[index]; ++r) {
+    const int32_t next = chunk.start + r + 1;  // the prompt position this row predicts
+    if (next >= s.prompt_len || next <= static_cast<int32_t>(s.prompt_logprobs.size())) continue;
+    const int32_t id = s.tokens[next];
+    if (id == model::kEmbeddingInput) {
+      s.prompt_logprobs.push_back({-1, 0.0f, {}});
+      continue;
+    }
+    const model::SampledToken scored =
+        model::ScoreToken(out.Row(out.first_row[index] + r), id, s.req.prompt_logprobs);
+    s.prompt_logprobs.push_back({id, scored.logprob, scored.top_logprobs});
+  }
+}
+
+}  // namespace
+
 void SampleChunks(std::span<const ScheduledChunk> chunks, const model::ForwardOutput& out,
                   kernels::ThreadPool& threads, std::span<ChunkResult> results) {
   threads.ParallelFor(static_cast<int64_t>(chunks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (results[i].status.ok() && chunks[i].seq->ScoresPrompt(chunks[i].start)) {
+        ScorePrompt(chunks[i], i, out);
+      }
       if (!chunks[i].samples || !results[i].status.ok()) continue;
       absl::StatusOr<model::SampledToken> token = SampleChunk(chunks[i], i, out);
       if (token.ok()) {

@@ -13,6 +13,9 @@ std::optional<FinishReason> OutputProcessor::OnToken(Sequence& seq,
   ObserveToken(seq, now);
 
   TokenEvent event;
+  if (seq.num_generated == 1 && seq.req.prompt_logprobs >= 0) {
+    event.prompt_logprobs = std::move(seq.prompt_logprobs);
+  }
   event.token_ids.push_back(token.id);
   if (seq.req.logprobs) event.logprobs.push_back({token.id, token.logprob, token.top_logprobs});
 

@@ -15,6 +15,10 @@
 
 namespace winnow::scheduler {
 
+// Prompt tokens per prefill chunk when their logits are all kept (prompt_logprobs): rows x
+// vocabulary floats per chunk.
+inline constexpr int32_t kPromptLogprobsChunk = 256;
+
 enum class FinishReason {
   kStop,       // end-of-generation token, a stop token id or a stop string
   kLength,     // max_tokens reached, or the model's context length
@@ -49,6 +53,10 @@ struct GenerationRequest {
   std::vector<float> embeddings;
   model::SamplingParams sampling;  // sampling.top_logprobs: alternatives per token when logprobs
   bool logprobs = false;           // report each generated token's log-probability
+  // >= 0: also report each prompt token's log-probability given the tokens before it (and
+  // this many alternatives), in the first TokenEvent; -1: off. Such a prompt is computed whole
+  // (no prefix-cache hit) in chunks of at most kPromptLogprobsChunk tokens.
+  int32_t prompt_logprobs = -1;
   int32_t max_tokens = 16;         // generated tokens, >= 1
   std::vector<std::string> stop_strings;  // generation stops before the first match (trimmed)
   std::vector<int32_t> stop_token_ids;    // generation stops after emitting one of these ids
@@ -81,6 +89,9 @@ struct TokenEvent {
   std::vector<int32_t> token_ids;      // includes a final EOS/stop token id
   std::string text;
   std::vector<TokenLogprob> logprobs;  // parallel to token_ids when the request asked
+  // The first event of a request with prompt_logprobs >= 0: prompt tokens 1.. (the first has no
+  // context), in order; an embedding position has id -1 and log-probability 0.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct Usage {

@@ -25,6 +25,11 @@ int32_t KeepWindowWhole(const Sequence& s, int32_t start, int32_t count) {
   return window_begin - start;
 }
 
+// A chunk whose logits are all kept (prompt_logprobs) is at most kPromptLogprobsChunk tokens.
+int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) {
+  return s.ScoresPrompt(start) ? std::min(count, kPromptLogprobsChunk) : count;
+}
+
 // Builds one IterationPlan. Holds the iteration's running tallies (token budget, sequences
 // holding blocks, blocks that admitted compressing sequences still need) so each step below
 // reads like the rule it implements.
@@ -100,7 +105,9 @@ class IterationBuilder {
 
 void IterationBuilder::ScheduleRunning(Sequence* s) {
   if (!s->running() || budget_ == 0) return;
-  int32_t n = KeepWindowWhole(*s, s->num_computed, std::min(s->num_uncomputed(), budget_));
+  int32_t n = LimitScoredChunk(
+      *s, s->num_computed,
+      KeepWindowWhole(*s, s->num_computed, std::min(s->num_uncomputed(), budget_)));
   while (true) {
     // A prefill chunk shrinks to what the pool holds rather than evicting anyone; a decode
     // token cannot shrink, so it preempts.
@@ -181,7 +188,9 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   }
   a.cached_blocks = a.hit_blocks * layers;
   a.rest = s.num_uncomputed() - a.hit_blocks * block_size;
-  a.chunk = KeepWindowWhole(s, a.hit_blocks * block_size, std::min(a.rest, budget_));
+  a.chunk = LimitScoredChunk(
+      s, a.hit_blocks * block_size,
+      KeepWindowWhole(s, a.hit_blocks * block_size, std::min(a.rest, budget_)));
   const bool compressing = s.awaits_compression();
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy

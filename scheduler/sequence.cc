@@ -24,6 +24,7 @@ Sequence::Sequence(GenerationRequest request, int32_t num_layers, int32_t block_
 }
 
 int32_t Sequence::CacheablePrefix() const {
+  if (req.prompt_logprobs >= 0) return 0;  // every prompt row's logits are needed
   int32_t limit = num_tokens() - 1;
   if (awaits_compression()) limit = std::min(limit, compression->FirstObservedPosition());
   return std::max(limit, 0);

@@ -62,6 +62,9 @@ struct Sequence {
   // recomputed cache is compressed again.
   std::unique_ptr<cache::CompressionSession> compression;
   model::Sampler sampler;
+  // prompt_logprobs: what the prefill chunks have scored so far (prompt tokens 1..), sent with
+  // the first token.
+  std::vector<TokenLogprob> prompt_logprobs;
   // Structured output (null without a grammar): which tokens may come next.
   std::unique_ptr<structured::Constraint> constraint;
   // Prefix caching (empty when off): content keys of the prompt's full blocks, and how many of
@@ -104,6 +107,11 @@ struct Sequence {
   // last token (its logits are needed), and for a compressing sequence none its policy
   // observes (their query rows must be computed).
   int32_t CacheablePrefix() const;
+  // Whether the chunk from `start` needs every row's logits (prompt_logprobs still to score).
+  bool ScoresPrompt(int32_t start) const {
+    return req.prompt_logprobs >= 0 && num_generated == 0 && start < prompt_len &&
+           static_cast<int32_t>(prompt_logprobs.size()) < prompt_len - 1;
+  }
 };
 
 // Scheduling order: higher priority first, then earlier arrival. Preemption victims are taken

@@ -55,6 +55,16 @@ absl::Status Authenticate(const ServingState& state, const grpc::ServerContextBa
 
 namespace {
 
+void CopyLogprob(const scheduler::TokenLogprob& lp, v1::TokenLogprobs* out) {
+  out->set_token_id(lp.id);
+  out->set_logprob(lp.logprob);
+  for (const auto& [tid, tlp] : lp.top) {
+    v1::TopLogprob* top = out->add_top();
+    top->set_token_id(tid);
+    top->set_logprob(tlp);
+  }
+}
+
 std::string NewRequestId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return absl::StrFormat("req-%016x", rng());
@@ -141,14 +151,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     for (int32_t id : event.token_ids) pending_.add_token_ids(id);
     pending_.mutable_text()->append(event.text);
     for (const scheduler::TokenLogprob& lp : event.logprobs) {
-      v1::TokenLogprobs* out = pending_.add_logprobs();
-      out->set_token_id(lp.id);
-      out->set_logprob(lp.logprob);
-      for (const auto& [tid, tlp] : lp.top) {
-        v1::TopLogprob* top = out->add_top();
-        top->set_token_id(tid);
-        top->set_logprob(tlp);
-      }
+      CopyLogprob(lp, pending_.add_logprobs());
+    }
+    for (const scheduler::TokenLogprob& lp : event.prompt_logprobs) {
+      CopyLogprob(lp, pending_.add_prompt_logprobs());
     }
     has_pending_ = true;
     PumpLocked();

@@ -163,6 +163,9 @@ void FanoutObserver::OnToken(uint64_t id, absl::Duration inter_token_latency) {
 void FanoutObserver::OnPreemption(uint64_t id) {
   for (auto* o : observers_) o->OnPreemption(id);
 }
+void FanoutObserver::OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {
+  for (auto* o : observers_) o->OnPrefixCacheLookup(queried_tokens, hit_tokens);
+}
 void FanoutObserver::OnCompression(const scheduler::CompressionEvent& event) {
   for (auto* o : observers_) o->OnCompression(event);
 }

@@ -432,6 +432,11 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   if (request.cache_salt().size() > kMaxCacheSaltBytes) {
     return Invalid("cache_salt", absl::StrCat("longer than ", kMaxCacheSaltBytes, " bytes"));
   }
+  if (request.has_prompt_logprobs() &&
+      (request.prompt_logprobs() < 0 || request.prompt_logprobs() > kMaxTopLogprobs)) {
+    return Invalid("prompt_logprobs", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "], got ",
+                                                   request.prompt_logprobs()));
+  }
   // Cheap checks first: a bad parameter should not cost a tokenization of a long prompt.
   const v1::StoppingCriteria& stopping = request.stopping();
   WINNOW_RETURN_IF_ERROR(CheckStopping(stopping, model.config().vocab_size, limits));
@@ -460,6 +465,7 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   out.prompt_spans = std::move(prompt.spans);
   out.sampling = sampling;
   out.logprobs = request.logprobs() || request.top_logprobs() > 0;
+  out.prompt_logprobs = request.has_prompt_logprobs() ? request.prompt_logprobs() : -1;
   out.max_tokens = MaxTokens(stopping, limits, prompt_len);
   out.stop_strings.assign(stopping.stop().begin(), stopping.stop().end());
   out.stop_token_ids.assign(stopping.stop_token_ids().begin(), stopping.stop_token_ids().end());

@@ -1,6 +1,10 @@
 #include "server/http/completion_handler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <ctime>
+#include <optional>
+#include <vector>
 #include <memory>
 #include <random>
 #include <utility>
@@ -59,31 +63,120 @@ bool Succeeded(const scheduler::FinishEvent& finish) {
          finish.reason == scheduler::FinishReason::kLength;
 }
 
-// One SSE response: httplib calls Pump until it returns false or the sink is done, on the
+// The engine requests of one HTTP request: one per choice (n of them per prompt), whose sinks
+// share one Wakeup so that a handler can wait for any of them.
+class Choices {
+ public:
+  Choices(scheduler::Engine* engine, int count, int n)
+      : engine_(engine), wakeup_(std::make_shared<Wakeup>()), n_(n) {
+    for (int i = 0; i < count; ++i) sinks_.push_back(std::make_shared<GenerationSink>(wakeup_));
+    ids_.resize(count);
+    finished_.resize(count, false);
+    usage_.resize(count);
+  }
+
+  // Submits every choice. With prefix caching, a prompt's other n - 1 choices wait until its
+  // first one has prefilled: they then attach its KV blocks instead of computing them again.
+  // On a refusal the choices already submitted are cancelled.
+  absl::Status Submit(std::vector<scheduler::GenerationRequest> requests) {
+    const bool share = n_ > 1 && engine_->limits().prefix_caching;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (share && i % n_ == 1) sinks_[i - 1]->WaitStarted(kShareWait);
+      absl::StatusOr<uint64_t> id = engine_->Submit(std::move(requests[i]), sinks_[i]);
+      if (!id.ok()) {
+        for (size_t j = 0; j < i; ++j) engine_->Cancel(ids_[j]);
+        return id.status();
+      }
+      ids_[i] = *id;
+    }
+    return absl::OkStatus();
+  }
+
+  // Echo: choice i's prompt text and first token (the rest of its tokens come scored with the
+  // first batch when logprobs were asked).
+  void SetEcho(int i, std::string text, int32_t first_token) {
+    echo_.resize(size());
+    echo_[i].text = std::move(text);
+    first_token_.resize(size(), -1);
+    first_token_[i] = first_token;
+  }
+  const EchoedPrompt& echo(int i) const { return echo_[i]; }
+
+  int size() const { return static_cast<int>(sinks_.size()); }
+  uint64_t seen() { return wakeup_->count(); }
+  void Wait(uint64_t seen, absl::Duration timeout) { wakeup_->Wait(seen, timeout); }
+  // What choice `i` produced since the last call (nothing once it finished).
+  GenerationBatch Take(int i) {
+    if (finished_[i]) return {};
+    GenerationBatch batch = sinks_[i]->Take(absl::ZeroDuration());
+    if (!batch.prompt_logprobs.empty() && i < static_cast<int>(echo_.size())) {
+      // The first prompt token has no context: NaN, written as null.
+      echo_[i].logprobs.push_back({first_token_[i], std::nanf(""), {}});
+      echo_[i].logprobs.insert(echo_[i].logprobs.end(), batch.prompt_logprobs.begin(),
+                               batch.prompt_logprobs.end());
+    }
+    if (batch.finish.has_value()) {
+      finished_[i] = true;
+      usage_[i] = batch.finish->usage;
+    }
+    return batch;
+  }
+  bool all_finished() const {
+    return std::all_of(finished_.begin(), finished_.end(), [](bool f) { return f; });
+  }
+  void CancelAll() {
+    for (int i = 0; i < size(); ++i) {
+      if (!finished_[i]) engine_->Cancel(ids_[i]);  // a no-op for one that finished meanwhile
+    }
+  }
+  // OpenAI's usage: each prompt counted once (its first choice), completions summed (none for
+  // an echo of the prompt alone).
+  scheduler::Usage TotalUsage(bool echo_only) const {
+    scheduler::Usage total;
+    for (int i = 0; i < size(); ++i) {
+      if (i % n_ == 0) {
+        total.prompt_tokens += usage_[i].prompt_tokens;
+        total.cached_prompt_tokens += usage_[i].cached_prompt_tokens;
+      }
+      if (!echo_only) total.completion_tokens += usage_[i].completion_tokens;
+    }
+    return total;
+  }
+
+ private:
+  // How long a prompt's other choices wait for its prefill before going ahead without sharing.
+  static constexpr absl::Duration kShareWait = absl::Seconds(30);
+  scheduler::Engine* engine_;
+  std::shared_ptr<Wakeup> wakeup_;
+  int n_;
+  std::vector<std::shared_ptr<GenerationSink>> sinks_;
+  std::vector<uint64_t> ids_;
+  std::vector<bool> finished_;
+  std::vector<scheduler::Usage> usage_;
+  std::vector<EchoedPrompt> echo_;
+  std::vector<int32_t> first_token_;
+};
+
+// One SSE response: httplib calls Pump until it returns false or the choices are done, on the
 // connection's thread; Release runs when the response is destroyed, also when the client left.
 class SseStream {
  public:
-  SseStream(std::shared_ptr<GenerationSink> gen, scheduler::Engine* engine, uint64_t id,
-            ResponseContext ctx, PeerWatch peer)
-      : gen_(std::move(gen)), engine_(engine), id_(id), fmt_(std::move(ctx)), peer_(peer) {}
+  SseStream(std::shared_ptr<Choices> choices, ResponseContext ctx, PeerWatch peer)
+      : echo_(ctx.echo), echo_only_(ctx.echo_only), choices_(std::move(choices)),
+        fmt_(std::move(ctx), choices_->size()), peer_(peer), echoed_(choices_->size(), false) {}
 
   bool Pump(httplib::DataSink& sink) {
     if (peer_.ClientGone()) return false;  // ends the response; Release cancels
     std::string out;
     if (!started_) {
       started_ = true;
-      out = fmt_.Start();
+      for (int i = 0; i < choices_->size(); ++i) out += fmt_.Start(i);
     }
-    GenerationBatch batch = gen_->Take(kKeepAliveInterval);
-    out += fmt_.Delta(batch.text, batch.logprobs);
-    if (batch.finish.has_value()) {
-      finished_ = true;
-      if (Succeeded(*batch.finish)) {
-        out += fmt_.Finish(batch.finish->reason, batch.finish->usage);
-      } else {
-        const absl::Status failure = FailureOf(*batch.finish);
-        out += fmt_.Error(ClassifyStatus(failure).status, std::string(failure.message()));
-      }
+    const uint64_t seen = choices_->seen();
+    out += Collect();
+    if (out.empty() && !finished_) {
+      choices_->Wait(seen, kKeepAliveInterval);
+      out += Collect();
     }
     if (out.empty()) out = kSseKeepAlive;
     // A write to a closed connection fails: returning false ends the response, then Release.
@@ -93,46 +186,84 @@ class SseStream {
   }
 
   void Release() {
-    if (!finished_) engine_->Cancel(id_);  // a no-op when the engine finished it meanwhile
+    if (!finished_) choices_->CancelAll();
   }
 
  private:
-  std::shared_ptr<GenerationSink> gen_;
-  scheduler::Engine* engine_;
-  uint64_t id_;
+  // Every choice's news as chunks; after the last finish, the usage and [DONE]. A failed choice
+  // ends the whole stream with an error event (the others are cancelled).
+  std::string Collect() {
+    std::string out;
+    for (int i = 0; i < choices_->size() && !finished_; ++i) {
+      GenerationBatch batch = choices_->Take(i);
+      if (echo_ && !echoed_[i] && !batch.empty()) {
+        echoed_[i] = true;
+        out += fmt_.Echo(i, choices_->echo(i));
+      }
+      out += fmt_.Delta(i, batch.text, batch.logprobs);
+      if (!batch.finish.has_value()) continue;
+      if (!Succeeded(*batch.finish)) {
+        const absl::Status failure = FailureOf(*batch.finish);
+        choices_->CancelAll();
+        finished_ = true;
+        return out + fmt_.Error(ClassifyStatus(failure).status, std::string(failure.message()));
+      }
+      out += fmt_.Finish(i, batch.finish->reason);
+    }
+    if (!finished_ && choices_->all_finished()) {
+      finished_ = true;
+      out += fmt_.Done(choices_->TotalUsage(echo_only_));
+    }
+    return out;
+  }
+
+  const bool echo_;
+  const bool echo_only_;
+  std::shared_ptr<Choices> choices_;
   StreamFormatter fmt_;
   PeerWatch peer_;
+  std::vector<bool> echoed_;  // per choice: its prompt went out
   bool started_ = false;
   bool finished_ = false;
 };
 
-void RespondWhole(GenerationSink& gen, scheduler::Engine* engine, uint64_t id,
-                  const PeerWatch& peer, const ResponseContext& ctx, httplib::Response& res) {
-  std::string text;
-  std::vector<scheduler::TokenLogprob> logprobs;
+void RespondWhole(Choices& choices, const PeerWatch& peer, const ResponseContext& ctx,
+                  httplib::Response& res) {
+  std::vector<ChoiceOutput> outputs(choices.size());
+  std::optional<absl::Status> failure;
   bool cancelled = false;
-  for (;;) {
+  while (!choices.all_finished()) {
     // The client is checked between batches (every token while decoding, at least every
-    // 200 ms otherwise): one that hung up gets its request cancelled and its blocks freed.
+    // 200 ms otherwise): one that hung up gets its requests cancelled and their blocks freed.
     if (!cancelled && peer.ClientGone()) {
-      engine->Cancel(id);
+      choices.CancelAll();
       cancelled = true;
     }
-    GenerationBatch batch = gen.Take(absl::Milliseconds(200));
-    text += batch.text;
-    logprobs.insert(logprobs.end(), batch.logprobs.begin(), batch.logprobs.end());
-    if (!batch.finish.has_value()) continue;
-    if (Succeeded(*batch.finish)) {
-      res.status = 200;
-      res.set_content(CompletionBody(ctx, text, logprobs, batch.finish->reason,
-                                     batch.finish->usage),
-                      "application/json");
-    } else {
-      const absl::Status failure = FailureOf(*batch.finish);
-      SendError(res, ClassifyStatus(failure), std::string(failure.message()), "");
+    const uint64_t seen = choices.seen();
+    bool news = false;
+    for (int i = 0; i < choices.size(); ++i) {
+      GenerationBatch batch = choices.Take(i);
+      news = news || !batch.empty();
+      outputs[i].text += batch.text;
+      outputs[i].logprobs.insert(outputs[i].logprobs.end(), batch.logprobs.begin(),
+                                 batch.logprobs.end());
+      if (!batch.finish.has_value()) continue;
+      if (ctx.echo) outputs[i].prompt = choices.echo(i);
+      outputs[i].reason = batch.finish->reason;
+      if (!Succeeded(*batch.finish) && !failure.has_value()) {
+        failure = FailureOf(*batch.finish);
+        choices.CancelAll();  // one failed choice fails the request
+      }
     }
+    if (!news) choices.Wait(seen, absl::Milliseconds(200));
+  }
+  if (failure.has_value()) {
+    SendError(res, ClassifyStatus(*failure), std::string(failure->message()), "");
     return;
   }
+  res.status = 200;
+  res.set_content(CompletionBody(ctx, outputs, choices.TotalUsage(ctx.echo_only)),
+                  "application/json");
 }
 
 }  // namespace
@@ -154,24 +285,42 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
     return Reject(state, res, st, std::string(st.message()), "");
   }
   const model::Model& model = *state->model.load();
-  absl::StatusOr<scheduler::GenerationRequest> built =
-      BuildGenerationRequest(parsed->generate, model, state->limits);
-  if (!built.ok()) {
-    std::string param;
-    std::string message = OpenAiFieldMessage(*parsed, std::string(built.status().message()),
-                                             &param);
-    return Reject(state, res, built.status(), message, param);
+  std::vector<scheduler::GenerationRequest> requests;
+  for (const v1::GenerateRequest& choice : parsed->choices) {
+    absl::StatusOr<scheduler::GenerationRequest> built =
+        BuildGenerationRequest(choice, model, state->limits);
+    if (!built.ok()) {
+      std::string param;
+      std::string message = OpenAiFieldMessage(*parsed, std::string(built.status().message()),
+                                               &param);
+      return Reject(state, res, built.status(), message, param);
+    }
+    requests.push_back(*std::move(built));
   }
   // The id: the body's request_id, else the client's X-Request-Id header (a gateway's trace
-  // id), else a new one; echoed in the X-Request-Id response header and the logs.
-  if (built->request_id.empty()) built->request_id = ClientRequestId(req);
-  const std::string request_id = built->request_id.empty() ? NewRequestId() : built->request_id;
-  built->request_id = request_id;
+  // id), else a new one; echoed in the X-Request-Id response header and the logs. Choices
+  // after the first log as <id>-<index>.
+  std::string request_id = requests[0].request_id;
+  if (request_id.empty()) request_id = ClientRequestId(req);
+  if (request_id.empty()) request_id = NewRequestId();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].request_id = i == 0 ? request_id : absl::StrCat(request_id, "-", i);
+  }
 
-  auto gen = std::make_shared<GenerationSink>();
-  scheduler::Engine* engine = state->engine.load();
-  absl::StatusOr<uint64_t> id = engine->Submit(std::move(*built), gen);
-  if (!id.ok()) return Reject(state, res, id.status(), std::string(id.status().message()), "");
+  auto choices = std::make_shared<Choices>(state->engine.load(),
+                                           static_cast<int>(requests.size()), parsed->n);
+  if (parsed->echo) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const v1::GenerateRequest& choice = parsed->choices[i];
+      std::string text = choice.has_token_ids()
+                             ? model.tokenizer().Decode(requests[i].prompt_tokens, false)
+                             : choice.prompt();
+      choices->SetEcho(static_cast<int>(i), std::move(text), requests[i].prompt_tokens[0]);
+    }
+  }
+  if (absl::Status st = choices->Submit(std::move(requests)); !st.ok()) {
+    return Reject(state, res, st, std::string(st.message()), "");
+  }
 
   ResponseContext ctx;
   ctx.endpoint = endpoint;
@@ -180,13 +329,15 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
   ctx.model = model_name;
   ctx.logprobs = parsed->logprobs;
   ctx.tools = parsed->tools;
+  ctx.echo = parsed->echo;
+  ctx.echo_only = parsed->echo_only;
   ctx.include_usage = parsed->stream && parsed->include_usage;
   ctx.tokenizer = &model.tokenizer();
   res.set_header("X-Request-Id", request_id);
   PeerWatch peer(req.remote_addr, req.remote_port);
-  if (!parsed->stream) return RespondWhole(*gen, engine, *id, peer, ctx, res);
+  if (!parsed->stream) return RespondWhole(*choices, peer, ctx, res);
 
-  auto stream = std::make_shared<SseStream>(gen, engine, *id, std::move(ctx), peer);
+  auto stream = std::make_shared<SseStream>(choices, std::move(ctx), peer);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",

@@ -104,35 +104,64 @@ bool AllIntegers(const Json& v) {
 }
 
 // prompt: a string, a list of token ids, or a list holding exactly one of either.
-absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* out) {
+// One prompt (a string or a list of token ids) into `out`'s input.
+absl::Status ParseOnePrompt(const Json& p, const std::string& field, v1::GenerateRequest* out) {
+  if (p.is_string()) {
+    out->set_prompt(p.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (p.is_array() && AllIntegers(p)) {
+    if (p.empty()) return Bad(field, "must not be empty");
+    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdArray(p, field));
+    out->mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    return absl::OkStatus();
+  }
+  return Bad(field, "must be a string or a list of token ids");
+}
+
+// prompt: a string, a list of token ids, or a list of either (a batch: each prompt is its own
+// choice, or n of them). `inputs` gets one request per prompt with only its input set.
+absl::Status ParsePrompts(const Json& body, std::vector<v1::GenerateRequest>* inputs) {
   const Json* p = Member(body, "prompt");
   if (p == nullptr) return Bad("prompt", "is required");
-  if (p->is_string()) {
-    out->set_prompt(p->get<std::string>());
-    return absl::OkStatus();
+  if (p->is_array() && p->empty()) return Bad("prompt", "must not be empty");
+  if (p->is_string() || (p->is_array() && AllIntegers(*p))) {
+    return ParseOnePrompt(*p, "prompt", &inputs->emplace_back());
   }
   if (!p->is_array()) return Bad("prompt", "must be a string or a list of token ids");
-  if (p->empty()) return Bad("prompt", "must not be empty");
-  if (AllIntegers(*p)) {
-    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdArray(*p, "prompt"));
-    out->mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
-    return absl::OkStatus();
+  if (p->size() > static_cast<size_t>(kMaxChoicesPerRequest)) {
+    return Bad("prompt", absl::StrCat("at most ", kMaxChoicesPerRequest, " prompts"));
   }
-  if (p->size() > 1) {
-    return Bad("prompt", "one prompt per request is supported (send one request per prompt)");
+  for (size_t i = 0; i < p->size(); ++i) {
+    WINNOW_RETURN_IF_ERROR(
+        ParseOnePrompt((*p)[i], absl::StrCat("prompt[", i, "]"), &inputs->emplace_back()));
   }
-  const Json& only = (*p)[0];
-  if (only.is_string()) {
-    out->set_prompt(only.get<std::string>());
-    return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// One request per choice (see OpenAiRequest::choices).
+absl::Status BuildChoices(const std::vector<v1::GenerateRequest>& inputs, OpenAiRequest* out) {
+  const size_t count = inputs.empty() ? out->n : inputs.size() * out->n;
+  if (count > static_cast<size_t>(kMaxChoicesPerRequest)) {
+    return Bad("n", absl::StrCat("n times the prompts must be at most ", kMaxChoicesPerRequest,
+                                 ", got ", count));
   }
-  if (only.is_array() && AllIntegers(only)) {
-    if (only.empty()) return Bad("prompt[0]", "must not be empty");
-    WINNOW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdArray(only, "prompt[0]"));
-    out->mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
-    return absl::OkStatus();
+  const size_t prompts = std::max<size_t>(inputs.size(), 1);
+  for (size_t p = 0; p < prompts; ++p) {
+    for (int j = 0; j < out->n; ++j) {
+      v1::GenerateRequest& choice = out->choices.emplace_back(out->generate);
+      if (!inputs.empty()) {
+        if (inputs[p].has_token_ids()) {
+          *choice.mutable_token_ids() = inputs[p].token_ids();
+        } else {
+          choice.set_prompt(inputs[p].prompt());
+        }
+      }
+      v1::SamplingParams* s = choice.mutable_sampling();
+      if (j > 0 && s->has_seed()) s->set_seed(s->seed() + j);
+    }
   }
-  return Bad("prompt[0]", "must be a string or a list of token ids");
+  return absl::OkStatus();
 }
 
 // content: a string, null (an assistant turn without text), or a list of text parts.
@@ -398,16 +427,15 @@ absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
 // OpenAI features winnow does not have. Sending one with a non-default value is a 400 naming
 // it, rather than a silently different answer.
 absl::Status RejectUnsupported(const Json& body) {
-  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> n, IntegerMember(body, "n"));
-  if (n && *n != 1) return Bad("n", absl::StrCat("only n = 1 is supported, got ", *n));
   WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, IntegerMember(body, "best_of"));
   if (best_of && *best_of != 1) {
     return Bad("best_of", absl::StrCat("only best_of = 1 is supported, got ", *best_of));
   }
-  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> echo, Bool(body, "echo"));
-  if (echo.value_or(false)) return Bad("echo", "is not supported");
   WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> suffix, String(body, "suffix"));
-  if (suffix && !suffix->empty()) return Bad("suffix", "is not supported");
+  if (suffix && !suffix->empty()) {
+    return Bad("suffix", "is not supported: the served models have no fill-in-the-middle "
+                         "template");
+  }
   for (const char* key : {"functions", "function_call"}) {
     if (Member(body, key) != nullptr) {
       return Bad(key, "is not supported: send tools and tool_choice instead");
@@ -425,6 +453,8 @@ absl::Status ParseLogprobs(const Json& body, OpenAiRequest* out) {
       out->logprobs = true;
       g.set_logprobs(true);
       g.set_top_logprobs(*n);
+      // Echo returns the prompt's tokens with theirs.
+      if (out->echo) g.set_prompt_logprobs(*n);
     }
     return absl::OkStatus();
   }
@@ -451,6 +481,12 @@ absl::Status ParseLimits(const Json& body, OpenAiRequest* out) {
   }
   // OpenAI's completions default is 16 tokens; chat leaves it to the server (winnow's default).
   if (!max_tokens && out->endpoint == Endpoint::kCompletions) max_tokens = 16;
+  // Echo with max_tokens 0 scores the prompt only (loglikelihood evaluations): the engine
+  // generates one token, which the response leaves out.
+  if (max_tokens == 0 && out->echo) {
+    out->echo_only = true;
+    max_tokens = 1;
+  }
   if (max_tokens) stopping->set_max_tokens(*max_tokens);
   return ParseStop(body, stopping);
 }
@@ -471,14 +507,27 @@ absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
     out->include_usage = usage != nullptr && usage->get<bool>();
   }
   v1::GenerateRequest& g = out->generate;
+  std::vector<v1::GenerateRequest> inputs;  // completions: one per prompt
+  WINNOW_ASSIGN_OR_RETURN(std::optional<bool> echo, Bool(body, "echo"));
+  if (echo.value_or(false) && out->endpoint == Endpoint::kChat) {
+    return Bad("echo", "is for /v1/completions");
+  }
+  out->echo = echo.value_or(false);
   if (out->endpoint == Endpoint::kChat) {
     WINNOW_RETURN_IF_ERROR(ParseMessages(body, &g));
   } else {
     for (const char* key : {"tools", "tool_choice"}) {
       if (Member(body, key) != nullptr) return Bad(key, "is for /v1/chat/completions");
     }
-    WINNOW_RETURN_IF_ERROR(ParsePrompt(body, &g));
+    WINNOW_RETURN_IF_ERROR(ParsePrompts(body, &inputs));
+    g.set_prompt(inputs[0].prompt());
+    if (inputs[0].has_token_ids()) *g.mutable_token_ids() = inputs[0].token_ids();
   }
+  WINNOW_ASSIGN_OR_RETURN(std::optional<int64_t> n, IntegerMember(body, "n"));
+  if (n && (*n < 1 || *n > kMaxChoicesPerPrompt)) {
+    return Bad("n", absl::StrCat("must be in [1, ", kMaxChoicesPerPrompt, "], got ", *n));
+  }
+  out->n = static_cast<int>(n.value_or(1));
   out->tools = g.has_chat() && g.chat().tools_size() > 0 && g.chat().tool_choice() != "none";
   WINNOW_ASSIGN_OR_RETURN(std::optional<bool> add_special, Bool(body, "add_special_tokens"));
   if (add_special) g.set_add_special_tokens(*add_special);
@@ -493,7 +542,8 @@ absl::Status ParseBody(const Json& body, OpenAiRequest* out) {
   WINNOW_RETURN_IF_ERROR(ParseLimits(body, out));
   WINNOW_RETURN_IF_ERROR(ParseLogprobs(body, out));
   WINNOW_RETURN_IF_ERROR(ParseResponseFormat(body, g.mutable_response_format()));
-  return ParseCompression(body, g.mutable_compression());
+  WINNOW_RETURN_IF_ERROR(ParseCompression(body, g.mutable_compression()));
+  return BuildChoices(inputs, out);
 }
 
 }  // namespace
@@ -521,6 +571,7 @@ std::string OpenAiFieldMessage(const OpenAiRequest& request, const std::string& 
       {"response_format.json_schema", "response_format.json_schema.schema"},
       {"sampling.top_logprobs", chat ? "top_logprobs" : "logprobs"},
       {"top_logprobs", chat ? "top_logprobs" : "logprobs"},
+      {"prompt_logprobs", "echo"},
       {"sampling.", ""},
       {"compression", "kv_compression"},
       {"chat.messages", "messages"},

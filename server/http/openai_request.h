@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "winnow/v1/inference.pb.h"
@@ -25,8 +26,20 @@ struct OpenAiRequest {
   bool logprobs = false;
   // The request offers tools (and tool_choice is not none): the reply is parsed for tool calls.
   bool tools = false;
+  // Choices per prompt (OpenAI's n), and the requests of every choice in choice-index order:
+  // each prompt (completions take a list) n times, each with its own seed stream (seed + j for
+  // a seeded request's j-th choice). `generate` is what they share (with the first prompt).
+  int n = 1;
+  // Completions' echo: the reply starts with the prompt (and, with logprobs, its tokens'
+  // log-probabilities); echo_only (max_tokens 0): the prompt is all the reply holds.
+  bool echo = false;
+  bool echo_only = false;
   v1::GenerateRequest generate;
+  std::vector<v1::GenerateRequest> choices;
 };
+
+inline constexpr int kMaxChoicesPerPrompt = 16;   // n
+inline constexpr int kMaxChoicesPerRequest = 64;  // n times the prompts
 
 // Parses and shape-checks a JSON body. Errors are InvalidArgument with a message that starts
 // with the OpenAI field name ("temperature: must be a number", "n: only n = 1 is supported").

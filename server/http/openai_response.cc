@@ -1,5 +1,6 @@
 #include "server/http/openai_response.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,14 @@ Json CompletionLogprobs(const ResponseContext& ctx,
   for (const scheduler::TokenLogprob& lp : lps) {
     const std::string piece = Piece(ctx, lp.id);
     tokens.push_back(piece);
+    // An echoed prompt's first token has no context: null, as OpenAI writes it.
+    if (std::isnan(lp.logprob)) {
+      logprobs.push_back(nullptr);
+      tops.push_back(nullptr);
+      offsets.push_back(*offset);
+      *offset += static_cast<int64_t>(piece.size());
+      continue;
+    }
     logprobs.push_back(lp.logprob);
     Json top = Json::object();
     for (const auto& [id, logprob] : lp.top) top[Piece(ctx, id)] = logprob;
@@ -102,39 +111,47 @@ const char* OpenAiFinishReason(scheduler::FinishReason reason) {
   return reason == scheduler::FinishReason::kLength ? "length" : "stop";
 }
 
-std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
-                           const std::vector<scheduler::TokenLogprob>& logprobs,
-                           scheduler::FinishReason reason, const scheduler::Usage& usage) {
+std::string CompletionBody(const ResponseContext& ctx, const std::vector<ChoiceOutput>& choices,
+                           const scheduler::Usage& usage) {
   const bool chat = ctx.endpoint == Endpoint::kChat;
   Json body = Envelope(ctx, chat ? "chat.completion" : "text_completion");
-  Json choice = {{"index", 0}, {"finish_reason", OpenAiFinishReason(reason)}};
-  int64_t offset = 0;
-  if (chat && ctx.tools) {
-    const ParsedReply reply = ParseToolCalls(text);
-    const bool called = !reply.calls.empty();
-    choice["message"] = {{"role", "assistant"},
-                         {"content", called && reply.content.empty() ? Json() : Json(reply.content)}};
-    if (called) choice["message"]["tool_calls"] = ToolCallsJson(reply.calls, 0, false);
-    choice["finish_reason"] = FinishReasonWithCalls(reason, called);
-    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, logprobs) : Json(nullptr);
-  } else if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, logprobs) : Json(nullptr);
-  } else {
-    choice["text"] = text;
-    choice["logprobs"] = ctx.logprobs ? CompletionLogprobs(ctx, logprobs, &offset) : Json(nullptr);
+  Json out = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    Json choice = {{"index", i}, {"finish_reason", OpenAiFinishReason(c.reason)}};
+    int64_t offset = 0;
+    if (chat && ctx.tools) {
+      const ParsedReply reply = ParseToolCalls(c.text);
+      const bool called = !reply.calls.empty();
+      choice["message"] = {{"role", "assistant"},
+                           {"content", called && reply.content.empty() ? Json()
+                                                                       : Json(reply.content)}};
+      if (called) choice["message"]["tool_calls"] = ToolCallsJson(reply.calls, 0, false);
+      choice["finish_reason"] = FinishReasonWithCalls(c.reason, called);
+      choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, c.logprobs) : Json(nullptr);
+    } else if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, c.logprobs) : Json(nullptr);
+    } else {
+      std::vector<scheduler::TokenLogprob> lps = ctx.echo ? c.prompt.logprobs
+                                                          : std::vector<scheduler::TokenLogprob>{};
+      if (!ctx.echo_only) lps.insert(lps.end(), c.logprobs.begin(), c.logprobs.end());
+      choice["text"] = (ctx.echo ? c.prompt.text : "") + (ctx.echo_only ? "" : c.text);
+      choice["logprobs"] = ctx.logprobs ? CompletionLogprobs(ctx, lps, &offset) : Json(nullptr);
+    }
+    out.push_back(std::move(choice));
   }
-  body["choices"] = Json::array({choice});
+  body["choices"] = std::move(out);
   body["usage"] = UsageJson(usage);
   return Dump(body);
 }
 
-std::string StreamFormatter::Chunk(const std::string& text,
+std::string StreamFormatter::Chunk(int index, const std::string& text,
                                    const std::vector<scheduler::TokenLogprob>& lp,
                                    const char* finish_reason) {
   const bool chat = ctx_.endpoint == Endpoint::kChat;
   Json body = Envelope(ctx_, chat ? "chat.completion.chunk" : "text_completion");
-  Json choice = {{"index", 0},
+  Json choice = {{"index", index},
                  {"finish_reason", finish_reason != nullptr ? Json(finish_reason) : Json()}};
   if (chat) {
     choice["delta"] = finish_reason != nullptr ? Json::object() : Json{{"content", text}};
@@ -142,7 +159,7 @@ std::string StreamFormatter::Chunk(const std::string& text,
   } else {
     choice["text"] = text;
     choice["logprobs"] = ctx_.logprobs && !lp.empty()
-                             ? CompletionLogprobs(ctx_, lp, &text_offset_)
+                             ? CompletionLogprobs(ctx_, lp, &text_offset_[index])
                              : Json(nullptr);
   }
   body["choices"] = Json::array({choice});
@@ -150,10 +167,10 @@ std::string StreamFormatter::Chunk(const std::string& text,
   return SseEvent(Dump(body));
 }
 
-std::string StreamFormatter::Start() {
+std::string StreamFormatter::Start(int index) {
   if (ctx_.endpoint != Endpoint::kChat) return "";
   Json body = Envelope(ctx_, "chat.completion.chunk");
-  body["choices"] = Json::array({{{"index", 0},
+  body["choices"] = Json::array({{{"index", index},
                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
                                   {"logprobs", nullptr},
                                   {"finish_reason", nullptr}}});
@@ -161,25 +178,29 @@ std::string StreamFormatter::Start() {
   return SseEvent(Dump(body));
 }
 
-std::string StreamFormatter::Delta(const std::string& text,
-                                   const std::vector<scheduler::TokenLogprob>& lp) {
-  if (ctx_.tools) {
-    const int before = tool_calls_.calls_so_far();
-    const ParsedReply reply = tool_calls_.Feed(text);
-    std::string out;
-    if (!reply.content.empty() || (!lp.empty() && ctx_.logprobs)) out = Chunk(reply.content, lp, nullptr);
-    if (!reply.calls.empty()) out += ToolCallsChunk(reply.calls, before);
-    return out;
-  }
-  if (text.empty() && (lp.empty() || !ctx_.logprobs)) return "";
-  return Chunk(text, lp, nullptr);
+std::string StreamFormatter::Echo(int index, const EchoedPrompt& prompt) {
+  return Chunk(index, prompt.text, prompt.logprobs, nullptr);
 }
 
-std::string StreamFormatter::ToolCallsChunk(const std::vector<ParsedToolCall>& calls,
-                                            int first_index) {
+std::string StreamFormatter::Delta(int index, const std::string& text,
+                                   const std::vector<scheduler::TokenLogprob>& lp) {
+  if (ctx_.echo_only) return "";
+  const bool with_logprobs = !lp.empty() && ctx_.logprobs;
+  if (!ctx_.tools) return text.empty() && !with_logprobs ? "" : Chunk(index, text, lp, nullptr);
+  ToolCallStream& calls = tool_calls_[index];
+  const int before = calls.calls_so_far();
+  const ParsedReply reply = calls.Feed(text);
+  std::string out;
+  if (!reply.content.empty() || with_logprobs) out = Chunk(index, reply.content, lp, nullptr);
+  if (!reply.calls.empty()) out += ToolCallsChunk(index, reply.calls, before);
+  return out;
+}
+
+std::string StreamFormatter::ToolCallsChunk(int index, const std::vector<ParsedToolCall>& calls,
+                                            int first_call) {
   Json body = Envelope(ctx_, "chat.completion.chunk");
-  body["choices"] = Json::array({{{"index", 0},
-                                  {"delta", {{"tool_calls", ToolCallsJson(calls, first_index,
+  body["choices"] = Json::array({{{"index", index},
+                                  {"delta", {{"tool_calls", ToolCallsJson(calls, first_call,
                                                                           true)}}},
                                   {"logprobs", nullptr},
                                   {"finish_reason", nullptr}}});
@@ -187,16 +208,20 @@ std::string StreamFormatter::ToolCallsChunk(const std::vector<ParsedToolCall>& c
   return SseEvent(Dump(body));
 }
 
-std::string StreamFormatter::Finish(scheduler::FinishReason reason,
-                                    const scheduler::Usage& usage) {
+std::string StreamFormatter::Finish(int index, scheduler::FinishReason reason) {
   std::string out;
   const char* finish_reason = OpenAiFinishReason(reason);
   if (ctx_.tools) {
-    const ParsedReply rest = tool_calls_.Finish();  // an unclosed block is content
-    if (!rest.content.empty()) out += Chunk(rest.content, {}, nullptr);
-    finish_reason = FinishReasonWithCalls(reason, tool_calls_.calls_so_far() > 0);
+    ToolCallStream& calls = tool_calls_[index];
+    const ParsedReply rest = calls.Finish();  // an unclosed block is content
+    if (!rest.content.empty()) out += Chunk(index, rest.content, {}, nullptr);
+    finish_reason = FinishReasonWithCalls(reason, calls.calls_so_far() > 0);
   }
-  out += Chunk("", {}, finish_reason);
+  return out + Chunk(index, "", {}, finish_reason);
+}
+
+std::string StreamFormatter::Done(const scheduler::Usage& usage) {
+  std::string out;
   if (ctx_.include_usage) {
     const bool chat = ctx_.endpoint == Endpoint::kChat;
     Json body = Envelope(ctx_, chat ? "chat.completion.chunk" : "text_completion");

@@ -26,37 +26,61 @@ struct ResponseContext {
   bool logprobs = false;
   bool include_usage = false;  // streams: a last chunk with usage (and "usage": null before)
   bool tools = false;  // chat with tools offered: tool calls in the reply become tool_calls
+  bool echo = false;       // completions: each choice starts with its prompt
+  bool echo_only = false;  // ... and holds nothing else (max_tokens 0)
   const model::Tokenizer* tokenizer = nullptr;  // token text for logprobs
 };
 
 // "stop" or "length"; other reasons are errors, not finish reasons.
 const char* OpenAiFinishReason(scheduler::FinishReason reason);
 
-// The non-streamed response.
-std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
-                           const std::vector<scheduler::TokenLogprob>& logprobs,
-                           scheduler::FinishReason reason, const scheduler::Usage& usage);
+// A choice's prompt, for echo: its text and, when logprobs were asked, its tokens (the first
+// with a NaN log-probability: it has no context) with their log-probabilities.
+struct EchoedPrompt {
+  std::string text;
+  std::vector<scheduler::TokenLogprob> logprobs;
+};
 
-// Streams. `text_offset` (completions logprobs) is where this delta starts in the whole text.
+// One choice's output.
+struct ChoiceOutput {
+  EchoedPrompt prompt;  // with ResponseContext::echo
+  std::string text;
+  std::vector<scheduler::TokenLogprob> logprobs;
+  scheduler::FinishReason reason = scheduler::FinishReason::kStop;
+};
+
+// The non-streamed response: choices[i] has index i.
+std::string CompletionBody(const ResponseContext& ctx, const std::vector<ChoiceOutput>& choices,
+                           const scheduler::Usage& usage);
+
+// Streams of `choices` choices (n, or several prompts), their chunks interleaved, each
+// carrying its choice's index.
 class StreamFormatter {
  public:
-  explicit StreamFormatter(ResponseContext ctx) : ctx_(std::move(ctx)) {}
-  // Chat streams open with the assistant role; completions have no such chunk ("" then).
-  std::string Start();
-  std::string Delta(const std::string& text, const std::vector<scheduler::TokenLogprob>& lp);
-  // The finish chunk, the usage chunk when asked, and [DONE].
-  std::string Finish(scheduler::FinishReason reason, const scheduler::Usage& usage);
+  StreamFormatter(ResponseContext ctx, int choices)
+      : ctx_(std::move(ctx)), text_offset_(choices, 0), tool_calls_(choices) {}
+  // Chat streams open each choice with the assistant role; completions have no such chunk.
+  std::string Start(int index);
+  std::string Delta(int index, const std::string& text,
+                    const std::vector<scheduler::TokenLogprob>& lp);
+  // Echo: the choice's prompt, before its first delta.
+  std::string Echo(int index, const EchoedPrompt& prompt);
+  // The choice's finish chunk.
+  std::string Finish(int index, scheduler::FinishReason reason);
+  // After every choice finished: the usage chunk when asked, and [DONE].
+  std::string Done(const scheduler::Usage& usage);
   // An error after the stream began (status 200 is already sent): an error event, then [DONE].
   std::string Error(int status, const std::string& message);
 
  private:
-  std::string Chunk(const std::string& text, const std::vector<scheduler::TokenLogprob>& lp,
-                    const char* finish_reason);
+  std::string Chunk(int index, const std::string& text,
+                    const std::vector<scheduler::TokenLogprob>& lp, const char* finish_reason);
   // A chat chunk whose delta carries these tool calls.
-  std::string ToolCallsChunk(const std::vector<ParsedToolCall>& calls, int first_index);
+  std::string ToolCallsChunk(int index, const std::vector<ParsedToolCall>& calls,
+                             int first_call);
   ResponseContext ctx_;
-  int64_t text_offset_ = 0;
-  ToolCallStream tool_calls_;  // with ctx_.tools
+  std::vector<int64_t> text_offset_;  // per choice: where its next delta starts in its text
+  std::vector<ToolCallStream> tool_calls_;  // per choice, with ctx_.tools
 };
 
 // {"error": {"message", "type", "param", "code"}}; empty param/code are null.

@@ -294,14 +294,14 @@ def test_disconnect_mid_stream_frees_blocks(daemon, model_name):
 @pytest.mark.parametrize("body,param,needle", [
     ({"prompt": PROMPT, "temperature": -1}, "temperature", "temperature = -1"),
     ({"prompt": PROMPT, "temperature": "hot"}, "temperature", "must be a number"),
-    ({"prompt": PROMPT, "n": 2}, "n", "only n = 1"),
+    ({"prompt": PROMPT, "n": 17}, "n", "[1, 16]"),
     ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", "must be >= 1"),
     ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens", "--max-tokens-limit"),
     ({"prompt": PROMPT, "stop": ["ok", ""]}, "stop[1]", "must not be empty"),
     ({"prompt": PROMPT, "top_p": 0}, "top_p", "top_p"),
     ({"prompt": PROMPT, "logprobs": 21}, "logprobs", "[0, 20]"),
     ({"prompt": ""}, "prompt", "must not be empty"),
-    ({"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
+    ({"prompt": ["a", 5]}, "prompt[1]", "a string or a list of token ids"),
     ({"prompt": [1, 2, 999999]}, "prompt[2]", "outside the vocabulary"),
     ({}, "prompt", "is required"),
 ])

@@ -590,3 +590,40 @@ TEST_F(EngineTest, CompressingASharerLeavesTheOthersOutputUnchanged) {
 
 }  // namespace
 }  // namespace winnow::scheduler
+
+namespace winnow::scheduler {
+namespace {
+
+TEST_F(EngineTest, PromptLogprobsDoNotDependOnChunkingOrThePrefixCache) {
+  GenerationRequest r = Greedy(Prompt(300, 5), 2);
+  r.prompt_logprobs = 3;
+  auto run = [&](EngineOptions options, int times) {
+    std::unique_ptr<Engine> engine = MakeEngine(options);
+    std::vector<std::vector<TokenLogprob>> out;
+    for (int i = 0; i < times; ++i) {
+      auto sink = std::make_shared<CollectingSink>();
+      EXPECT_TRUE(engine->Submit(r, sink).ok());
+      EXPECT_TRUE(sink->WaitDone());
+      out.push_back(sink->prompt_logprobs());
+    }
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+    return out;
+  };
+  EngineOptions chunked;
+  chunked.max_batched_tokens = 48;
+  // Twice on one engine: the second finds the prompt in the prefix cache and still scores it.
+  const auto whole = run({}, 2);
+  const auto small = run(chunked, 1);
+  ASSERT_EQ(whole[0].size(), 299u);
+  for (size_t i = 0; i < whole[0].size(); ++i) {
+    EXPECT_EQ(whole[0][i].id, r.prompt_tokens[i + 1]);
+    EXPECT_LE(whole[0][i].logprob, 0.0f);
+    ASSERT_EQ(whole[0][i].top.size(), 3u);
+    EXPECT_GE(whole[0][i].top[0].second, whole[0][i].logprob);
+    EXPECT_EQ(whole[1][i].logprob, whole[0][i].logprob) << i;
+    EXPECT_NEAR(small[0][i].logprob, whole[0][i].logprob, 1e-4) << i;
+  }
+}
+
+}  // namespace
+}  // namespace winnow::scheduler

@@ -18,6 +18,8 @@ class CollectingSink : public scheduler::RequestSink {
     std::lock_guard<std::mutex> lock(mu_);
     tokens_.insert(tokens_.end(), event.token_ids.begin(), event.token_ids.end());
     text_ += event.text;
+    prompt_logprobs_.insert(prompt_logprobs_.end(), event.prompt_logprobs.begin(),
+                            event.prompt_logprobs.end());
     cv_.notify_all();
   }
   void OnFinish(const scheduler::FinishEvent& event) override {
@@ -45,6 +47,10 @@ class CollectingSink : public scheduler::RequestSink {
     std::lock_guard<std::mutex> lock(mu_);
     return text_;
   }
+  std::vector<scheduler::TokenLogprob> prompt_logprobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompt_logprobs_;
+  }
   scheduler::FinishEvent finish() {
     std::lock_guard<std::mutex> lock(mu_);
     return finish_;
@@ -59,6 +65,7 @@ class CollectingSink : public scheduler::RequestSink {
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
   std::string text_;
+  std::vector<scheduler::TokenLogprob> prompt_logprobs_;
   scheduler::FinishEvent finish_;
   bool done_ = false;
   int finish_calls_ = 0;

@@ -98,3 +98,51 @@ TEST(ConfigureLoggingTest, RejectsUnknownFormatAndLevel) {
 
 }  // namespace
 }  // namespace winnow::server
+
+namespace winnow::server {
+namespace {
+
+// Records which hooks reached it.
+class HookRecorder : public scheduler::EngineObserver {
+ public:
+  void OnRequestQueued(uint64_t, int32_t) override { hooks.push_back("queued"); }
+  void OnRequestStarted(uint64_t, absl::Duration) override { hooks.push_back("started"); }
+  void OnFirstToken(uint64_t, absl::Duration) override { hooks.push_back("first_token"); }
+  void OnToken(uint64_t, absl::Duration) override { hooks.push_back("token"); }
+  void OnPreemption(uint64_t) override { hooks.push_back("preemption"); }
+  void OnPrefixCacheLookup(int32_t, int32_t) override { hooks.push_back("prefix_lookup"); }
+  void OnFatalError(const absl::Status&) override { hooks.push_back("fatal"); }
+  void OnCompression(const scheduler::CompressionEvent&) override {
+    hooks.push_back("compression");
+  }
+  void OnRequestFinished(const scheduler::RequestStats&) override { hooks.push_back("finished"); }
+  void OnIteration(const scheduler::IterationStats&) override { hooks.push_back("iteration"); }
+  void OnSchedulerState(const scheduler::SchedulerState&) override { hooks.push_back("state"); }
+  std::vector<std::string> hooks;
+};
+
+// Every EngineObserver hook reaches every observer (the prefix-cache metrics once stayed at 0
+// because the fan-out dropped their hook).
+TEST(FanoutObserverTest, ForwardsEveryHook) {
+  HookRecorder a, b;
+  FanoutObserver fanout({&a, &b});
+  fanout.OnRequestQueued(1, 2);
+  fanout.OnRequestStarted(1, absl::ZeroDuration());
+  fanout.OnFirstToken(1, absl::ZeroDuration());
+  fanout.OnToken(1, absl::ZeroDuration());
+  fanout.OnPreemption(1);
+  fanout.OnPrefixCacheLookup(32, 16);
+  fanout.OnFatalError(absl::InternalError("x"));
+  fanout.OnCompression({});
+  fanout.OnRequestFinished({});
+  fanout.OnIteration({});
+  fanout.OnSchedulerState({});
+  const std::vector<std::string> all = {"queued", "started", "first_token", "token",
+                                        "preemption", "prefix_lookup", "fatal", "compression",
+                                        "finished", "iteration", "state"};
+  EXPECT_EQ(a.hooks, all);
+  EXPECT_EQ(b.hooks, all);
+}
+
+}  // namespace
+}  // namespace winnow::server

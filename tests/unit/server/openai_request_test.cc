@@ -113,11 +113,47 @@ TEST(OpenAiRequestTest, ResponseFormatLogitBiasAndDeveloperRole) {
             "logit_bias[9]: must be in");
 }
 
+TEST(OpenAiRequestTest, EchoAsksForPromptLogprobs) {
+  OpenAiRequest r = ParseOk(Endpoint::kCompletions,
+                            R"({"prompt": "x", "echo": true, "logprobs": 2, "max_tokens": 0})");
+  EXPECT_TRUE(r.echo && r.echo_only);
+  EXPECT_EQ(r.choices[0].prompt_logprobs(), 2);
+  EXPECT_EQ(r.choices[0].stopping().max_tokens(), 1);  // generated, then left out
+  OpenAiRequest plain = ParseOk(Endpoint::kCompletions, R"({"prompt": "x", "echo": true})");
+  EXPECT_TRUE(plain.echo && !plain.echo_only);
+  EXPECT_FALSE(plain.choices[0].has_prompt_logprobs());  // the text alone needs no scoring
+}
+
+TEST(OpenAiRequestTest, PromptListsAndNBecomeOneRequestPerChoice) {
+  OpenAiRequest r = ParseOk(Endpoint::kCompletions, R"({"prompt": ["a", [5, 6]], "n": 3,
+                                                       "seed": 10, "max_tokens": 4})");
+  EXPECT_EQ(r.n, 3);
+  ASSERT_EQ(r.choices.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    const v1::GenerateRequest& c = r.choices[i];
+    EXPECT_EQ(c.stopping().max_tokens(), 4);
+    EXPECT_EQ(c.sampling().seed(), 10u + i % 3) << i;  // each choice its own seed stream
+    if (i < 3) {
+      EXPECT_EQ(c.prompt(), "a");
+    } else {
+      EXPECT_EQ(c.token_ids().ids_size(), 2);
+    }
+  }
+  // Unseeded choices stay unseeded (the builder draws a seed for each).
+  OpenAiRequest chat = ParseOk(Endpoint::kChat,
+                               R"({"messages": [{"role": "user", "content": "x"}], "n": 2})");
+  ASSERT_EQ(chat.choices.size(), 2u);
+  EXPECT_FALSE(chat.choices[1].sampling().has_seed());
+  EXPECT_EQ(chat.choices[1].chat().messages(0).content(), "x");
+}
+
 TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
   EXPECT_EQ(ParseError(Endpoint::kCompletions, "{nope"), "body: not valid JSON");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, "[1]"), "body: must be a JSON object");
-  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "n": 3})"),
-            "n: only n = 1 is supported, got 3");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "n": 17})"),
+            "n: must be in [1, 16], got 17");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})"),
+            "n: n times the prompts must be at most 64, got 80");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "temperature": "1"})"),
             "temperature: must be a number");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "max_tokens": 1.5})"),
@@ -126,10 +162,12 @@ TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
             "max_tokens: 1000000000000 is out of range");
   EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "stop": ["a", 1]})"),
             "stop[1]: must be a string");
-  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": ["a", "b"]})"),
-            "prompt: one prompt per request is supported (send one request per prompt)");
-  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "echo": true})"),
-            "echo: is not supported");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": ["a", 7]})"),
+            "prompt[1]: must be a string or a list of token ids");
+  EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [], "echo": true})"),
+            "echo: is for /v1/completions");
+  EXPECT_EQ(ParseError(Endpoint::kCompletions, R"({"prompt": "x", "suffix": "y"})"),
+            "suffix: is not supported: the served models have no fill-in-the-middle template");
   EXPECT_EQ(ParseError(Endpoint::kCompletions,
                        R"({"prompt": "x", "kv_compression": {"policy": "h2o", "params":
                           {"window": "8"}}})"),

@@ -1,8 +1,10 @@
-"""Structured output and the OpenAI request fields agents send, through the official SDK.
+"""What agents, extraction pipelines and sampling apps send, through the official SDK.
 
-JSON-schema replies are validated with the `jsonschema` package, greedy and under temperature-1
-sampling; json_object replies parse as objects; unsupported schema keywords are 400s naming the
-schema path; logit_bias moves the output as OpenAI documents it; the pool is whole afterwards.
+Structured output: JSON-schema replies are validated with the `jsonschema` package, greedy and
+under temperature-1 sampling; json_object replies parse as objects; unsupported schema keywords
+are 400s naming the schema path. Tool calling: the round trip, streamed and whole. n > 1 and
+prompt lists: reproducible, distinct samples, the prompt prefilled once. logit_bias, the
+developer role, X-Request-Id. The pool is whole afterwards.
 """
 
 from __future__ import annotations
@@ -335,3 +337,108 @@ def test_bad_tool_requests_are_400_naming_the_field(daemon, model, body, param):
         urllib.request.urlopen(req, timeout=60)
     out = json.loads(err.value.read())
     assert err.value.code == 400 and out["error"]["param"] == param, out
+
+
+# ------------------------------------------------------------------------------------------
+# n > 1 and lists of prompts
+
+STORY = [{"role": "user", "content": "Tell me a one-line story about a fox."}]
+
+
+def test_n_choices_are_reproducible_distinct_and_share_the_prefill(daemon, client, model):
+    long_story = [{"role": "system", "content": "You are a storyteller. " * 20}] + STORY
+    hits = daemon.metric("winnow_prefix_cache_hits_total")
+    kwargs = dict(model=model, messages=long_story, n=4, seed=11, temperature=1.0,
+                  max_tokens=16)
+    out = client.chat.completions.create(**kwargs)
+    shared = daemon.metric("winnow_prefix_cache_hits_total") - hits
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    texts = [c.message.content for c in out.choices]
+    assert len(set(texts)) == 4, texts
+    assert [c.message.content for c in client.chat.completions.create(**kwargs).choices] == texts
+    # The prompt is counted once, and the three later choices attached its cached blocks.
+    single = client.chat.completions.create(**{**kwargs, "n": 1})
+    assert out.usage.prompt_tokens == single.usage.prompt_tokens
+    assert out.usage.completion_tokens >= 4
+    assert shared >= 3 * 16 * ((out.usage.prompt_tokens - 1) // 16), shared
+    # Choice j of a seeded request is the single request with seed + j.
+    third = client.chat.completions.create(**{**kwargs, "n": 1, "seed": 13})
+    assert third.choices[0].message.content == texts[2]
+    daemon.wait_pool_free()
+
+
+def test_n_choices_streamed_equal_whole(client, model):
+    kwargs = dict(model=model, messages=STORY, n=3, seed=5, temperature=1.0, max_tokens=12)
+    whole = [c.message.content for c in client.chat.completions.create(**kwargs).choices]
+    texts, finishes = {}, {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert [texts[i] for i in range(3)] == whole
+    assert sorted(finishes) == [0, 1, 2]
+
+
+def test_a_list_of_prompts_gives_n_choices_each(client, model):
+    prompts = ["The capital of France is", "Once upon a time"]
+    out = client.completions.create(model=model, prompt=prompts, n=2, seed=3, temperature=1.0,
+                                    max_tokens=8)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    for i, choice in enumerate(out.choices):
+        alone = client.completions.create(model=model, prompt=prompts[i // 2], seed=3 + i % 2,
+                                          temperature=1.0, max_tokens=8)
+        assert choice.text == alone.choices[0].text, i
+
+
+# ------------------------------------------------------------------------------------------
+# echo with prompt log-probabilities (what loglikelihood evaluations send)
+
+def test_echo_logprobs_equal_winnow_score(daemon, client, model, tmp_path):
+    import subprocess
+
+    from daemon_harness import binary_path, model_path
+    text = "The quick brown fox jumps over the lazy dog because it was late for dinner."
+    ids = daemon.client.tokenize(text)
+    out = client.completions.create(model=model, prompt=text, echo=True, max_tokens=0,
+                                    logprobs=2, temperature=0)
+    choice = out.choices[0]
+    assert choice.text == text and out.usage.completion_tokens == 0
+    lp = choice.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert len(lp.tokens) == len(ids)
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    scored = json.loads(subprocess.run(
+        [str(binary_path()), "score", "--model", str(model_path()), "--tokens-file",
+         str(tmp_path / "ids.json")], capture_output=True, text=True, check=True).stdout)
+    for got, want in zip(lp.token_logprobs[1:], scored["logprob_next"], strict=True):
+        assert abs(got - want) < 2e-3, (got, want)
+    # With a completion: the prompt's tokens, then the generated ones, offsets running on.
+    more = client.completions.create(model=model, prompt=text, echo=True, max_tokens=4,
+                                     logprobs=0, temperature=0)
+    c = more.choices[0]
+    assert c.text.startswith(text) and len(c.logprobs.tokens) == len(ids) + 4
+    assert c.logprobs.token_logprobs[1:len(ids)] == lp.token_logprobs[1:]
+    assert c.logprobs.text_offset == sorted(c.logprobs.text_offset)
+    # Streamed: the prompt comes first, in one chunk.
+    chunks = list(client.completions.create(model=model, prompt=text, echo=True, max_tokens=4,
+                                            temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
+    assert chunks[0].choices[0].text == text
+    daemon.wait_pool_free()
+
+
+def test_echo_is_refused_on_chat_and_suffix_says_why(daemon, model):
+    import urllib.error
+    import urllib.request
+    for path, body, param in [
+            ("/v1/chat/completions", {"messages": ASK, "echo": True}, "echo"),
+            ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix")]:
+        req = urllib.request.Request(daemon.http_url + path, method="POST",
+                                     data=json.dumps({"model": model, **body}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=60)
+        out = json.loads(err.value.read())
+        assert err.value.code == 400 and out["error"]["param"] == param, out
