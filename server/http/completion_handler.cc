@@ -266,6 +266,49 @@ void RespondWhole(Choices& choices, const PeerWatch& peer, const ResponseContext
                   "application/json");
 }
 
+// The engine requests of every choice, validated and named: the body's request_id, else the
+// client's X-Request-Id header (a gateway's trace id), else a new one, which the response
+// echoes in X-Request-Id and the logs show; choices after the first log as <id>-<index>.
+// An error is the builder's (what ClassifyStatus reads), with its message renamed to the
+// OpenAI fields in `message` and the field in `param`.
+absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildChoices(
+    const OpenAiRequest& parsed, const model::Model& model, const RequestLimits& limits,
+    const httplib::Request& req, std::string* message, std::string* param) {
+  std::vector<scheduler::GenerationRequest> requests;
+  for (const v1::GenerateRequest& choice : parsed.choices) {
+    absl::StatusOr<scheduler::GenerationRequest> built =
+        BuildGenerationRequest(choice, model, limits);
+    if (!built.ok()) {
+      *message = OpenAiFieldMessage(parsed, std::string(built.status().message()), param);
+      return built.status();
+    }
+    requests.push_back(*std::move(built));
+  }
+  std::string request_id = requests[0].request_id;
+  if (request_id.empty()) request_id = ClientRequestId(req);
+  if (request_id.empty()) request_id = NewRequestId();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].request_id = i == 0 ? request_id : absl::StrCat(request_id, "-", i);
+  }
+  return requests;
+}
+
+ResponseContext MakeContext(const OpenAiRequest& parsed, const std::string& model_name,
+                            const std::string& request_id, const model::Model& model) {
+  ResponseContext ctx;
+  ctx.endpoint = parsed.endpoint;
+  ctx.id = absl::StrCat(parsed.endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", request_id);
+  ctx.created = static_cast<int64_t>(std::time(nullptr));
+  ctx.model = model_name;
+  ctx.logprobs = parsed.logprobs;
+  ctx.tools = parsed.tools;
+  ctx.echo = parsed.echo;
+  ctx.echo_only = parsed.echo_only;
+  ctx.include_usage = parsed.stream && parsed.include_usage;
+  ctx.tokenizer = &model.tokenizer();
+  return ctx;
+}
+
 }  // namespace
 
 void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingState* state,
@@ -285,54 +328,28 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
     return Reject(state, res, st, std::string(st.message()), "");
   }
   const model::Model& model = *state->model.load();
-  std::vector<scheduler::GenerationRequest> requests;
-  for (const v1::GenerateRequest& choice : parsed->choices) {
-    absl::StatusOr<scheduler::GenerationRequest> built =
-        BuildGenerationRequest(choice, model, state->limits);
-    if (!built.ok()) {
-      std::string param;
-      std::string message = OpenAiFieldMessage(*parsed, std::string(built.status().message()),
-                                               &param);
-      return Reject(state, res, built.status(), message, param);
-    }
-    requests.push_back(*std::move(built));
-  }
-  // The id: the body's request_id, else the client's X-Request-Id header (a gateway's trace
-  // id), else a new one; echoed in the X-Request-Id response header and the logs. Choices
-  // after the first log as <id>-<index>.
-  std::string request_id = requests[0].request_id;
-  if (request_id.empty()) request_id = ClientRequestId(req);
-  if (request_id.empty()) request_id = NewRequestId();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    requests[i].request_id = i == 0 ? request_id : absl::StrCat(request_id, "-", i);
-  }
-
+  std::string message, param;
+  absl::StatusOr<std::vector<scheduler::GenerationRequest>> requests =
+      BuildChoices(*parsed, model, state->limits, req, &message, &param);
+  if (!requests.ok()) return Reject(state, res, requests.status(), message, param);
+  const std::string request_id = (*requests)[0].request_id;
   auto choices = std::make_shared<Choices>(state->engine.load(),
-                                           static_cast<int>(requests.size()), parsed->n);
+                                           static_cast<int>(requests->size()), parsed->n);
   if (parsed->echo) {
-    for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t i = 0; i < requests->size(); ++i) {
       const v1::GenerateRequest& choice = parsed->choices[i];
-      std::string text = choice.has_token_ids()
-                             ? model.tokenizer().Decode(requests[i].prompt_tokens, false)
-                             : choice.prompt();
-      choices->SetEcho(static_cast<int>(i), std::move(text), requests[i].prompt_tokens[0]);
+      const std::vector<int32_t>& prompt = (*requests)[i].prompt_tokens;
+      choices->SetEcho(static_cast<int>(i),
+                       choice.has_token_ids() ? model.tokenizer().Decode(prompt, false)
+                                              : choice.prompt(),
+                       prompt[0]);
     }
   }
-  if (absl::Status st = choices->Submit(std::move(requests)); !st.ok()) {
+  if (absl::Status st = choices->Submit(*std::move(requests)); !st.ok()) {
     return Reject(state, res, st, std::string(st.message()), "");
   }
 
-  ResponseContext ctx;
-  ctx.endpoint = endpoint;
-  ctx.id = absl::StrCat(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-", request_id);
-  ctx.created = static_cast<int64_t>(std::time(nullptr));
-  ctx.model = model_name;
-  ctx.logprobs = parsed->logprobs;
-  ctx.tools = parsed->tools;
-  ctx.echo = parsed->echo;
-  ctx.echo_only = parsed->echo_only;
-  ctx.include_usage = parsed->stream && parsed->include_usage;
-  ctx.tokenizer = &model.tokenizer();
+  ResponseContext ctx = MakeContext(*parsed, model_name, request_id, model);
   res.set_header("X-Request-Id", request_id);
   PeerWatch peer(req.remote_addr, req.remote_port);
   if (!parsed->stream) return RespondWhole(*choices, peer, ctx, res);

@@ -215,50 +215,53 @@ absl::Status ParseToolCalls(const Json& msg, const std::string& field, v1::ChatM
   return absl::OkStatus();
 }
 
-// tools, tool_choice and parallel_tool_calls (chat only).
-absl::Status ParseTools(const Json& body, v1::ChatMessages* chat) {
-  if (const Json* tools = Member(body, "tools"); tools != nullptr) {
-    if (!tools->is_array()) return Bad("tools", "must be a list of tools");
-    for (size_t i = 0; i < tools->size(); ++i) {
-      const Json& tool = (*tools)[i];
-      const std::string at = absl::StrCat("tools[", i, "]");
-      if (!tool.is_object()) return Bad(at, "must be an object");
-      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> type, String(tool, "type"));
-      if (type.value_or("function") != "function") {
-        return Bad(at + ".type", absl::StrCat("only function tools are supported, got '",
-                                              *type, "'"));
-      }
-      const Json* function = Member(tool, "function");
-      if (function == nullptr || !function->is_object()) {
-        return Bad(at + ".function", "must be an object with a name");
-      }
-      v1::Tool* out = chat->add_tools();
-      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> name, String(*function, "name"));
-      WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> description,
-                              String(*function, "description"));
-      out->set_name(name.value_or(""));
-      out->set_description(description.value_or(""));
-      if (const Json* parameters = Member(*function, "parameters"); parameters != nullptr) {
-        out->set_parameters(parameters->dump());
-      }
+// tools: [{"type": "function", "function": {"name", "description", "parameters"}}].
+absl::Status ParseToolList(const Json& body, v1::ChatMessages* chat) {
+  const Json* tools = Member(body, "tools");
+  if (tools == nullptr) return absl::OkStatus();
+  if (!tools->is_array()) return Bad("tools", "must be a list of tools");
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& tool = (*tools)[i];
+    const std::string at = absl::StrCat("tools[", i, "]");
+    if (!tool.is_object()) return Bad(at, "must be an object");
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> type, String(tool, "type"));
+    if (type.value_or("function") != "function") {
+      return Bad(at + ".type", absl::StrCat("only function tools are supported, got '",
+                                            *type, "'"));
+    }
+    const Json* function = Member(tool, "function");
+    if (function == nullptr || !function->is_object()) {
+      return Bad(at + ".function", "must be an object with a name");
+    }
+    v1::Tool* out = chat->add_tools();
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> name, String(*function, "name"));
+    WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> description,
+                            String(*function, "description"));
+    out->set_name(name.value_or(""));
+    out->set_description(description.value_or(""));
+    if (const Json* parameters = Member(*function, "parameters"); parameters != nullptr) {
+      out->set_parameters(parameters->dump());
     }
   }
+  return absl::OkStatus();
+}
+
+// tool_choice: "auto" | "none" | "required" | {"type": "function", "function": {"name"}};
+// parallel_tool_calls. Values are checked against the tools by the request builder.
+absl::Status ParseToolChoice(const Json& body, v1::ChatMessages* chat) {
   if (const Json* choice = Member(body, "tool_choice"); choice != nullptr) {
     if (choice->is_string()) {
       chat->set_tool_choice(choice->get<std::string>());
     } else {
-      // {"type": "function", "function": {"name": "..."}}
       const Json* function = choice->is_object() ? Member(*choice, "function") : nullptr;
       const Json* name = function != nullptr && function->is_object()
                              ? Member(*function, "name") : nullptr;
-      if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
-        return Bad("tool_choice", "must be auto, none, required or {\"type\": \"function\", "
-                                  "\"function\": {\"name\": ...}}");
-      }
-      chat->set_tool_choice(name->get<std::string>());
+      if (name != nullptr && name->is_string()) chat->set_tool_choice(name->get<std::string>());
     }
-    const std::string& c = chat->tool_choice();
-    if (c.empty()) return Bad("tool_choice", "must not be empty");
+    if (chat->tool_choice().empty()) {
+      return Bad("tool_choice", "must be auto, none, required or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}");
+    }
   }
   WINNOW_ASSIGN_OR_RETURN(std::optional<bool> parallel, Bool(body, "parallel_tool_calls"));
   if (parallel) chat->set_parallel_tool_calls(*parallel);
@@ -287,7 +290,8 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
     if (tool_call_id) out_msg->set_tool_call_id(*tool_call_id);
     WINNOW_RETURN_IF_ERROR(ParseToolCalls(msg, field + ".tool_calls", out_msg));
   }
-  return ParseTools(body, chat);
+  WINNOW_RETURN_IF_ERROR(ParseToolList(body, chat));
+  return ParseToolChoice(body, chat);
 }
 
 absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {

@@ -606,6 +606,7 @@ TEST_F(EngineTest, PromptLogprobsDoNotDependOnChunkingOrThePrefixCache) {
       EXPECT_TRUE(sink->WaitDone());
       out.push_back(sink->prompt_logprobs());
     }
+    EXPECT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
     EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
     return out;
   };

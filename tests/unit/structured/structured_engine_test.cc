@@ -142,6 +142,7 @@ TEST_F(StructuredEngineTest, GreedyAndSampledOutputsAreValidAndBatchingChangesNo
     ASSERT_TRUE(sinks[i]->WaitDone());
     EXPECT_EQ(sinks[i]->tokens(), alone[i]) << i;
   }
+  ASSERT_TRUE((*engine)->WaitForIdle(absl::Seconds(10)));
   const auto snap = (*engine)->Snapshot();
   EXPECT_EQ(snap.kv_blocks_free, snap.kv_blocks_total);
 }
