@@ -199,6 +199,7 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
               .Add({}, ItlBuckets());
   e2e_ = &BuildHistogram()
               .Name("winnow_e2e_request_latency_seconds")
+              .Labels(model)
               .Help("Time from arrival to finish.")
               .Register(r)
               .Add({}, RequestTimeBuckets());
@@ -249,6 +250,14 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
                               .Register(r)
                               .Add({}, Buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5});
+  sampling_seconds_ = &BuildHistogram()
+                           .Name("winnow_iteration_sampling_seconds")
+                           .Labels(model)
+                           .Help("Time one engine iteration spent sampling after its forward "
+                                 "(structured-output token masks included).")
+                           .Register(r)
+                           .Add({}, Buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+                                            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1});
 }
 
 Metrics::~Metrics() {
@@ -350,6 +359,7 @@ void Metrics::OnIteration(const scheduler::IterationStats& stats) {
   iteration_tokens_->Observe(stats.batch_tokens);
   iteration_sequences_->Observe(stats.batch_seqs);
   iteration_seconds_->Observe(Seconds(stats.forward_time));
+  sampling_seconds_->Observe(Seconds(stats.sampling_time));
   if (stats.compression_time > absl::ZeroDuration()) {
     compression_seconds_->Observe(Seconds(stats.compression_time));
   }

@@ -102,6 +102,7 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Histogram* iteration_sequences_;
   prometheus::Histogram* iteration_seconds_;
   prometheus::Histogram* compression_seconds_;
+  prometheus::Histogram* sampling_seconds_;
   prometheus::Family<prometheus::Counter>* kv_tokens_evicted_;
   prometheus::Family<prometheus::Counter>* kv_blocks_reclaimed_;
   prometheus::Family<prometheus::Histogram>* kv_kept_ratio_;

@@ -1,6 +1,7 @@
 // winnow-health-probe: asks grpc.health.v1.Health/Check and exits 0 only for SERVING.
 //
-// The container image's HEALTHCHECK runs it (Kubernetes uses its native gRPC probes instead).
+// The container image's HEALTHCHECK runs it (Kubernetes ignores HEALTHCHECK; the chart probes
+// GET /health on the HTTP port instead).
 // grpc_health_probe is not packaged by Debian or Ubuntu, and the runtime image already carries
 // libgrpc++ for the daemon, so this is ~100 lines against the generic stub: no generated code,
 // the two tiny health messages are encoded by hand.

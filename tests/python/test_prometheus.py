@@ -162,6 +162,17 @@ def test_pool_size_is_scraped_before_any_request(stack):
     assert running["metric"]["model_name"] == daemon.client.model_info().name
 
 
+def test_every_winnow_series_carries_model_name(stack):
+    """docs/metrics.md's promise (cache_config_info excepted, as vLLM's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    daemon, _ = stack
+    missing = {s.name for family in text_string_to_metric_families(daemon.metrics_text())
+               for s in family.samples
+               if s.name.startswith("winnow_") and "model_name" not in s.labels
+               and not s.name.startswith("winnow_cache_config_info")}
+    assert not missing, sorted(missing)
+
+
 def test_promtool_accepts_the_exposition(stack):
     daemon, _ = stack
     proc = subprocess.run([_binary("promtool"), "check", "metrics"], input=daemon.metrics_text(),
