@@ -1,6 +1,7 @@
 // What structured output costs: compiling a schema, and the token masks per decode step.
 //
-//   structured_bench --model=PATH [--batches=1,32] [--max_tokens=96] [--threads=N]
+//   structured_bench --model=PATH [--device=cpu|cuda] [--batches=1,32] [--max_tokens=96]
+//                    [--threads=N]
 //
 // Part 1: compile time of a typical tool schema (a function's parameters: nested object, enum,
 // bounded numbers, an array), the fastest of --reps compiles.
@@ -27,6 +28,7 @@
 #include "base/cli.h"
 #include "bench/bench_util.h"
 #include "model/model.h"
+#include "scheduler/device.h"
 #include "scheduler/engine.h"
 #include "structured/grammar.h"
 #include "structured/grammar_cache.h"
@@ -36,6 +38,7 @@ namespace {
 
 struct Options {
   std::string model;
+  std::string device = "cpu";
   std::vector<int> batches = {1, 32};
   int max_tokens = 96;
   int threads = 0;
@@ -109,6 +112,14 @@ std::vector<std::vector<int32_t>> RunBatch(model::Model* m, const Options& opt, 
   scheduler::EngineOptions options;
   options.kv_cache_bytes = int64_t{256} << 20;
   if (opt.threads > 0) options.worker.num_threads = opt.threads;
+  absl::StatusOr<scheduler::Device> device = scheduler::ParseDevice(opt.device);
+  if (!device.ok()) {
+    std::fprintf(stderr, "--device: %s\n", std::string(device.status().message()).c_str());
+    return {};
+  }
+  options.device = *device;
+  absl::StatusOr<kernels::KvDtype> dtype = scheduler::KvDtypeFor(*device, std::nullopt);
+  if (dtype.ok()) options.kv_cache_dtype = *dtype;
   auto engine = scheduler::Engine::Create(m, options, times);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", std::string(engine.status().message()).c_str());
@@ -191,6 +202,10 @@ int Run(const Options& opt) {
   for (const int batch : opt.batches) {
     StepTimes free;
     RunBatch(m, opt, batch, nullptr, &free);
+    if (free.steps == 0) {
+      std::fprintf(stderr, "structured_bench: no decode step ran at batch %d\n", batch);
+      return 1;
+    }
     StepTimes constrained;
     const auto outputs = RunBatch(m, opt, batch, *structured::CompileJsonSchema(kToolSchema),
                                   &constrained);
@@ -211,6 +226,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
                "structured_bench");
   base::ConfigureApp(app);
   app.add_option("--model", opt->model, "GGUF model")->required();
+  app.add_option("--device", opt->device, "cpu, cuda or cuda:N (masks are on the host either way)");
   app.add_option("--batches", opt->batches, "requests decoded at once, comma-separated")
       ->delimiter(',');
   app.add_option("--max_tokens", opt->max_tokens, "tokens per request")->check(base::AtLeast(1));

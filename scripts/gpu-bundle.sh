@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bundles what the GPU checks need into one folder, for a GPU machine that has the CUDA driver
 # and cuBLAS but none of winnow's build dependencies (gRPC, Abseil, spdlog, ...):
-#   bin/   stripped winnow, winnow_cuda_tests, gpu_bench and capacity_bench from BUILD
+#   bin/   stripped winnow, winnow_cuda_tests, gpu_bench, capacity_bench and structured_bench
+#          from BUILD
 #          (default build/)
 #   lib/   the shared libraries they load, except glibc, libstdc++ and cuBLAS (the GPU
 #          machine's own are used: a CUDA image has them)
@@ -12,7 +13,7 @@ set -euo pipefail
 out=${1:?usage: gpu-bundle.sh OUT_DIR [BUILD]}
 build=${2:-build}
 mkdir -p "$out/bin" "$out/lib"
-for exe in winnow winnow_cuda_tests gpu_bench capacity_bench; do
+for exe in winnow winnow_cuda_tests gpu_bench capacity_bench structured_bench; do
   [[ -x "$build/$exe" ]] || continue
   strip -o "$out/bin/$exe" "$build/$exe"
 done

@@ -8,6 +8,7 @@
 # 2. winnow generate --device cuda against --device cpu on MODEL (greedy, same tokens expected)
 # 3. tests/python/test_cuda_daemon.py against the bundle's daemon on MODEL, when python3 has
 #    grpcio, grpcio-tools, protobuf and pytest (a GPU image may need them carried as wheels)
+# 4. structured_bench on MODEL on the device: structured output's mask cost per decode step
 set -uo pipefail
 bundle=${1:?usage: gpu-check.sh BUNDLE_DIR OUT_DIR [MODEL]}
 out=${2:?usage: gpu-check.sh BUNDLE_DIR OUT_DIR [MODEL]}
@@ -50,4 +51,12 @@ if [[ -n "$model" ]] && has_py_deps; then
     "$repo/tests/python/test_cuda_daemon.py" >"$out/cuda_daemon.log" 2>&1
   echo "exit $?"
   tail -15 "$out/cuda_daemon.log"
+fi
+
+if [[ -n "$model" && -x "$bundle/bin/structured_bench" ]]; then
+  echo "== structured_bench on cuda"
+  "$bundle/bin/structured_bench" --model "$model" --device cuda --batches 1,32 \
+    >"$out/structured_bench.log" 2>&1
+  echo "exit $?"
+  grep -v '\[info\]' "$out/structured_bench.log" | tail -6
 fi
