@@ -53,7 +53,7 @@ Constraint::Constraint(std::shared_ptr<const CompiledGrammar> grammar,
 const TokenMask& Constraint::Allowed() {
   if (mask_ != nullptr) return *mask_;
   // The vocabulary is part of the key: a grammar shared by two models keeps their masks apart.
-  const uintptr_t vocab_id = reinterpret_cast<uintptr_t>(vocab_.get());
+  const uint64_t vocab_id = vocab_->id();
   std::string key(reinterpret_cast<const char*>(&vocab_id), sizeof(vocab_id));
   key += state_.Key();
   mask_ = grammar_->masks.Find(key);

@@ -1,13 +1,25 @@
 #include "structured/token_vocabulary.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 namespace winnow::structured {
+namespace {
+
+uint64_t NextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+}  // namespace
 
 TokenVocabulary::TokenVocabulary(const std::vector<std::string>& pieces,
                                  std::vector<int32_t> end_ids)
-    : size_(static_cast<int32_t>(pieces.size())), pieces_(pieces), end_ids_(std::move(end_ids)) {
+    : id_(NextId()),
+      size_(static_cast<int32_t>(pieces.size())),
+      pieces_(pieces),
+      end_ids_(std::move(end_ids)) {
   // Tokens sorted by their bytes: a trie is then built in one pass, each token sharing the
   // path of the previous one as far as their common prefix.
   std::vector<int32_t> order;

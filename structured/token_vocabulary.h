@@ -25,6 +25,9 @@ class TokenVocabulary {
   TokenVocabulary(const std::vector<std::string>& pieces, std::vector<int32_t> end_ids);
 
   int32_t size() const { return size_; }
+  // Unique per vocabulary built in this process: part of the mask cache's key (an address could
+  // be reused by a later vocabulary).
+  uint64_t id() const { return id_; }
   const std::string& piece(int32_t id) const { return pieces_[id]; }
   const std::vector<int32_t>& end_ids() const { return end_ids_; }
   bool IsEnd(int32_t id) const;
@@ -34,6 +37,7 @@ class TokenVocabulary {
   const std::vector<int32_t>& token_ids() const { return token_ids_; }
 
  private:
+  uint64_t id_;
   int32_t size_ = 0;
   std::vector<std::string> pieces_;
   std::vector<int32_t> end_ids_;
