@@ -379,72 +379,66 @@ void JsonMatcher::StepArray(Stack s, int byte, Out& out) const {
   Step(std::move(s), byte, out);
 }
 
+namespace {
+
+// After a backslash: one of \" \\ \/ \b \f \n \r \t, or \u and four hex digits (b holds how
+// many, and the first). False when the byte cannot come next.
+bool StepEscape(Frame& f, int byte) {
+  if (f.phase == kStrEscape) {
+    if (byte == 'u') {
+      f.phase = kStrHex;
+      f.b = 0;
+      return true;
+    }
+    if (byte == 0 || std::strchr("\"\\/bfnrt", byte) == nullptr) return false;
+    f.phase = kStrChars;
+    return true;
+  }
+  const int digit = HexValue(byte);
+  const int count = f.b & 0xFF;
+  if (digit < 0) return false;
+  // \uD800-\uDFFF (surrogates) are refused: a lone one is not valid Unicode.
+  if (count == 1 && (f.b >> 8) == 0xD && digit >= 8) return false;
+  f.b = count == 0 ? (1 | (digit << 8)) : ((count + 1) | (f.b & ~0xFF));
+  if (count + 1 == 4) {
+    f.phase = kStrChars;
+    f.b = 0;
+  }
+  return true;
+}
+
+}  // namespace
+
 void JsonMatcher::StepString(Stack s, int byte, Out& out) const {
   Frame& f = s.back();
   if (byte == kEndOfText) return;
+  if (f.phase != kStrChars) {
+    if (StepEscape(f, byte)) Add(out, std::move(s));
+    return;
+  }
+  if (f.b != 0) {  // inside a multi-byte character
+    const int remaining = f.b & 0xFF, lo = (f.b >> 8) & 0xFF, hi = (f.b >> 16) & 0xFF;
+    if (byte < lo || byte > hi) return;
+    f.b = remaining > 1 ? Utf8Pending(remaining - 1, 0x80, 0xBF) : 0;
+    Add(out, std::move(s));
+    return;
+  }
   const int32_t min_length = f.node >= 0 ? grammar_->node(f.node).min_length : 0;
   const int32_t max_length = f.node >= 0 ? grammar_->node(f.node).max_length : -1;
-  // A new code point starts: counted against the length bounds.
-  auto start_char = [&] {
-    if (max_length >= 0 && f.a >= max_length) return false;
-    ++f.a;
-    return true;
-  };
-  switch (f.phase) {
-    case kStrChars:
-      if (f.b != 0) {  // inside a multi-byte character
-        const int remaining = f.b & 0xFF, lo = (f.b >> 8) & 0xFF, hi = (f.b >> 16) & 0xFF;
-        if (byte < lo || byte > hi) return;
-        f.b = remaining > 1 ? Utf8Pending(remaining - 1, 0x80, 0xBF) : 0;
-        break;
-      }
-      if (byte == '"') {
-        if (f.a < min_length) return;
-        s.pop_back();
-        break;
-      }
-      if (byte == '\\') {
-        if (!start_char()) return;
-        f.phase = kStrEscape;
-        break;
-      }
-      if (byte < 0x20) return;
-      if (byte < 0x80) {
-        if (!start_char()) return;
-        break;
-      }
-      {
-        const int32_t pending = Utf8Lead(byte);
-        if (pending < 0 || !start_char()) return;
-        f.b = pending;
-      }
-      break;
-    case kStrEscape:
-      if (byte == 'u') {
-        f.phase = kStrHex;
-        f.b = 0;
-      } else if (std::strchr("\"\\/bfnrt", byte) != nullptr && byte != 0) {
-        f.phase = kStrChars;
-      } else {
-        return;
-      }
-      break;
-    case kStrHex: {
-      const int digit = HexValue(byte);
-      const int count = f.b & 0xFF;
-      if (digit < 0) return;
-      // \uD800-\uDFFF (surrogates) are refused: a lone one is not valid Unicode.
-      if (count == 1 && (f.b >> 8) == 0xD && digit >= 8) return;
-      f.b = count == 0 ? (1 | (digit << 8)) : ((count + 1) | (f.b & ~0xFF));
-      if (count + 1 == 4) {
-        f.phase = kStrChars;
-        f.b = 0;
-      }
-      break;
-    }
-    default:
-      return;
+  if (byte == '"') {
+    if (f.a < min_length) return;
+    s.pop_back();
+    Add(out, std::move(s));
+    return;
   }
+  if (byte < 0x20) return;  // control characters must be escaped
+  const int32_t pending = byte < 0x80 ? 0 : Utf8Lead(byte);
+  if (pending < 0) return;
+  // A new code point starts (a character, or an escape): counted against the length bounds.
+  if (max_length >= 0 && f.a >= max_length) return;
+  ++f.a;
+  if (byte == '\\') f.phase = kStrEscape;
+  f.b = pending;
   Add(out, std::move(s));
 }
 
@@ -459,73 +453,89 @@ void JsonMatcher::EndNumber(Stack s, int byte, Out& out) const {
   Step(std::move(s), byte, out);
 }
 
+namespace {
+
+// What one byte does to a number: it is taken, it ends the number (which the parent then
+// reads), or it is refused. Split by the part of the number the frame is in.
+enum class NumberStep { kTaken, kEnds, kRefused };
+
+NumberStep IntegerPart(Frame& f, int byte, bool integer, bool bounded) {
+  const int digit = IsDigit(byte) ? byte - '0' : -1;
+  if (f.phase == kNumStart && byte == '-') {
+    f.flags |= kNegative;
+    f.phase = kNumSign;
+    return NumberStep::kTaken;
+  }
+  if (f.phase == kNumStart || f.phase == kNumSign) {
+    if (digit < 0) return NumberStep::kRefused;
+    f.phase = digit == 0 ? kNumZero : kNumInt;  // no leading zeros: "0" takes no digit
+    f.a = 1;
+    f.x = digit;
+    return NumberStep::kTaken;
+  }
+  if (digit >= 0 && f.phase == kNumInt && f.a < kMaxIntDigits) {
+    ++f.a;
+    f.x = f.x * 10 + digit;
+  } else if (byte == '.' && !integer) {
+    f.phase = kNumDot;
+  } else if ((byte == 'e' || byte == 'E') && !integer && !bounded) {
+    f.phase = kNumExp;
+  } else {
+    return NumberStep::kEnds;
+  }
+  return NumberStep::kTaken;
+}
+
+NumberStep FractionPart(Frame& f, int byte, bool bounded) {
+  if (IsDigit(byte) && f.b < kMaxFracDigits) {
+    ++f.b;
+    f.x += (byte - '0') * std::pow(10.0, -f.b);
+    f.phase = kNumFrac;
+    return NumberStep::kTaken;
+  }
+  if (f.phase == kNumDot) return NumberStep::kRefused;  // "1." needs a digit
+  if ((byte == 'e' || byte == 'E') && !bounded) {
+    f.phase = kNumExp;
+    return NumberStep::kTaken;
+  }
+  return NumberStep::kEnds;
+}
+
+NumberStep ExponentPart(Frame& f, int byte) {
+  if (f.phase == kNumExp && (byte == '+' || byte == '-')) {
+    f.phase = kNumExpSign;
+    return NumberStep::kTaken;
+  }
+  if (f.phase != kNumExpDigits) {
+    if (!IsDigit(byte)) return NumberStep::kRefused;
+    f.phase = kNumExpDigits;
+    f.ws = 1;  // exponent digits so far
+    return NumberStep::kTaken;
+  }
+  if (IsDigit(byte) && f.ws < kMaxExpDigits) {
+    ++f.ws;
+    return NumberStep::kTaken;
+  }
+  return NumberStep::kEnds;
+}
+
+}  // namespace
+
 void JsonMatcher::StepNumber(Stack s, int byte, Out& out) const {
   Frame& f = s.back();
   const Node& node = grammar_->node(f.node);
-  const bool integer = node.kind == NodeKind::kInteger;
   const bool bounded = node.bounds.bounded();
-  const int digit = IsDigit(byte) ? byte - '0' : -1;
-  switch (f.phase) {
-    case kNumStart:
-      if (byte == '-') {
-        f.flags |= kNegative;
-        f.phase = kNumSign;
-        break;
-      }
-      [[fallthrough]];
-    case kNumSign:
-      if (digit < 0) return;
-      f.phase = digit == 0 ? kNumZero : kNumInt;
-      f.a = 1;
-      f.x = digit;
-      break;
-    case kNumZero:
-    case kNumInt:
-      if (digit >= 0 && f.phase == kNumInt && f.a < kMaxIntDigits) {
-        ++f.a;
-        f.x = f.x * 10 + digit;
-      } else if (byte == '.' && !integer) {
-        f.phase = kNumDot;
-      } else if ((byte == 'e' || byte == 'E') && !integer && !bounded) {
-        f.phase = kNumExp;
-      } else {
-        return EndNumber(std::move(s), byte, out);
-      }
-      break;
-    case kNumDot:
-    case kNumFrac:
-      if (digit >= 0 && f.b < kMaxFracDigits) {
-        ++f.b;
-        f.x += digit * std::pow(10.0, -f.b);
-        f.phase = kNumFrac;
-      } else if (f.phase == kNumFrac && (byte == 'e' || byte == 'E') && !bounded) {
-        f.phase = kNumExp;
-      } else if (f.phase == kNumFrac) {
-        return EndNumber(std::move(s), byte, out);
-      } else {
-        return;
-      }
-      break;
-    case kNumExp:
-      if (byte == '+' || byte == '-') {
-        f.phase = kNumExpSign;
-        break;
-      }
-      [[fallthrough]];
-    case kNumExpSign:
-      if (digit < 0) return;
-      f.phase = kNumExpDigits;
-      f.ws = 1;
-      break;
-    case kNumExpDigits:
-      if (digit >= 0 && f.ws < kMaxExpDigits) {
-        ++f.ws;
-        break;
-      }
-      return EndNumber(std::move(s), byte, out);
-    default:
-      return;
+  NumberStep step = NumberStep::kRefused;
+  // The phases are declared in the order a number is written.
+  if (f.phase <= kNumInt) {
+    step = IntegerPart(f, byte, node.kind == NodeKind::kInteger, bounded);
+  } else if (f.phase <= kNumFrac) {
+    step = FractionPart(f, byte, bounded);
+  } else {
+    step = ExponentPart(f, byte);
   }
+  if (step == NumberStep::kEnds) return EndNumber(std::move(s), byte, out);
+  if (step == NumberStep::kRefused) return;
   if (bounded && !NumberViable(f, node)) return;
   Add(out, std::move(s));
 }
