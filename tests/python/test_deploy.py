@@ -72,10 +72,15 @@ def rendered(values: dict | None = None, namespace: str = "winnow") -> list[dict
 
 
 def by_kind(docs: list[dict]) -> dict[str, dict]:
+    """Objects by kind; the chart's two Services as "Service" (headless) and
+    "Service/balanced" (its -lb ClusterIP)."""
     out = {}
     for d in docs:
-        assert d["kind"] not in out, f"two {d['kind']} objects"
-        out[d["kind"]] = d
+        key = d["kind"]
+        if key == "Service" and d["metadata"]["labels"].get("winnow.dev/service") == "balanced":
+            key = "Service/balanced"
+        assert key not in out, f"two {key} objects"
+        out[key] = d
     return out
 
 
@@ -430,9 +435,20 @@ def test_objects_fit_together():
     assert svc_ports["grpc"]["port"] == ports["grpc"] and svc_ports["http"]["targetPort"] == "http"
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
-    # ServiceMonitor selects the Service and scrapes its metrics port.
+    # Beside it, an ordinary ClusterIP Service (one virtual IP) over the same pods and ports.
+    lb = k["Service/balanced"]
+    assert "clusterIP" not in lb["spec"] and lb["spec"]["type"] == "ClusterIP"
+    assert lb["metadata"]["name"] == f'{svc["metadata"]["name"]}-lb'
+    assert lb["spec"]["selector"] == svc["spec"]["selector"]
+    lb_ports = {p["name"]: p for p in lb["spec"]["ports"]}
+    assert {n: (p["port"], p["targetPort"]) for n, p in lb_ports.items()} == \
+        {n: (svc_ports[n]["port"], svc_ports[n]["targetPort"]) for n in ("grpc", "http")}
+
+    # ServiceMonitor selects the headless Service only (both would scrape every pod twice) and
+    # scrapes its metrics port.
     sm = k["ServiceMonitor"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert not sm["spec"]["selector"]["matchLabels"].items() <= lb["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == "http" and "http" in svc_ports
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
 
