@@ -201,7 +201,8 @@ bool LoadSecurity(Daemon* d) {
 bool StartMetrics(Daemon* d) {
   const ServeOptions& options = d->options;
   d->model_name = ServedModelName(options);
-  d->metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768, d->model_name);
+  d->metrics = std::make_unique<Metrics>(/*max_request_tokens=*/32768, d->model_name,
+                                         options.metrics_labels);
   d->metrics->SetServing(false);
   if (options.metrics_port >= 0) {
     if (absl::Status st = d->metrics->StartExposer(options.host, options.metrics_port); !st.ok()) {

@@ -64,11 +64,12 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
-Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name)
+Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name,
+                 const std::map<std::string, std::string>& labels)
     : registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
-  // Constant labels of every family below (none without a model name).
-  prometheus::Labels model;
+  // Constant labels of every family below: --metrics-labels, and model_name when known.
+  prometheus::Labels model(labels.begin(), labels.end());
   if (!model_name.empty()) model["model_name"] = model_name;
   running_ = &BuildGauge()
                   .Name("winnow_requests_running")

@@ -39,7 +39,9 @@ class Metrics : public scheduler::EngineObserver {
   // model_name, when not empty, labels every series of the engine and the edge as
   // model_name="..." (vLLM's label), so dashboards and the Gateway API Inference Extension can
   // tell models apart when one Prometheus scrapes several.
-  explicit Metrics(int32_t max_request_tokens = 8192, const std::string& model_name = "");
+  // `labels` are constant labels of every series beside model_name (--metrics-labels).
+  explicit Metrics(int32_t max_request_tokens = 8192, const std::string& model_name = "",
+                   const std::map<std::string, std::string>& labels = {});
   ~Metrics() override;
 
   // Serves the registry at http://host:port/metrics. Port 0 picks a free port.

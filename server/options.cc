@@ -12,7 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/cli.h"
 #include "base/file.h"
@@ -83,6 +85,35 @@ Setting StringSetting(std::string name, std::string help, std::string ServeOptio
                  std::move(type)};
 }
 
+// "name=value[,name=value...]": Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*, not "__..." and
+// not model_name, which the daemon sets), values without commas.
+Setting LabelsSetting(std::string name, std::string help,
+                      std::map<std::string, std::string> ServeOptions::*field) {
+  return Setting{std::move(name), std::move(help),
+                 [field](const std::string& v, ServeOptions* o) -> absl::Status {
+                   std::map<std::string, std::string> labels;
+                   for (absl::string_view pair : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+                     const size_t eq = pair.find('=');
+                     const std::string key(absl::StripAsciiWhitespace(pair.substr(0, eq)));
+                     const bool valid_name =
+                         !key.empty() && !absl::ascii_isdigit(key[0]) &&
+                         std::all_of(key.begin(), key.end(), [](char c) {
+                           return absl::ascii_isalnum(c) || c == '_';
+                         }) &&
+                         !absl::StartsWith(key, "__") && key != "model_name";
+                     if (eq == absl::string_view::npos || !valid_name) {
+                       return absl::InvalidArgumentError(absl::StrCat(
+                           "expected name=value pairs with Prometheus label names (not "
+                           "model_name or __*), got '", std::string(pair), "'"));
+                     }
+                     labels[key] = std::string(pair.substr(eq + 1));
+                   }
+                   o->*field = std::move(labels);
+                   return absl::OkStatus();
+                 },
+                 "NAME=VALUE,..."};
+}
+
 // true/false (also 1/0, yes/no, on/off), so that a variable or YAML key can say either.
 Setting BoolSetting(std::string name, std::string help, bool ServeOptions::*field) {
   return Setting{std::move(name), std::move(help),
@@ -129,6 +160,9 @@ const std::vector<Setting>& Settings() {
       StringSetting("served-model-name",
                     "model name for the OpenAI API (default: the GGUF's general.name)",
                     &ServeOptions::served_model_name),
+      LabelsSetting("metrics-labels",
+                    "constant labels on every metric series, name=value[,name=value] (none)",
+                    &ServeOptions::metrics_labels),
       IntSetting("max-batched-tokens", "tokens per engine iteration (2048)",
                  &ServeOptions::max_batched_tokens, 1, kI32),
       IntSetting("max-seqs", "sequences per engine iteration (64)", &ServeOptions::max_seqs, 1,
@@ -522,6 +556,7 @@ std::string ServeOptions::DebugString() const {
   return absl::StrCat(
       "model=", model, " host=", host, " port=", port, " http_port=", http_port,
       " metrics_port=", metrics_port, " served_model_name=", served_model_name,
+      " metrics_labels=", absl::StrJoin(metrics_labels, ",", absl::PairFormatter("=")),
       " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
       " gpu_memory_utilization=", gpu_memory_utilization,

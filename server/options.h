@@ -33,6 +33,9 @@ struct ServeOptions {
   // A separate Prometheus port besides the HTTP port's /metrics. 0: pick a free port (logged).
   int32_t metrics_port = -1;      // -1: none
   std::string served_model_name;  // the `model` clients send; empty: the GGUF's general.name
+  // Constant labels added to every metric series (--metrics-labels "name=value,..."): what
+  // identifies this deployment whatever the scraper adds (the chart: winnow_release).
+  std::map<std::string, std::string> metrics_labels;
   int32_t max_batched_tokens = 2048;
   int32_t max_seqs = 64;
   int32_t max_queue = 1024;

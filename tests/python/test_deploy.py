@@ -467,14 +467,16 @@ def test_objects_fit_together():
     assert so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
     assert "replicas" not in dep["spec"]
     query = so["spec"]["triggers"][0]["metadata"]["query"]
-    assert "winnow_requests_waiting" in query
-    assert f'namespace="{dep["metadata"]["namespace"]}"' in query
-    assert f'service="{svc["metadata"]["name"]}"' in query
+    # It selects on the label the daemons export themselves (--metrics-labels from the
+    # ConfigMap), so it works with any scrape configuration (test_prometheus evaluates it).
+    release = f'{dep["metadata"]["namespace"]}/{dep["metadata"]["name"]}'
+    assert query == f'sum(winnow_requests_waiting{{winnow_release="{release}"}})'
+    assert config["metrics-labels"] == f"winnow_release={release}"
 
 
 def test_config_keys_are_daemon_settings():
     options = (REPO / "server" / "options.cc").read_text()
-    settings = set(re.findall(r'(?:Int|String|Bool|Duration)Setting\(\s*"([a-z-]+)"', options))
+    settings = set(re.findall(r'(?:Int|String|Bool|Duration|Labels)Setting\(\s*"([a-z-]+)"', options))
     settings |= set(re.findall(r'Setting\{\s*"([a-z-]+)"', options))
     assert {"port", "model", "drain-timeout", "threads"} <= settings
     for values_file in (None, "rendered-values.yaml", "cpu-hpa-values.yaml"):

@@ -318,3 +318,25 @@ def test_separate_metrics_port_serves_the_registry():
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
         assert err.value.code == 404
+
+
+def test_the_charts_keda_query_evaluates_on_the_daemons_own_labels():
+    """deploy/k8s's ScaledObject query selects on winnow_release, which the daemon exports
+    itself (--metrics-labels, set by the chart's ConfigMap): it finds the daemon's series under
+    a scrape configuration that adds no namespace or service label (this one adds none)."""
+    import yaml
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "scaledobject.yaml").read_text()))
+    (so,) = [d for d in docs if d and d["kind"] == "ScaledObject"]
+    query = so["spec"]["triggers"][0]["metadata"]["query"]
+    config = yaml.safe_load(yaml.safe_load((REPO / "deploy" / "k8s" / "configmap.yaml")
+                                           .read_text())["data"]["winnow.yaml"])
+    _binary("prometheus")
+    with Daemon("--metrics-labels", config["metrics-labels"]) as daemon:
+        prom = Prometheus(f"127.0.0.1:{daemon.metrics_port}")
+        try:
+            prom.wait_for('up{job="winnow"}', lambda v: v == 1)
+            assert prom.wait_for(query, lambda v: v == 0, timeout=10) == 0
+            # And only this release's series: another release's label finds nothing.
+            assert prom.query(query.replace("winnow/", "other/")) == []
+        finally:
+            prom.stop()

@@ -124,6 +124,23 @@ TEST(ServeOptionsTest, ErrorsNameTheSource) {
   EXPECT_FALSE(Parse({"--log-format", "xml"}).ok());
 }
 
+TEST(ServeOptionsTest, MetricsLabelsAreNameValuePairs) {
+  auto o = Parse({}, {}, "");
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->metrics_labels.empty());
+  o = Parse({"--config", "/etc/winnow.yaml"}, {},
+            "metrics-labels: \"winnow_release=prod/winnow, zone=eu-1\"\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->metrics_labels, (std::map<std::string, std::string>{
+                                   {"winnow_release", "prod/winnow"}, {"zone", "eu-1"}}));
+  for (const char* bad : {"novalue", "model_name=x", "__x=1", "1abc=2", "a-b=3", "=v"}) {
+    auto r = Parse({"--metrics-labels", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--metrics-labels"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(ServeOptionsTest, FlagSyntax) {
   auto o = Parse({"--metrics-port", "-1", "--threads=3", "--threads", "4", "--log-format=json"});
   ASSERT_TRUE(o.ok()) << o.status();

@@ -31,10 +31,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* The daemon's --config YAML: the user's settings plus the ones the chart owns. */}}
+{{/* The winnow_release label every metric series of this release carries (--metrics-labels):
+what the KEDA query selects on, whatever labels the scraper adds. */}}
+{{- define "winnow.releaseLabel" -}}
+{{- printf "%s/%s" .Release.Namespace (include "winnow.fullname" .) -}}
+{{- end -}}
+
 {{- define "winnow.config" -}}
-{{- range $key := list "model" "host" "port" "http-port" "metrics-port" "drain-timeout" "config" "tls-cert" "tls-key" "tls-client-ca" "api-key-file" -}}
+{{- range $key := list "model" "host" "port" "http-port" "metrics-port" "metrics-labels" "drain-timeout" "config" "tls-cert" "tls-key" "tls-client-ca" "api-key-file" -}}
 {{- if hasKey $.Values.config $key -}}
-{{- fail (printf "config.%s is set by the chart; use the values model.*, ports.*, drain.*, tls.* or auth.* instead" $key) -}}
+{{- fail (printf "config.%s is set by the chart; use the values model.*, ports.*, drain.*, tls.* or auth.* instead (metrics-labels: the chart's winnow_release label)" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- $owned := dict
@@ -42,6 +48,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       "host" "0.0.0.0"
       "port" (int .Values.ports.grpc)
       "http-port" (int .Values.ports.http)
+      "metrics-labels" (printf "winnow_release=%s" (include "winnow.releaseLabel" .))
       "drain-timeout" (printf "%ds" (int .Values.drain.timeoutSeconds)) -}}
 {{- if .Values.ports.metrics -}}
 {{- $_ := set $owned "metrics-port" (int .Values.ports.metrics) -}}
