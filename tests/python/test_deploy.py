@@ -191,7 +191,10 @@ def test_runtime_packages_resolves_every_library_of_the_binary():
 # Helm chart and the rendered manifests
 
 
-@pytest.mark.parametrize("values_file", [None, "rendered-values.yaml", "cpu-hpa-values.yaml"])
+VALUES_FILES = [None, "rendered-values.yaml", "cpu-hpa-values.yaml", "huggingface-values.yaml"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_chart_lints_clean(values_file):
     import helm_python as helm
 
@@ -315,7 +318,7 @@ def validate_object(doc: dict) -> None:
                                      strict=True)
 
 
-@pytest.mark.parametrize("values_file", [None, "rendered-values.yaml", "cpu-hpa-values.yaml"])
+@pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_rendered_objects_validate_against_schemas(values_file):
     docs = rendered(ci_values(values_file) if values_file else None)
     assert docs
@@ -479,7 +482,7 @@ def test_config_keys_are_daemon_settings():
     settings = set(re.findall(r'(?:Int|String|Bool|Duration|Labels)Setting\(\s*"([a-z-]+)"', options))
     settings |= set(re.findall(r'Setting\{\s*"([a-z-]+)"', options))
     assert {"port", "model", "drain-timeout", "threads"} <= settings
-    for values_file in (None, "rendered-values.yaml", "cpu-hpa-values.yaml"):
+    for values_file in VALUES_FILES:
         cm = by_kind(rendered(ci_values(values_file) if values_file else None))["ConfigMap"]
         keys = set(yaml.safe_load(cm["data"]["winnow.yaml"]))
         assert keys <= settings, keys - settings
@@ -786,3 +789,30 @@ def test_deploy_doc_gives_the_gateway_metric_mapping():
     for name in ("winnow_kv_blocks_reclaimed_total", "winnow_kv_tokens_evicted_total",
                  "winnow_kv_kept_ratio"):
         assert name in doc, name
+
+
+def test_model_from_the_hugging_face_hub():
+    """model.fetch.huggingface: the init container downloads model.file from the repo with the
+    pinned hub CLI, the token from the Secret; the daemon loads that file."""
+    k = by_kind(rendered(ci_values("huggingface-values.yaml")))
+    spec = k["Deployment"]["spec"]["template"]["spec"]
+    (fetch,) = spec["initContainers"]
+    env = {e["name"]: e for e in fetch["env"]}
+    assert env["HF_REPO"]["value"] == "bartowski/Qwen2.5-0.5B-Instruct-GGUF"
+    assert env["WINNOW_MODEL_FILE"]["value"] == "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    script = fetch["command"][-1]
+    assert 'huggingface_hub==${HF_HUB_VERSION}' in script and env["HF_HUB_VERSION"]["value"]
+    assert 'hf download "$HF_REPO" "$WINNOW_MODEL_FILE"' in script and "--local-dir /models" in script
+    # No bundled fetch script: neither shipped in the ConfigMap nor mounted.
+    assert "fetch-model.sh" not in k["ConfigMap"]["data"]
+    assert all(m["name"] != "config" for m in fetch["volumeMounts"])
+    config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
+    assert config["model"] == "/models/Qwen2.5-0.5B-Instruct-Q4_K_M.gguf"
+    models = next(v for v in spec["volumes"] if v["name"] == "models")
+    assert models["emptyDir"]["sizeLimit"] == "8Gi"
+    # Without a token Secret the download is anonymous.
+    values = ci_values("huggingface-values.yaml")
+    values["model"]["fetch"]["huggingface"]["tokenSecret"]["name"] = ""
+    (fetch,) = by_kind(rendered(values))["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    assert "HF_TOKEN" not in {e["name"] for e in fetch["env"]}
