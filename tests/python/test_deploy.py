@@ -816,3 +816,17 @@ def test_model_from_the_hugging_face_hub():
     values["model"]["fetch"]["huggingface"]["tokenSecret"]["name"] = ""
     (fetch,) = by_kind(rendered(values))["Deployment"]["spec"]["template"]["spec"]["initContainers"]
     assert "HF_TOKEN" not in {e["name"] for e in fetch["env"]}
+
+
+def test_grafana_dashboard_configmap_for_the_sidecar():
+    """grafana.dashboard.enabled ships deploy/grafana's dashboard, byte for byte, in a ConfigMap
+    with the sidecar's label; off by default."""
+    assert CHART.joinpath("files", "winnow-dashboard.json").read_text() == \
+        (REPO / "deploy" / "grafana" / "winnow-dashboard.json").read_text()
+    assert not [d for d in rendered() if d["metadata"]["name"].endswith("-dashboard")]
+    docs = rendered({"grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}}})
+    (cm,) = [d for d in docs if d["metadata"]["name"] == "winnow-dashboard"]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["winnow-dashboard.json"]) == \
+        json.loads((REPO / "deploy" / "grafana" / "winnow-dashboard.json").read_text())
