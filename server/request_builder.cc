@@ -167,8 +167,6 @@ absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& r
   return out;
 }
 
-// The grammar of response_format (null when unset); compiled grammars are shared by schema
-// text (structured/grammar_cache.h).
 // The grammar of a chat's tool_choice: required or a tool's name constrain the reply to tool
 // calls (null for auto and none, which leave the reply free).
 absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGrammar(

@@ -13,7 +13,11 @@
 //     itself from the segments it flattens (one span per embedding or non-empty context
 //     segment, in order), so they need no check: PromptLayout::Validate cannot fail on them;
 //   - max_tokens in [1, limits.max_tokens_limit] (no upper bound when the limit is 0);
-//   - sampling: passes model::SamplingParams::Validate;
+//   - sampling: passes model::SamplingParams::Validate; logit_bias ids are in the vocabulary,
+//     sorted, with biases in [-100, 100];
+//   - grammar: response_format's, or the tool calls a chat's tool_choice requires (null when
+//     the reply is free); never together with ignore_eos;
+//   - prompt_logprobs: -1 (off) or in [0, kMaxTopLogprobs];
 //   - stop_strings: at most kMaxStopStrings, none empty; stop_token_ids in the vocabulary;
 //   - compression: cache::policies::CreatePolicy accepts it with the context the engine will
 //     build (model dimensions, limits.block_size, this prompt's length and spans), so the
