@@ -190,10 +190,8 @@ int Run(const Options& opt) {
   model::Model* m = loaded->get();
   CompileTime(opt.reps);
   const model::Tokenizer& tok = m->tokenizer();
-  std::vector<std::string> pieces(tok.vocab_size());
-  for (int32_t id = 0; id < tok.vocab_size(); ++id) pieces[id] = tok.TokenToPiece(id, false);
-  const auto vocab =
-      std::make_shared<const structured::TokenVocabulary>(pieces, tok.end_of_generation_ids());
+  const auto vocab = std::make_shared<const structured::TokenVocabulary>(
+      tok.Pieces(/*render_special=*/false), tok.end_of_generation_ids());
   std::vector<float> logits(tok.vocab_size());
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 7919) % 1000);
 

@@ -67,19 +67,38 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
-SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top) {
-  SamplingParams params;
-  params.top_logprobs = top;
-  // A fresh sampler's Finish is exactly the scoring; the count it records is thrown away.
-  Sampler scorer(params);
-  return scorer.Score(logits, id);
+SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top,
+                        std::optional<float> log_norm, std::vector<int32_t>* scratch) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  // Log-probabilities are under the model's own distribution (before penalties and
+  // temperature), as vLLM reports raw logprobs. Each term is exp of a float <= 0 (float exp is
+  // a fraction of double exp's cost over a 128k vocabulary); the sum is kept in double.
+  if (!log_norm.has_value()) {
+    const float max_raw = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float v : logits) sum += std::exp(v - max_raw);
+    log_norm = max_raw + static_cast<float>(std::log(sum));
+  }
+  SampledToken result;
+  result.id = id;
+  result.logprob = logits[id] - *log_norm;
+  if (top > 0) {
+    const int32_t n = std::min(top, vocab);
+    std::vector<int32_t> local;
+    std::vector<int32_t>& order = scratch != nullptr ? *scratch : local;
+    order.resize(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int32_t i = 0; i < n; ++i) {
+      result.top_logprobs.emplace_back(order[i], logits[order[i]] - *log_norm);
+    }
+  }
+  return result;
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
-
-SampledToken Sampler::Score(std::span<const float> logits, int32_t id) {
-  return Finish(logits, id, std::nullopt);
-}
 
 void Sampler::AddPromptTokens(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) ++prompt_counts_[t];
@@ -190,30 +209,7 @@ int32_t Sampler::Draw(const std::vector<double>& probs, int32_t keep) {
 
 SampledToken Sampler::Finish(std::span<const float> logits, int32_t chosen,
                              std::optional<float> log_norm) {
-  const int32_t vocab = static_cast<int32_t>(logits.size());
-  // Log-probabilities are reported under the model's own distribution (before penalties and
-  // temperature), as vLLM reports raw logprobs. Each term is exp of a float <= 0 (float exp is
-  // a fraction of double exp's cost over a 128k vocabulary); the sum is kept in double.
-  if (!log_norm.has_value()) {
-    const float max_raw = *std::max_element(logits.begin(), logits.end());
-    double sum = 0.0;
-    for (float v : logits) sum += std::exp(v - max_raw);
-    log_norm = max_raw + static_cast<float>(std::log(sum));
-  }
-  SampledToken result;
-  result.id = chosen;
-  result.logprob = logits[chosen] - *log_norm;
-  if (params_.top_logprobs > 0) {
-    const int32_t n = std::min(params_.top_logprobs, vocab);
-    order_.resize(vocab);
-    std::iota(order_.begin(), order_.end(), 0);
-    std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (int32_t i = 0; i < n; ++i) {
-      result.top_logprobs.emplace_back(order_[i], logits[order_[i]] - *log_norm);
-    }
-  }
+  SampledToken result = ScoreToken(logits, chosen, params_.top_logprobs, log_norm, &order_);
   ++output_counts_[chosen];
   return result;
 }

@@ -38,9 +38,12 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // highest first
 };
 
-// The log-probability of `id` under `logits` (and the `top` most likely tokens), as Sampler
-// reports a sampled token's: for scoring given tokens (prompt log-probabilities).
-SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top);
+// The log-probability of `id` under `logits` and the `top` most likely tokens: what Sampler
+// reports for a sampled token, and what scoring given tokens (prompt log-probabilities)
+// reports. `log_norm` as for Sample; `scratch`, when given, is reused for the ranking.
+SampledToken ScoreToken(std::span<const float> logits, int32_t id, int32_t top,
+                        std::optional<float> log_norm = std::nullopt,
+                        std::vector<int32_t>* scratch = nullptr);
 
 class Sampler {
  public:
@@ -57,9 +60,6 @@ class Sampler {
                       std::optional<float> log_norm = std::nullopt,
                       std::span<const uint64_t> allowed = {});
 
-  // `id`'s log-probability and top alternatives under `logits` (recorded as generated).
-  SampledToken Score(std::span<const float> logits, int32_t id);
-
  private:
   // Penalties and logit biases applied to work_, a copy of the logits.
   void ApplyPenalties();
@@ -72,8 +72,7 @@ class Sampler {
   int32_t RankCandidates();
   // Draws one of order_'s first `keep` ids in proportion to `probs`.
   int32_t Draw(const std::vector<double>& probs, int32_t keep);
-  // The result for `chosen`: its log-probability and the top log-probabilities asked for, under
-  // the raw logits; records it as generated.
+  // The result for `chosen` (ScoreToken under the raw logits); records it as generated.
   SampledToken Finish(std::span<const float> logits, int32_t chosen,
                       std::optional<float> log_norm);
 

@@ -158,10 +158,8 @@ struct Engine::Impl {
   const std::shared_ptr<const structured::TokenVocabulary>& Vocabulary() {
     std::call_once(vocabulary_once, [this] {
       const model::Tokenizer& tok = model.tokenizer();
-      std::vector<std::string> pieces(tok.vocab_size());
-      for (int32_t id = 0; id < tok.vocab_size(); ++id) pieces[id] = tok.TokenToPiece(id, false);
       vocabulary = std::make_shared<const structured::TokenVocabulary>(
-          pieces, tok.end_of_generation_ids());
+          tok.Pieces(/*render_special=*/false), tok.end_of_generation_ids());
     });
     return vocabulary;
   }

@@ -29,6 +29,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
       "tokenizer model '", *model, "' is not supported (only 'gpt2' BPE and 'llama' SPM)"));
 }
 
+std::vector<std::string> Tokenizer::Pieces(bool render_special) const {
+  std::vector<std::string> pieces(vocab_size());
+  for (int32_t id = 0; id < vocab_size(); ++id) pieces[id] = TokenToPiece(id, render_special);
+  return pieces;
+}
+
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool render_special) const {
   std::string out;
   for (int32_t id : ids) out += TokenToPiece(id, render_special);

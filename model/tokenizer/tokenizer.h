@@ -33,6 +33,8 @@ class Tokenizer {
   // Concatenated pieces; for SentencePiece the leading space of the first token is kept as
   // llama.cpp does.
   std::string Decode(std::span<const int32_t> ids, bool render_special) const;
+  // TokenToPiece of every id, in id order (what constrained decoding matches bytes against).
+  std::vector<std::string> Pieces(bool render_special) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   const std::string& TokenText(int32_t id) const { return tokens_[id]; }

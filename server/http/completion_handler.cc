@@ -73,6 +73,8 @@ class Choices {
     ids_.resize(count);
     finished_.resize(count, false);
     usage_.resize(count);
+    echo_.resize(count);
+    first_token_.resize(count, -1);
   }
 
   // Submits every choice. With prefix caching, a prompt's other n - 1 choices wait until its
@@ -95,9 +97,7 @@ class Choices {
   // Echo: choice i's prompt text and first token (the rest of its tokens come scored with the
   // first batch when logprobs were asked).
   void SetEcho(int i, std::string text, int32_t first_token) {
-    echo_.resize(size());
     echo_[i].text = std::move(text);
-    first_token_.resize(size(), -1);
     first_token_[i] = first_token;
   }
   const EchoedPrompt& echo(int i) const { return echo_[i]; }
@@ -109,7 +109,7 @@ class Choices {
   GenerationBatch Take(int i) {
     if (finished_[i]) return {};
     GenerationBatch batch = sinks_[i]->Take(absl::ZeroDuration());
-    if (!batch.prompt_logprobs.empty() && i < static_cast<int>(echo_.size())) {
+    if (!batch.prompt_logprobs.empty()) {
       // The first prompt token has no context: NaN, written as null.
       echo_[i].logprobs.push_back({first_token_[i], std::nanf(""), {}});
       echo_[i].logprobs.insert(echo_[i].logprobs.end(), batch.prompt_logprobs.begin(),

@@ -36,10 +36,8 @@ class StructuredEngineTest : public ::testing::Test {
     if (!m.ok()) return;
     model_ = std::move(*m).release();
     const model::Tokenizer& tok = model_->tokenizer();
-    std::vector<std::string> pieces(tok.vocab_size());
-    for (int32_t id = 0; id < tok.vocab_size(); ++id) pieces[id] = tok.TokenToPiece(id, false);
-    vocab_ = new std::shared_ptr<const TokenVocabulary>(
-        std::make_shared<const TokenVocabulary>(pieces, tok.end_of_generation_ids()));
+    vocab_ = new std::shared_ptr<const TokenVocabulary>(std::make_shared<const TokenVocabulary>(
+        tok.Pieces(/*render_special=*/false), tok.end_of_generation_ids()));
   }
   static void TearDownTestSuite() {
     delete model_;
