@@ -95,8 +95,8 @@ void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
   ++device_layers_;
   const int32_t keep = device_spec_->keep[layer];
   if (keep >= num_tokens_) return;  // the layer stays whole
-  const int32_t rows = capture_.device_row_count;
-  if (kv.num_slots(layer) != num_tokens_ || rows == 0 || capture_.device_rows == nullptr) {
+  const int32_t rows = capture_.device_rows.count;
+  if (kv.num_slots(layer) != num_tokens_ || rows == 0 || capture_.device_rows.q == nullptr) {
     capture_status_.Update(absl::InternalError(absl::StrCat(
         "compression: device plan of layer ", layer, " without the whole prompt or its rows")));
     return;
@@ -109,7 +109,7 @@ void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
   WindowTopKRequest request;
   request.block_table = kv.block_table(layer);
   request.num_slots = num_tokens_;
-  request.device_q = capture_.device_rows;
+  request.device_rows = capture_.device_rows;
   request.visible = visible;
   request.num_heads = dims_.num_heads;
   request.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
@@ -128,8 +128,8 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   std::vector<float>& rows_q = capture_.per_layer[layer];
   const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
   // A device forward leaves the chunk's rows on the device and gives the host only the window's.
-  const bool on_device = capture_.device_rows != nullptr;
-  const int32_t rows = on_device ? capture_.device_row_count
+  const bool on_device = capture_.device_rows.q != nullptr;
+  const int32_t rows = on_device ? capture_.device_rows.count
                                  : static_cast<int32_t>(rows_q.size() / row_floats);
   if (rows == 0) return;
   // Rows are appended at layer 0 first, so positions already lists this chunk's rows.
@@ -284,7 +284,7 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
       // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
       scores.window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
       WINNOW_RETURN_IF_ERROR(scoring.AccumulateAttentionColumns(in, scores.window_sums.data(),
-                                                                /*device_q=*/nullptr));
+                                                                DeviceRows{}));
       attention.window_sums = scores.window_sums;
     }
   }

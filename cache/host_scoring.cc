@@ -11,8 +11,9 @@ absl::Status HostScoring::AttentionProbabilities(const kernels::ScoreInput& in, 
 }
 
 absl::Status HostScoring::AccumulateAttentionColumns(const kernels::ScoreInput& in,
-                                                     float* column_sums, const void* device_q) {
-  if (device_q != nullptr) {
+                                                     float* column_sums,
+                                                     const DeviceRows& device) {
+  if (device.q != nullptr) {
     return absl::InternalError("host scoring was given query rows on a device");
   }
   kernels::AccumulateAttentionColumns(pool_.View(), in, column_sums, threads_);

@@ -17,7 +17,7 @@ class HostScoring : public ScoringBackend {
   absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                       float* log_normalizer) override;
   absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in, float* column_sums,
-                                          const void* device_q) override;
+                                          const DeviceRows& device) override;
   absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                           float* norms) override;
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,

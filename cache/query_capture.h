@@ -13,6 +13,17 @@ namespace winnow::cache {
 class ScoringBackend;
 class SequenceKv;
 
+// Query rows a forward on a device holds there (QueryCapture::device_rows), for that device's
+// scoring backend.
+struct DeviceRows {
+  const void* q = nullptr;  // count x num_heads x head_dim in the KV dtype; null: none
+  int32_t count = 0;
+  // Optional, count x num_heads: each row's log2 of the sum over the keys it sees of
+  // 2^(scale * log2(e) * q.k), which the forward's attention computed (FlashInfer's log-sum-exp,
+  // kernels/cuda/column_sums.h); null where it did not.
+  const float* lse_log2 = nullptr;
+};
+
 // Rows of tokens at positions >= first_position are appended, per layer, as num_heads x head_dim
 // floats each, in position order (possibly across chunks).
 struct QueryCapture {
@@ -28,11 +39,10 @@ struct QueryCapture {
   // forward that can offer them in device_rows need not copy them to the host.
   int32_t host_from = 0;
   // Set by a forward whose query rows live on a device (the CUDA worker), for the duration of
-  // layer_done: this chunk's captured rows of that layer there (device_row_count rows of
-  // num_heads x head_dim in the pool's KV dtype, in `positions` order); per_layer then received
-  // only the rows at positions >= host_from. Null otherwise.
-  const void* device_rows = nullptr;
-  int32_t device_row_count = 0;
+  // layer_done: this chunk's captured rows of that layer there, in `positions` order, with their
+  // log-sum-exps from the layer's attention; per_layer then received only the rows at positions
+  // >= host_from. Empty otherwise.
+  DeviceRows device_rows;
   // Optional: a plan the device decides and applies while the forward runs
   // (ScoringBackend::CompactToWindowTopK). A forward whose query rows live on a device, and
   // whose sequence holds no block shared with another (the compaction is in place), calls it

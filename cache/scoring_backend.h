@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "cache/policies/pooling.h"
+#include "cache/query_capture.h"
 #include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -29,9 +30,9 @@ namespace winnow::cache {
 struct WindowTopKRequest {
   std::span<const int32_t> block_table;  // the layer's
   int32_t num_slots = 0;                 // keys in the layer: the whole prompt
-  // The window's query rows on the device (QueryCapture::device_rows), num_rows x num_heads x
-  // head_dim in the KV dtype; visible[r] = the row's position + 1.
-  const void* device_q = nullptr;
+  // The window's query rows on the device (QueryCapture::device_rows); visible[r] = the row's
+  // position + 1.
+  DeviceRows device_rows;
   std::span<const int32_t> visible;
   int32_t num_heads = 0;
   float scale = 1.0f;
@@ -50,21 +51,22 @@ class ScoringBackend {
   virtual ~ScoringBackend() = default;
 
   // kernels::AttentionProbabilities, kernels::AccumulateAttentionColumns (adds into
-  // column_sums) and kernels::ValueNorms over the backend's copy of the data. `device_q`, when
-  // not null, holds the query rows already on the device (QueryCapture::device_rows) and in.q
-  // is not read; only a device backend is given one.
+  // column_sums) and kernels::ValueNorms over the backend's copy of the data. `device`, when its
+  // q is not null, holds the query rows already on the device (QueryCapture::device_rows) and
+  // in.q is not read; only a device backend is given one.
   virtual absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                               float* log_normalizer) = 0;
   virtual absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in,
-                                                  float* column_sums, const void* device_q) = 0;
+                                                  float* column_sums,
+                                                  const DeviceRows& device) = 0;
   // column_sums = (not +=) the column sums AccumulateAttentionColumns adds, num_heads x
   // in.num_slots, without waiting: complete after the next Flush(), which a device forward
   // calls before it returns, so a QueryCapture::layer_done hook may ask and read the result
   // once the forward is done. The host computes it at once.
   virtual absl::Status ColumnSumsDeferred(const kernels::ScoreInput& in, float* column_sums,
-                                          const void* device_q) {
+                                          const DeviceRows& device) {
     std::fill(column_sums, column_sums + int64_t{in.num_heads} * in.num_slots, 0.0f);
-    return AccumulateAttentionColumns(in, column_sums, device_q);
+    return AccumulateAttentionColumns(in, column_sums, device);
   }
   virtual absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                   float* norms) = 0;

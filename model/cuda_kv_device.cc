@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
+#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/compaction.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/scoring.h"
@@ -121,41 +122,42 @@ absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in,
 }
 
 absl::Status CudaKvDevice::ColumnSumsOnDevice(const kernels::ScoreInput& in,
-                                              const void* device_q) {
+                                              const cache::DeviceRows& device) {
   const int64_t sums = int64_t{in.num_heads} * in.num_slots;
   WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, sums));
   WINNOW_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sums_.data(), 0, sums * sizeof(float), stream_));
-  if (device_q == nullptr) {
+  if (device.q == nullptr) {
     WINNOW_ASSIGN_OR_RETURN(const kc::DeviceScoreInput<float> d, UploadHostQuery(in));
     return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
   }
   // The forward's own rows: bf16, the CUDA worker's activation and KV dtype.
   kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
-                                        static_cast<const __nv_bfloat16*>(device_q),
+                                        static_cast<const __nv_bfloat16*>(device.q),
                                         in.num_rows, visible_.data(), in.num_heads, in.scale};
-  if (gemm_ != nullptr && kv_.dtype == kernels::KvDtype::kBF16) {
-    return tensor_core_sums_.Run(kv_, d, std::span<const int32_t>(in.visible, in.num_rows),
-                                 sums_.data(), *gemm_, stager_, stream_);
+  if (device.lse_log2 != nullptr && kv_.dtype == kernels::KvDtype::kBF16 &&
+      (kv_.head_dim == 64 || kv_.head_dim == 128)) {
+    return kc::ColumnSumsFromLse(kv_, d, device.lse_log2, sums_.data(), stream_);
   }
   return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
 }
 
 absl::Status CudaKvDevice::ColumnSumsDeferred(const kernels::ScoreInput& in,
-                                              float* column_sums, const void* device_q) {
+                                              float* column_sums,
+                                              const cache::DeviceRows& device) {
   const int64_t count = int64_t{in.num_heads} * in.num_slots;
   if (in.num_rows == 0) {
     std::fill(column_sums, column_sums + count, 0.0f);
     return absl::OkStatus();
   }
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
-  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device_q));
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device));
   return downloads_.Queue(sums_.data(), count, column_sums, stream_);
 }
 
 absl::Status CudaKvDevice::CompactToWindowTopK(const cache::WindowTopKRequest& r) {
   const int32_t n = r.num_slots;
   const int32_t window = std::clamp(r.window, 1, n);
-  if (r.keep < 1 || r.keep >= n || r.device_q == nullptr || r.kept_slots == nullptr ||
+  if (r.keep < 1 || r.keep >= n || r.device_rows.q == nullptr || r.kept_slots == nullptr ||
       r.visible.empty()) {
     return absl::InvalidArgumentError("CompactToWindowTopK: bad request");
   }
@@ -167,7 +169,7 @@ absl::Status CudaKvDevice::CompactToWindowTopK(const cache::WindowTopKRequest& r
   in.num_heads = r.num_heads;
   in.scale = r.scale;
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
-  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, r.device_q));
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, r.device_rows));
   kc::WindowScoreShape shape;
   shape.num_heads = r.num_heads;
   shape.num_kv_heads = kv_.num_kv_heads;
@@ -193,11 +195,11 @@ absl::Status CudaKvDevice::Flush() { return downloads_.Finish(stream_); }
 
 absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput& in,
                                                       float* column_sums,
-                                                      const void* device_q) {
+                                                      const cache::DeviceRows& device) {
   if (in.num_rows == 0) return absl::OkStatus();
   WINNOW_RETURN_IF_ERROR(UploadScoreInput(in));
   const int64_t sums = int64_t{in.num_heads} * in.num_slots;
-  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device_q));
+  WINNOW_RETURN_IF_ERROR(ColumnSumsOnDevice(in, device));
   std::vector<float> chunk(sums);
   WINNOW_RETURN_IF_ERROR(Download(sums_.data(), sums, chunk.data(), stream_));
   WINNOW_RETURN_IF_ERROR(Sync());

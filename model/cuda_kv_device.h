@@ -18,9 +18,7 @@
 #include "absl/status/statusor.h"
 #include "cache/kv_device.h"
 #include "cache/scoring_backend.h"
-#include "kernels/cuda/column_sums.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/paged_kv.h"
 #include "kernels/cuda/scoring.h"
 
@@ -29,15 +27,12 @@ namespace winnow::model {
 class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
  public:
   // `kv` describes the arena (device memory that outlives this object); work is queued on
-  // `stream`; the policies' host work runs on `host_threads` (the worker's). With `gemm` (the
-  // forward's, used on the same thread and stream), column sums of bf16 device rows over a
-  // bf16 arena run on tensor cores (kernels/cuda/column_sums.h), for layers of up to
-  // `max_keys` keys within its scratch estimate; without it, on the direct kernel.
+  // `stream`; the policies' host work runs on `host_threads` (the worker's). Column sums of
+  // device rows that come with their log-sum-exps run on tensor cores
+  // (kernels/cuda/column_sums.h), other rows on the direct kernel (kernels/cuda/scoring.h).
   CudaKvDevice(const kernels::cuda::DevicePagedKv& kv, cudaStream_t stream,
-               kernels::ThreadPool& host_threads, kernels::cuda::Gemm* gemm = nullptr,
-               int32_t max_keys = 0)
-      : kv_(kv), stream_(stream), host_threads_(host_threads), gemm_(gemm),
-        tensor_core_sums_(max_keys) {}
+               kernels::ThreadPool& host_threads)
+      : kv_(kv), stream_(stream), host_threads_(host_threads) {}
 
   absl::Status CopyBlock(int32_t from, int32_t to) override;
   absl::Status CompactLayer(std::span<const int32_t> table,
@@ -45,14 +40,14 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   absl::Status AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
                                       float* log_normalizer) override;
   absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in, float* column_sums,
-                                          const void* device_q) override;
+                                          const cache::DeviceRows& device) override;
   absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                           float* norms) override;
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
                                int32_t num_heads, int32_t begin, int32_t end, float scale,
                                bool gqa_mod, float* vote) override;
   absl::Status ColumnSumsDeferred(const kernels::ScoreInput& in, float* column_sums,
-                                  const void* device_q) override;
+                                  const cache::DeviceRows& device) override;
   absl::Status CompactToWindowTopK(const cache::WindowTopKRequest& request) override;
   absl::Status Flush() override;
   kernels::ThreadPool& host_threads() override { return host_threads_; }
@@ -79,15 +74,13 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
   }
   // Waits for the queued work, so that downloads into host memory are complete.
   absl::Status Sync();
-  // sums_ = the column sums of `in`'s rows (device_q: bf16 rows on the device; null: in.q on
+  // sums_ = the column sums of `in`'s rows (device.q: bf16 rows on the device; null: in.q on
   // the host), num_heads x in.num_slots, queued without waiting; UploadScoreInput(in) first.
-  absl::Status ColumnSumsOnDevice(const kernels::ScoreInput& in, const void* device_q);
+  absl::Status ColumnSumsOnDevice(const kernels::ScoreInput& in, const cache::DeviceRows& device);
 
   kernels::cuda::DevicePagedKv kv_;
   cudaStream_t stream_;
   kernels::ThreadPool& host_threads_;
-  kernels::cuda::Gemm* gemm_;
-  kernels::cuda::TensorCoreColumnSums tensor_core_sums_;
   // Grown on demand and reused: the transient of one call.
   Buf<int32_t> table_, visible_, slots_, offsets_;
   Buf<float> q_, probs_, lse_, sums_, scores_;

@@ -122,6 +122,9 @@ struct CudaModel::Scratch {
   std::vector<PendingProbs> pending_probs;
   kc::PinnedStager stager;
   Buf<float> capture_rows;  // captured query rows widened for the host, one entry at a time
+  // rows x num_heads: the attention's log-sum-exps (FlashInfer's, base 2), written when a
+  // compression hook reads the layer's rows (cache::DeviceRows::lse_log2).
+  Buf<float> lse;
 };
 
 // What the host works out from the batch before anything runs on the device.
@@ -166,7 +169,8 @@ ActivationBytes ActivationBytesOf(const ModelConfig& c) {
   b.per_row = 4 * c.hidden_size                                              // x, float32
               + 2 * (2 * c.hidden_size + 2 * q + 2 * kv + 3 * int64_t{c.ffn_size})  // bf16
               + 8 * c.num_layers                                             // slot mappings
-              + 4 * 4 + 4 * c.hidden_size;  // ids, positions, embedding rows and their floats
+              + 4 * 4 + 4 * c.hidden_size   // ids, positions, embedding rows and their floats
+              + 4 * int64_t{c.num_heads};   // the attention's log-sum-exps
   // The gathered row (bf16), float32 logits, the row index and the log-normaliser.
   b.per_logits_row = 2 * c.hidden_size + 4 * int64_t{c.vocab_size} + 4 + 4;
   return b;
@@ -189,17 +193,14 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
   const kc::PagedAttentionConfig attention;
   const int64_t workspaces = kc::Gemm::kWorkspaceBytes + attention.float_workspace_bytes +
                              attention.int_workspace_bytes;
-  // Compression's column sums over up to a prefill chunk's rows at the model's context.
-  const int64_t column_sums = kc::TensorCoreColumnSums::ScratchBytes(
-      c.num_heads, c.num_kv_heads, c.head_dim, c.context_length, limits.max_rows);
   // The driver hands out memory in 2 MiB pages, so each small buffer (a norm's weights, an
   // index array) can cost a page: measured on an H100, a 7-layer model took 81 MiB more than
   // its bytes for its ~80 buffers. Count a page per buffer: weights (8 per layer, 3 more with
-  // biases, 4 besides), the activations (18), the workspaces (4) and the column sums' (4).
+  // biases, 4 besides), the activations (19) and the workspaces (4).
   constexpr int64_t kPage = int64_t{2} << 20;
-  const int64_t buffers = c.num_layers * (8 + (c.qkv_bias ? 3 : 0)) + 4 + 18 + 4 + 4;
+  const int64_t buffers = c.num_layers * (8 + (c.qkv_bias ? 3 : 0)) + 4 + 19 + 4;
   return weights + limits.max_rows * a.per_row + limits.max_logits_rows * a.per_logits_row +
-         workspaces + column_sums + buffers * kPage;
+         workspaces + buffers * kPage;
 }
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
@@ -276,8 +277,7 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
   attention.dtype = layout.dtype;
   attention.num_blocks = pool.num_blocks();
   WINNOW_ASSIGN_OR_RETURN(w->attention, kc::PagedAttention::Create(attention));
-  kv_device_ =
-      std::make_unique<CudaKvDevice>(w->kv, stream_, threads_, w->gemm.get(), c.context_length);
+  kv_device_ = std::make_unique<CudaKvDevice>(w->kv, stream_, threads_);
   weights_ = std::move(w);
   scratch_ = std::make_unique<Scratch>();
   graphs_ = std::make_unique<kc::GraphCache>();
@@ -497,6 +497,7 @@ absl::Status CudaModel::ReserveActivations(int64_t rows, int64_t logits_rows) {
   }
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.slots, rows * c.num_layers));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.embeddings, rows * c.hidden_size));
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(s.lse, rows * c.num_heads));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.logits_rows, logits_rows));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.final_rows, logits_rows * c.hidden_size));
   WINNOW_RETURN_IF_ERROR(kc::Reserve(s.logits, logits_rows * c.vocab_size));
@@ -583,30 +584,41 @@ absl::Status CudaModel::Attend(int32_t l, std::span<const BatchEntry> batch,
   WINNOW_RETURN_IF_ERROR(AttentionProbabilities(l, batch, in));
   WINNOW_ASSIGN_OR_RETURN(const kc::DeviceSparseDecode sparse, SelectSlots(l, batch, in, pool));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const bool hooks_read_rows = std::any_of(batch.begin(), batch.end(), [](const BatchEntry& e) {
+    return e.capture != nullptr && (e.capture->layer_done || e.capture->device_plan);
+  });
   WINNOW_RETURN_IF_ERROR(weights_->attention->Run(weights_->arena.data(), seqs, s.q.data(), scale,
-                                                  s.attn.data(), stream_));
+                                                  s.attn.data(), stream_,
+                                                  hooks_read_rows ? s.lse.data() : nullptr));
   // The sequences that attend to a selection get their rows of attn rewritten: FlashInfer's
   // call needs the batch's rows contiguous, so it runs over all of them first.
   WINNOW_RETURN_IF_ERROR(kc::SparseDecodeAttention(weights_->kv, sparse, s.q.data(), c.num_heads,
                                                    scale, s.attn.data(), stream_));
-  return PlanOnDevice(l, batch, in);
+  return RunCaptureHooks(l, batch, in);
 }
 
-absl::Status CudaModel::PlanOnDevice(int32_t l, std::span<const BatchEntry> batch,
-                                     const HostInputs& in) {
+absl::Status CudaModel::RunCaptureHooks(int32_t l, std::span<const BatchEntry> batch,
+                                        const HostInputs& in) {
   const ModelConfig& c = model_.config();
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   for (size_t e = 0; e < batch.size(); ++e) {
-    if (!in.plans_on_device[e]) continue;
     cache::QueryCapture* capture = batch[e].capture;
+    if (capture == nullptr) continue;
+    const bool plan = in.plans_on_device[e];
+    if (!capture->layer_done && !plan) continue;
     const int32_t n = static_cast<int32_t>(batch[e].tokens.size());
     const int32_t first = std::clamp(capture->first_position - batch[e].start_position, 0, n);
-    capture->device_rows =
-        first < n ? scratch_->q.data() + (in.first_row[e] + first) * q_dim : nullptr;
-    capture->device_row_count = n - first;
-    capture->device_plan(l, *batch[e].kv, *kv_device_);
-    capture->device_rows = nullptr;
-    capture->device_row_count = 0;
+    cache::DeviceRows rows;
+    if (first < n) {
+      const int64_t row = in.first_row[e] + first;
+      rows.q = scratch_->q.data() + row * q_dim;
+      rows.count = n - first;
+      rows.lse_log2 = scratch_->lse.data() + row * c.num_heads;
+    }
+    capture->device_rows = rows;
+    if (capture->layer_done) capture->layer_done(l, *batch[e].kv, *kv_device_);
+    if (plan) capture->device_plan(l, *batch[e].kv, *kv_device_);
+    capture->device_rows = {};
   }
   return absl::OkStatus();
 }
@@ -727,14 +739,6 @@ absl::Status CudaModel::CaptureQueries(int32_t l, std::span<const BatchEntry> ba
     }
     if (l == 0) {
       for (int32_t i = first; i < n; ++i) capture->positions.push_back(start + i);
-    }
-    if (capture->layer_done) {
-      capture->device_rows =
-          first < n ? scratch_->q.data() + (in.first_row[e] + first) * q_dim : nullptr;
-      capture->device_row_count = n - first;
-      capture->layer_done(l, *batch[e].kv, *kv_device_);
-      capture->device_rows = nullptr;
-      capture->device_row_count = 0;
     }
   }
   return absl::OkStatus();

@@ -121,10 +121,12 @@ class CudaModel : public ForwardBackend {
   // Every layer through the graphs of in.rows (a bucket; `in` padded to it).
   absl::Status RunLayersWithGraphs(std::span<const BatchEntry> batch, const HostInputs& in,
                                    const cache::BlockPool& pool);
-  // The device plans of `layer` (QueryCapture::device_plan), after its attention.
-  absl::Status PlanOnDevice(int32_t layer, std::span<const BatchEntry> batch,
-                            const HostInputs& in);
-  // The compression hooks of `layer` (its K/V are in the arena, its queries in Scratch::q).
+  // The compression hooks that read `layer`'s rows on the device after its attention
+  // (QueryCapture::layer_done, then device_plan), given the rows and their log-sum-exps.
+  absl::Status RunCaptureHooks(int32_t layer, std::span<const BatchEntry> batch,
+                               const HostInputs& in);
+  // The query rows of `layer` the compression hooks read on the host (its K/V are in the arena,
+  // its queries in Scratch::q), and the captured positions.
   absl::Status CaptureQueries(int32_t layer, std::span<const BatchEntry> batch,
                               const HostInputs& in, const cache::BlockPool& pool);
   // A decode token's attention probabilities (BatchEntry::attention_probs): the host buffer

@@ -1,199 +1,166 @@
 #include "kernels/cuda/column_sums.h"
 
-#include <algorithm>
-#include <vector>
+#include <mma.h>
+
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace winnow::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+namespace wmma = nvcuda::wmma;
 
-// Logit rows are padded to a multiple of 8 floats (32 bytes), so that every head's output and
-// every row starts aligned for cuBLAS's vectorised epilogue whatever the key count.
-int32_t PaddedKeys(int32_t keys) { return (keys + 7) / 8 * 8; }
+constexpr int kKeyTile = 64;  // keys per block: four warps of 16 columns
+constexpr int kRowTile = 32;  // query rows per step: two MMA tiles of 16
+constexpr int kWarps = kKeyTile / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowHalves = kThreads / kKeyTile;  // threads sharing one key's column
+// Padding of each shared row, in elements: keeps rows 32-byte aligned for WMMA while moving
+// consecutive rows to other banks.
+constexpr int kPad = 8;
+constexpr int kLogitsPad = 4;
+constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ inline int32_t Visible(const int32_t* visible, int32_t r, int32_t num_slots) {
-  return min(max(visible[r], 0), num_slots);
-}
+static_assert(kRowTile == 2 * 16, "each warp holds two row fragments");
+static_assert(kThreads % kKeyTile == 0 && kRowTile % kRowHalves == 0, "columns split evenly");
 
-// keys[g][j][c] = K of slot j, KV head g, in order: the GEMM needs each head's keys as one
-// matrix, the paged pool holds them block by block.
-__global__ void GatherKeysKernel(DevicePagedKv kv, const int32_t* table, int32_t num_keys,
-                                 __nv_bfloat16* keys) {
-  const int32_t d = kv.head_dim;
-  const int64_t total = int64_t{kv.num_kv_heads} * num_keys * d;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int32_t c = static_cast<int32_t>(i % d);
-    const int32_t j = static_cast<int32_t>((i / d) % num_keys);
-    const int32_t g = static_cast<int32_t>(i / (int64_t{d} * num_keys));
-    keys[i] = detail::KvRow<__nv_bfloat16>(kv, table[j / kv.block_size], g, j % kv.block_size,
-                                           false)[c];
+template <int D>
+struct Tiles {
+  alignas(32) __nv_bfloat16 keys[kKeyTile][D + kPad];
+  alignas(32) __nv_bfloat16 rows[kRowTile][D + kPad];
+  alignas(32) float logits[kRowTile][kKeyTile + kLogitsPad];
+  float lse[kRowTile];
+  int32_t visible[kRowTile];
+  float partial[kThreads];
+};
+
+// Copies `count` rows of D bf16 values, row i from src(i) (null: zeros), into dst[i], 16 bytes
+// per thread and step.
+template <int D, int kRows, typename Source>
+__device__ inline void LoadRows(Source src, __nv_bfloat16 (*dst)[D + kPad]) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const __nv_bfloat16* from = src(row);
+    int4 value = make_int4(0, 0, 0, 0);
+    if (from != nullptr) value = reinterpret_cast<const int4*>(from)[chunk];
+    *reinterpret_cast<int4*>(&dst[row][chunk * 8]) = value;
   }
 }
 
-// One block per (row, head) of the chunk: lse[h * rows + r] = ln sum over j < visible[r] of
-// exp(logit), -inf for a row that sees no key. Logit (h, r, j) is at (h * rows + r) * ld + j.
-__global__ void ChunkLogNormalizersKernel(const float* logits, int32_t rows, int32_t keys,
-                                          int32_t ld, const int32_t* visible, int32_t num_slots,
-                                          float* lse) {
-  __shared__ float reduce[detail::kWarp];
-  const int32_t r = blockIdx.x;
+// One block per (tile of kKeyTile keys, query head): see column_sums.h.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    ColumnSumsFromLseKernel(DevicePagedKv kv, DeviceScoreInput<__nv_bfloat16> in,
+                            const float* lse_log2, float* column_sums) {
+  __shared__ Tiles<D> t;
+  const int32_t key0 = blockIdx.x * kKeyTile;
   const int32_t h = blockIdx.y;
-  const float* row = logits + (int64_t{h} * rows + r) * ld;
-  const int32_t end = min(Visible(visible, r, num_slots), keys);
-  float local_max = -INFINITY;
-  for (int32_t j = threadIdx.x; j < end; j += blockDim.x) local_max = fmaxf(local_max, row[j]);
-  const float max_logit = detail::BlockReduce<true>(local_max, reduce);
-  float local_sum = 0.0f;
-  for (int32_t j = threadIdx.x; j < end; j += blockDim.x) local_sum += expf(row[j] - max_logit);
-  const float sum = detail::BlockReduce<false>(local_sum, reduce);
-  if (threadIdx.x == 0) lse[int64_t{h} * rows + r] = end > 0 ? max_logit + logf(sum) : -INFINITY;
-}
-
-// A thread per (key, head): the column's probabilities over the chunk's rows, in row order,
-// added to its sum. Adjacent threads read adjacent logits of a row.
-__global__ void ChunkColumnSumsKernel(const float* logits, int32_t rows, int32_t keys,
-                                      int32_t ld, const int32_t* visible, int32_t num_slots,
-                                      const float* lse, float* column_sums) {
-  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  const int32_t h = blockIdx.y;
-  if (j >= keys) return;
-  const float* column = logits + int64_t{h} * rows * ld + j;
-  const float* row_lse = lse + int64_t{h} * rows;
+  const int32_t kv_head = h / (in.num_heads / kv.num_kv_heads);
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  LoadRows<D, kKeyTile>(
+      [&](int i) -> const __nv_bfloat16* {
+        const int32_t slot = key0 + i;
+        if (slot >= in.num_slots) return nullptr;
+        return detail::KvRow<__nv_bfloat16>(kv, in.block_table[slot / kv.block_size], kv_head,
+                                            slot % kv.block_size, false);
+      },
+      t.keys);
+  const float scale_log2 = in.scale * kLog2e;
+  const int column = tid % kKeyTile;
+  const int half = tid / kKeyTile;
   float sum = 0.0f;
-  for (int32_t r = 0; r < rows; ++r) {
-    if (j < Visible(visible, r, num_slots)) sum += expf(column[int64_t{r} * ld] - row_lse[r]);
+  for (int32_t r0 = 0; r0 < in.num_rows; r0 += kRowTile) {
+    __syncthreads();  // the previous step is done with rows, logits, lse and visible
+    bool sees_tile = false;
+    if (tid < kRowTile) {
+      const int32_t r = r0 + tid;
+      const bool real = r < in.num_rows;
+      const int32_t visible = real ? min(max(in.visible[r], 0), in.num_slots) : 0;
+      t.visible[tid] = visible;
+      t.lse[tid] = real ? lse_log2[int64_t{r} * in.num_heads + h] : 0.0f;
+      sees_tile = visible > key0;
+    }
+    if (!__syncthreads_or(sees_tile)) continue;  // every row of the tile is before these keys
+    LoadRows<D, kRowTile>(
+        [&](int i) -> const __nv_bfloat16* {
+          const int32_t r = r0 + i;
+          return r < in.num_rows ? in.q + (int64_t{r} * in.num_heads + h) * D : nullptr;
+        },
+        t.rows);
+    __syncthreads();
+    // Warp w: the logits of every row of the tile with keys [16w, 16w + 16).
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+#pragma unroll
+    for (int d = 0; d < D; d += 16) {
+      wmma::load_matrix_sync(b, &t.keys[warp * 16][d], D + kPad);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(a, &t.rows[i * 16][d], D + kPad);
+        wmma::mma_sync(acc[i], a, b, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wmma::store_matrix_sync(&t.logits[i * 16][warp * 16], acc[i], kKeyTile + kLogitsPad,
+                              wmma::mem_row_major);
+    }
+    __syncthreads();
+    const int32_t key = key0 + column;
+    constexpr int kRowsPerThread = kRowTile / kRowHalves;
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int row = half * kRowsPerThread + i;
+      if (key < t.visible[row]) sum += exp2f(t.logits[row][column] * scale_log2 - t.lse[row]);
+    }
   }
-  column_sums[int64_t{h} * num_slots + j] += sum;
-}
-
-// Grows `buffer` to exactly `count` elements when it holds fewer (kernels::cuda::Reserve
-// doubles, which would overshoot ScratchBytes).
-template <typename T>
-absl::Status ReserveExactly(DeviceBuffer<T>& buffer, int64_t count) {
-  if (buffer.size() >= count) return absl::OkStatus();
-  buffer = DeviceBuffer<T>();  // free first: the old and new scratch need not coexist
-  absl::StatusOr<DeviceBuffer<T>> grown = DeviceBuffer<T>::Allocate(count);
-  if (!grown.ok()) return grown.status();
-  buffer = *std::move(grown);
-  return absl::OkStatus();
-}
-
-int32_t ChunkRows(int64_t logits_bytes, int32_t num_heads, int32_t keys, int32_t rows) {
-  const int64_t per_row = int64_t{num_heads} * keys * static_cast<int64_t>(sizeof(float));
-  const int64_t fit = std::max<int64_t>(logits_bytes / per_row,
-                                        TensorCoreColumnSums::kMinChunkRows);
-  return static_cast<int32_t>(std::min<int64_t>(fit, rows));
+  t.partial[tid] = sum;
+  __syncthreads();
+  if (tid < kKeyTile && key0 + tid < in.num_slots) {
+    float total = 0.0f;
+    for (int i = 0; i < kRowHalves; ++i) total += t.partial[i * kKeyTile + tid];
+    column_sums[int64_t{h} * in.num_slots + key0 + tid] += total;
+  }
 }
 
 }  // namespace
 
-int64_t TensorCoreColumnSums::ScratchBytes(int32_t num_heads, int32_t num_kv_heads,
-                                           int32_t head_dim, int32_t max_keys,
-                                           int64_t max_rows) {
-  const int64_t logits = std::max<int64_t>(
-      kLogitsBytes, int64_t{num_heads} * kMinChunkRows * PaddedKeys(max_keys) * sizeof(float));
-  const int64_t keys = int64_t{num_kv_heads} * max_keys * head_dim * sizeof(__nv_bfloat16);
-  const int64_t lse = int64_t{num_heads} * max_rows * sizeof(float);
-  return logits + keys + lse + 3 * int64_t{num_heads} * sizeof(void*);
-}
-
-absl::Status TensorCoreColumnSums::Run(const DevicePagedKv& kv,
-                                       const DeviceScoreInput<__nv_bfloat16>& in,
-                                       std::span<const int32_t> host_visible,
-                                       float* column_sums, Gemm& gemm, PinnedStager& stager,
-                                       cudaStream_t stream) {
+absl::Status ColumnSumsFromLse(const DevicePagedKv& kv, const DeviceScoreInput<__nv_bfloat16>& in,
+                               const float* lse_log2, float* column_sums, cudaStream_t stream) {
   if (absl::Status s = CheckDevicePagedKv(kv); !s.ok()) return s;
-  if (kv.dtype != KvDtype::kBF16) {
+  if (kv.dtype != KvDtype::kBF16 || (kv.head_dim != 64 && kv.head_dim != 128)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "TensorCoreColumnSums: the arena holds ", KvDtypeName(kv.dtype), ", not bf16"));
+        "ColumnSumsFromLse: the arena holds ", KvDtypeName(kv.dtype), " of head_dim ",
+        kv.head_dim, "; it takes bf16 of 64 or 128"));
   }
-  if (in.num_heads <= 0 || in.num_heads % kv.num_kv_heads != 0 || in.num_slots <= 0 ||
-      static_cast<int64_t>(host_visible.size()) != in.num_rows) {
+  if (in.num_heads <= 0 || in.num_heads % kv.num_kv_heads != 0 || in.num_slots < 0 ||
+      in.num_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "TensorCoreColumnSums: num_heads ", in.num_heads, " (a multiple of num_kv_heads ",
-        kv.num_kv_heads, "), num_slots ", in.num_slots, " (positive) and host_visible (",
-        host_visible.size(), " values for ", in.num_rows, " rows) disagree"));
+        "ColumnSumsFromLse: num_heads ", in.num_heads, " (a multiple of num_kv_heads ",
+        kv.num_kv_heads, "), num_slots ", in.num_slots, " and num_rows ", in.num_rows,
+        " (not negative)"));
   }
+  if (in.num_rows == 0 || in.num_slots == 0) return absl::OkStatus();
   if (in.block_table == nullptr || in.q == nullptr || in.visible == nullptr ||
-      column_sums == nullptr) {
+      lse_log2 == nullptr || column_sums == nullptr) {
     return absl::InvalidArgumentError(
-        "TensorCoreColumnSums: block_table, q, visible and column_sums are required");
+        "ColumnSumsFromLse: block_table, q, visible, lse_log2 and column_sums are required");
   }
-  auto visible_of = [&](int32_t r) { return std::clamp(host_visible[r], 0, in.num_slots); };
-  int32_t all_keys = 0;
-  for (int32_t r = 0; r < in.num_rows; ++r) all_keys = std::max(all_keys, visible_of(r));
-  if (all_keys == 0) return absl::OkStatus();
-
-  const int32_t reserved_keys = std::max(all_keys, max_keys_);
-  WINNOW_RETURN_IF_ERROR(
-      ReserveExactly(keys_, int64_t{kv.num_kv_heads} * reserved_keys * kv.head_dim));
-  const int64_t gathered = int64_t{kv.num_kv_heads} * all_keys * kv.head_dim;
-  const int64_t blocks = std::min<int64_t>((gathered + kThreads - 1) / kThreads, 1 << 16);
-  // The gather writes keys with stride all_keys; RunChunk reads them with the same stride.
-  GatherKeysKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      kv, in.block_table, all_keys, keys_.data());
-  WINNOW_RETURN_IF_ERROR(LastLaunchStatus("GatherKeysKernel"));
-
-  const int32_t chunk =
-      ChunkRows(logits_bytes_, in.num_heads, PaddedKeys(all_keys), in.num_rows);
-  WINNOW_RETURN_IF_ERROR(ReserveExactly(
-      logits_, std::max<int64_t>(logits_bytes_ / static_cast<int64_t>(sizeof(float)),
-                                 int64_t{in.num_heads} * chunk * PaddedKeys(all_keys))));
-  WINNOW_RETURN_IF_ERROR(ReserveExactly(lse_, int64_t{in.num_heads} * chunk));
-  for (int32_t first = 0; first < in.num_rows; first += chunk) {
-    const int32_t rows = std::min(chunk, in.num_rows - first);
-    int32_t keys = 0;
-    for (int32_t r = first; r < first + rows; ++r) keys = std::max(keys, visible_of(r));
-    if (keys == 0) continue;
-    WINNOW_RETURN_IF_ERROR(RunChunk(in, kv.num_kv_heads, kv.head_dim, all_keys, first, rows,
-                                    keys, column_sums, gemm, stager, stream));
+  const dim3 grid((in.num_slots + kKeyTile - 1) / kKeyTile, in.num_heads);
+  if (kv.head_dim == 64) {
+    ColumnSumsFromLseKernel<64><<<grid, kThreads, 0, stream>>>(kv, in, lse_log2, column_sums);
+  } else {
+    ColumnSumsFromLseKernel<128><<<grid, kThreads, 0, stream>>>(kv, in, lse_log2, column_sums);
   }
-  return absl::OkStatus();
-}
-
-absl::Status TensorCoreColumnSums::RunChunk(const DeviceScoreInput<__nv_bfloat16>& in,
-                                            int32_t num_kv_heads, int32_t head_dim,
-                                            int32_t key_stride, int32_t first, int32_t rows,
-                                            int32_t keys, float* column_sums, Gemm& gemm,
-                                            PinnedStager& stager, cudaStream_t stream) {
-  const int32_t heads = in.num_heads;
-  const int32_t group = heads / num_kv_heads;
-  const int32_t ld = PaddedKeys(keys);
-  // Per query head h: x = its rows of Q (every heads-th row of head_dim values), w = its KV
-  // head's keys, y = logits[h] as [rows x keys] with rows ld apart.
-  std::vector<const void*> pointers(3 * static_cast<size_t>(heads));
-  for (int32_t h = 0; h < heads; ++h) {
-    pointers[h] = in.q + (int64_t{first} * heads + h) * head_dim;
-    pointers[heads + h] = keys_.data() + int64_t{h / group} * key_stride * head_dim;
-    pointers[2 * heads + h] = logits_.data() + int64_t{h} * rows * ld;
-  }
-  WINNOW_RETURN_IF_ERROR(stager.Upload<const void*>(pointers, pointers_, stream));
-  GemmArgs args;
-  args.input = GemmType::kBF16;
-  args.output = GemmType::kF32;
-  args.m = rows;
-  args.n = keys;
-  args.k = head_dim;
-  args.x = pointers_.data();
-  args.w = pointers_.data() + heads;
-  args.y = pointers_.data() + 2 * heads;
-  args.ldx = int64_t{heads} * head_dim;
-  args.ldy = ld;
-  args.alpha = in.scale;
-  WINNOW_RETURN_IF_ERROR(gemm.RunBatched(args, heads, stream));
-  const int32_t* visible = in.visible + first;
-  ChunkLogNormalizersKernel<<<dim3(rows, heads), kThreads, 0, stream>>>(
-      logits_.data(), rows, keys, ld, visible, in.num_slots, lse_.data());
-  ChunkColumnSumsKernel<<<dim3((keys + kThreads - 1) / kThreads, heads), kThreads, 0, stream>>>(
-      logits_.data(), rows, keys, ld, visible, in.num_slots, lse_.data(), column_sums);
-  return LastLaunchStatus("ChunkLogNormalizersKernel/ChunkColumnSumsKernel");
+  return LastLaunchStatus("ColumnSumsFromLseKernel");
 }
 
 }  // namespace winnow::kernels::cuda

@@ -37,6 +37,9 @@ struct FlashInferCall {
 
   const void* q = nullptr;  // rows x num_heads x head_dim, from this batch's first row
   void* out = nullptr;
+  // Optional, rows x num_heads from this batch's first row: each row's log2 of the sum over its
+  // keys of 2^(scale * log2(e) * q.k), FlashInfer's log-sum-exp (kernels/cuda/column_sums.h).
+  float* lse = nullptr;
   float scale = 1.0f;
 
   void* float_workspace = nullptr;

@@ -36,7 +36,7 @@ cudaError_t FlashInferDecodeUnchecked(const FlashInferCall& c) {
   }
 
   Params params(static_cast<T*>(const_cast<void*>(c.q)), /*q_rope_offset=*/nullptr,
-                PagedKv<T>(c, HEAD_DIM), static_cast<T*>(c.out), /*lse=*/nullptr,
+                PagedKv<T>(c, HEAD_DIM), static_cast<T*>(c.out), c.lse,
                 /*maybe_alibi_slopes=*/nullptr, c.num_heads,
                 /*q_stride_n=*/c.num_heads * HEAD_DIM, /*q_stride_h=*/HEAD_DIM,
                 /*window_left=*/-1, /*logits_soft_cap=*/0.0f, c.scale, /*rope_scale=*/1.0f,

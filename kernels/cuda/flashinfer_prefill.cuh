@@ -48,7 +48,7 @@ cudaError_t FlashInferPrefillUnchecked(const FlashInferCall& c) {
   Params params(static_cast<T*>(const_cast<void*>(c.q)), PagedKv<T>(c, HEAD_DIM),
                 /*maybe_custom_mask=*/nullptr,
                 const_cast<int32_t*>(c.qo_indptr), /*maybe_mask_indptr=*/nullptr,
-                /*maybe_q_rope_offset=*/nullptr, static_cast<T*>(c.out), /*lse=*/nullptr,
+                /*maybe_q_rope_offset=*/nullptr, static_cast<T*>(c.out), c.lse,
                 /*maybe_alibi_slopes=*/nullptr, c.num_heads,
                 /*q_stride_n=*/c.num_heads * HEAD_DIM, /*q_stride_h=*/HEAD_DIM,
                 /*window_left=*/-1, /*logits_soft_cap=*/0.0f, c.scale, /*rope_scale=*/1.0f,

@@ -140,7 +140,8 @@ int32_t PagedAttention::DecodePrefix(std::span<const AttentionSequence> sequence
 }
 
 absl::Status PagedAttention::Run(const void* arena, std::span<const AttentionSequence> sequences,
-                                 const void* q, float scale, void* out, cudaStream_t stream) {
+                                 const void* q, float scale, void* out, cudaStream_t stream,
+                                 float* lse) {
   if (absl::Status s = ValidateSequences(sequences); !s.ok()) return s;
   if (sequences.empty()) return absl::OkStatus();
   if (arena == nullptr || q == nullptr || out == nullptr) {
@@ -181,6 +182,7 @@ absl::Status PagedAttention::Run(const void* arena, std::span<const AttentionSeq
     call.qo_indptr = tables_.data() + at.qo_indptr;
     call.q = static_cast<const std::byte*>(q) + first_row * row_elements * kElementBytes;
     call.out = static_cast<std::byte*>(out) + first_row * row_elements * kElementBytes;
+    call.lse = lse == nullptr ? nullptr : lse + first_row * config_.num_heads;
     call.scale = scale;
     // The two kernels run one after the other on the stream, so they share the float
     // workspace (split-KV partials); their schedules live in separate halves of the int one.

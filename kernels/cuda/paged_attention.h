@@ -56,9 +56,12 @@ class PagedAttention {
   // cache::KvLayout says (per block: K[kv_head][slot][dim], then V likewise), `dtype` values.
   // `sequences`: host structs whose block tables are this layer's, in row order (the first
   // starts at row 0, each next one where the previous ends); selection and probs are not
-  // supported here. q and out: device, rows x num_heads x head_dim, `dtype`.
+  // supported here. q and out: device, rows x num_heads x head_dim, `dtype`. `lse` (optional,
+  // device, rows x num_heads): each row's log-sum-exp in FlashInfer's base-2 convention
+  // (FlashInferCall::lse), for kernels/cuda/column_sums.h.
   absl::Status Run(const void* arena, std::span<const AttentionSequence> sequences,
-                   const void* q, float scale, void* out, cudaStream_t stream);
+                   const void* q, float scale, void* out, cudaStream_t stream,
+                   float* lse = nullptr);
 
   const PagedAttentionConfig& config() const { return config_; }
 

@@ -49,11 +49,9 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
     books_ = *cache::BlockPool::Create(layout, kBlocks, /*host_arena=*/false);
     ::winnow::testing::FillRandom(*host_, 17);
     arena_ = Upload(HostArena());
-    gemm_ = *kernels::cuda::Gemm::Create();
-    // With the GEMM, a bf16 arena scores device rows on tensor cores; f16 on the direct kernel.
     device_ = std::make_unique<CudaKvDevice>(
         kernels::cuda::DevicePagedKvFor(layout.View(nullptr), arena_.data()), nullptr,
-        threads_, gemm_.get(), kSlots);
+        threads_);
     books_->AttachDevice(device_.get());
     // The same reservations on both pools give the same block ids.
     for (cache::BlockPool* pool : {host_.get(), books_.get()}) {
@@ -83,7 +81,6 @@ class CudaKvDeviceTest : public ::winnow::testing::CudaTest,
 
   std::unique_ptr<cache::BlockPool> host_, books_;
   kernels::cuda::DeviceBuffer<std::byte> arena_;
-  std::unique_ptr<kernels::cuda::Gemm> gemm_;
   kernels::ThreadPool threads_{1};
   std::unique_ptr<CudaKvDevice> device_;
   std::vector<cache::SequenceKv> kvs_;  // [0] on host_, [1] on books_
@@ -154,7 +151,7 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
 
   std::vector<float> want_sums(int64_t{kHeads} * kSlots, 1.0f), got_sums = want_sums;
   kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
-  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data(), nullptr).ok());
+  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data(), cache::DeviceRows{}).ok());
   ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums (added to 1)");
 
   // Query rows left on the device by the forward (bf16, QueryCapture::device_rows): the CPU
@@ -166,8 +163,28 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   std::fill(got_sums.begin(), got_sums.end(), 0.0f);
   kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
   in.q = nullptr;
-  ASSERT_TRUE(device_->AccumulateAttentionColumns(in, got_sums.data(), d_q16.data()).ok());
+  ASSERT_TRUE(
+      device_->AccumulateAttentionColumns(in, got_sums.data(), cache::DeviceRows{d_q16.data(), rows})
+          .ok());
   ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums of device rows");
+  // With the rows' log-sum-exps from the forward's attention (base 2, [row][head]), a bf16 pool
+  // takes the tensor-core kernel (kernels/cuda/column_sums.h).
+  in.q = q16.data();
+  std::vector<float> probs16(n), natural16(kHeads * rows), lse_log2(kHeads * rows);
+  kernels::AttentionProbabilities(host_->View(), in, probs16.data(), natural16.data(), threads);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t h = 0; h < kHeads; ++h) {
+      lse_log2[r * kHeads + h] = natural16[h * rows + r] * 1.4426950408889634f;
+    }
+  }
+  auto d_lse = ::winnow::testing::Upload(lse_log2);
+  std::fill(got_sums.begin(), got_sums.end(), 0.0f);
+  in.q = nullptr;
+  ASSERT_TRUE(device_
+                  ->AccumulateAttentionColumns(in, got_sums.data(),
+                                               cache::DeviceRows{d_q16.data(), rows, d_lse.data()})
+                  .ok());
+  ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums of device rows with their lse");
   in.q = q.data();
 
   std::vector<float> want_norms(int64_t{kKvHeads} * kSlots), got_norms(want_norms.size());
@@ -231,7 +248,7 @@ TEST_P(CudaKvDeviceTest, CompactToWindowTopKKeepsAndMovesWhatTheHostWould) {
   cache::WindowTopKRequest request;
   request.block_table = kvs_[1].block_table(0);
   request.num_slots = kSlots;
-  request.device_q = d_q16.data();
+  request.device_rows = {d_q16.data(), window};
   request.visible = visible;
   request.num_heads = kHeads;
   request.scale = in.scale;

@@ -12,6 +12,7 @@
 #include "cache/block_pool.h"
 #include "cache/sequence_kv.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device_buffer.h"
@@ -25,6 +26,13 @@ namespace {
 // weighted means of V values in [-1, 1], so each rounding costs at most half an ulp of 1:
 // 2^-9 (bf16) or 2^-12 (f16). The tolerance allows about four such roundings.
 double Tolerance(KvDtype dtype) { return dtype == KvDtype::kBF16 ? 1e-2 : 2e-3; }
+
+// The log-sum-exps FlashInfer writes (base 2, of logits scaled by scale * log2 e) against the
+// CPU's natural log-normalisers times log2 e. FlashInfer's prefill kernel sums each row's
+// probabilities on tensor cores after rounding them to the 16-bit type, so its normaliser may be
+// off by one rounding, 2^-8 relative for bf16 and 2^-11 for f16 (log2 of 1 + that: 5.6e-3 and
+// 7.0e-4), plus FP32 noise. Measured on an H200: up to 1.8e-3 for bf16.
+double LseTolerance(KvDtype dtype) { return dtype == KvDtype::kBF16 ? 5.7e-3 : 8e-4; }
 
 // A sequence of the test batch: how many slots each layer holds once the new tokens are in,
 // and how many of them are new (query rows).
@@ -82,7 +90,8 @@ class PagedAttentionTest : public testing::CudaTest {
         std::span<const std::byte>(view.arena, int64_t{kBlocks} * view.bytes_per_block));
     auto d_q = DeviceBuffer<std::byte>::FromHost(q_bits);
     auto d_out = DeviceBuffer<std::byte>::Allocate(static_cast<int64_t>(q_bits.size()));
-    ASSERT_TRUE(d_arena.ok() && d_q.ok() && d_out.ok());
+    auto d_lse = DeviceBuffer<float>::Allocate(int64_t{rows} * g.num_heads);
+    ASSERT_TRUE(d_arena.ok() && d_q.ok() && d_out.ok() && d_lse.ok());
     auto attention = PagedAttention::Create(
         {g.num_heads, g.num_kv_heads, g.head_dim, kBlockSize, g.dtype, kBlocks});
     ASSERT_TRUE(attention.ok()) << attention.status();
@@ -102,7 +111,7 @@ class PagedAttentionTest : public testing::CudaTest {
                               threads);  // the CPU kernel
 
       ASSERT_TRUE((*attention)->Run(d_arena->data(), batch, d_q->data(), scale, d_out->data(),
-                                    /*stream=*/nullptr).ok());
+                                    /*stream=*/nullptr, d_lse->data()).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<std::byte> out_bits(q_bits.size());
       ASSERT_TRUE(d_out->CopyToHost(std::span<std::byte>(out_bits)).ok());
@@ -114,8 +123,38 @@ class PagedAttentionTest : public testing::CudaTest {
             << "row " << i / (int64_t{g.num_heads} * g.head_dim) << " head "
             << i / g.head_dim % g.num_heads << " dim " << i % g.head_dim;
       }
+      ExpectLogSumExps(view, batch, q, g.num_heads, scale, *d_lse, LseTolerance(g.dtype),
+                       threads);
     }
     for (cache::SequenceKv& s : kv) s.Release(**pool);
+  }
+
+  // Each row's log-sum-exp from Run's `lse` against the CPU's log-normaliser of the same row.
+  static void ExpectLogSumExps(const PagedKvView& view,
+                               const std::vector<AttentionSequence>& batch,
+                               const std::vector<float>& q, int32_t num_heads, float scale,
+                               DeviceBuffer<float>& d_lse, double tolerance,
+                               ThreadPool& threads) {
+    std::vector<float> lse(d_lse.size());
+    ASSERT_TRUE(d_lse.CopyToHost(std::span<float>(lse)).ok());
+    const int32_t head_dim = view.head_dim;
+    for (const AttentionSequence& s : batch) {
+      std::vector<int32_t> visible(s.num_new);
+      for (int32_t r = 0; r < s.num_new; ++r) visible[r] = s.num_slots - s.num_new + r + 1;
+      const ScoreInput in{s.block_table, s.num_slots,
+                          q.data() + int64_t{s.first_row} * num_heads * head_dim,
+                          s.num_new,     visible.data(), num_heads, scale};
+      std::vector<float> probs(int64_t{num_heads} * s.num_new * s.num_slots);
+      std::vector<float> natural(int64_t{num_heads} * s.num_new);
+      kernels::AttentionProbabilities(view, in, probs.data(), natural.data(), threads);
+      for (int32_t r = 0; r < s.num_new; ++r) {
+        for (int32_t h = 0; h < num_heads; ++h) {
+          ASSERT_NEAR(lse[(int64_t{s.first_row} + r) * num_heads + h],
+                      natural[int64_t{h} * s.num_new + r] * 1.4426950408889634, tolerance)
+              << "row " << s.first_row + r << " head " << h;
+        }
+      }
+    }
   }
 
   // Sets every row to all-ones bits, a NaN in f16 and bf16: slots past a sequence's length

@@ -20,7 +20,6 @@
 #include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/column_sums.h"
-#include "kernels/cuda/gemm.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/kernel_test_util.h"
 
@@ -185,46 +184,72 @@ TYPED_TEST(ScoringTest, TokenSelectVoteMatchesTheCpu) {
   }
 }
 
-class TensorCoreColumnSumsTest : public ::winnow::testing::CudaTest {};
+class ColumnSumsFromLseTest : public ::winnow::testing::CudaTest,
+                              public ::testing::WithParamInterface<int32_t> {};
 
-// The tensor-core column sums against the CPU's over the same bf16 keys and query rows: three
-// query heads per KV head, a logits budget so small that the rows go in chunks of 16, a chunk
-// whose rows all see fewer keys than the layer holds, and sums that already hold earlier
-// chunks' values.
-TEST_F(TensorCoreColumnSumsTest, MatchesTheCpuAcrossChunks) {
-  const int32_t rows = 40;
-  std::vector<int32_t> visible(rows);
-  for (int32_t r = 0; r < rows; ++r) visible[r] = 1 + (r * 7) % kSlots;
-  for (int32_t r = 16; r < 32; ++r) visible[r] = std::min(visible[r], 9);
+// The tensor-core column sums from given log-sum-exps against the CPU's column sums over the
+// same bf16 keys and query rows, the log-sum-exps being the CPU's (natural) log-normalisers in
+// FlashInfer's base 2: three query heads per KV head, 150 keys (three key tiles, the last one
+// partial) in a table that does not start at block 0, 70 rows (three row tiles) that see the
+// keys causally from position 80, except a run of rows that see fewer keys than the rows before
+// them, and sums that already hold earlier chunks' values.
+TEST_P(ColumnSumsFromLseTest, MatchesTheCpu) {
+  const int32_t head_dim = GetParam();
+  constexpr int32_t kBlockSize = 16, kPoolBlocks = 16, kKeys = 150, kRows = 70;
+  auto pool = cache::BlockPool::Create(
+      cache::KvLayout{1, kKvHeads, head_dim, kBlockSize, KvDtype::kBF16}, kPoolBlocks);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ::winnow::testing::FillRandom(**pool, 37);
+  std::vector<int32_t> spare;
+  (*pool)->Allocate(2, &spare);
+  cache::SequenceKv kv(1, kBlockSize);
+  ASSERT_TRUE(kv.Reserve(**pool, kKeys));
+  (*pool)->Free(spare);
+  kv.AppendSlots(0, kKeys);
+  const std::vector<int32_t> table(kv.block_table(0).begin(), kv.block_table(0).end());
+  std::vector<int32_t> visible(kRows);
+  for (int32_t r = 0; r < kRows; ++r) visible[r] = std::min(81 + r, kKeys);
+  for (int32_t r = 40; r < 48; ++r) visible[r] = 30;
   const std::vector<float> q =
-      RoundedTo(KvDtype::kBF16, RandomNormal(int64_t{rows} * kHeads * kDim, 35, 2.0f));
-  const float scale = 1.0f / 8.0f;
-  Fixture f(KvDtype::kBF16);
-  std::vector<float> want = RandomNormal(kHeads * kSlots, 36);
+      RoundedTo(KvDtype::kBF16, RandomNormal(int64_t{kRows} * kHeads * head_dim, 35, 2.0f));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  ThreadPool threads(2);
+  const ScoreInput cpu_in{table.data(), kKeys, q.data(), kRows, visible.data(), kHeads, scale};
+  std::vector<float> probs(int64_t{kHeads} * kRows * kKeys), natural(int64_t{kHeads} * kRows);
+  kernels::AttentionProbabilities((*pool)->View(), cpu_in, probs.data(), natural.data(), threads);
+  std::vector<float> lse_log2(int64_t{kRows} * kHeads);  // [row][head], as FlashInfer writes it
+  for (int32_t r = 0; r < kRows; ++r) {
+    for (int32_t h = 0; h < kHeads; ++h) {
+      lse_log2[r * kHeads + h] = natural[h * kRows + r] * 1.4426950408889634f;
+    }
+  }
+  std::vector<float> want = RandomNormal(int64_t{kHeads} * kKeys, 36);
   for (float& x : want) x = std::abs(x);
   auto d_sums = Upload(want);
-  ThreadPool threads(2);
-  const ScoreInput cpu_in{f.table.data(), kSlots, q.data(), rows, visible.data(), kHeads, scale};
-  kernels::AccumulateAttentionColumns(f.pool->View(), cpu_in, want.data(), threads);
+  kernels::AccumulateAttentionColumns((*pool)->View(), cpu_in, want.data(), threads);
 
+  const PagedKvView view = (*pool)->View();
+  auto d_arena = Upload(std::vector<std::byte>(
+      view.arena, view.arena + int64_t{kPoolBlocks} * view.bytes_per_block));
+  auto d_table = Upload(table);
   auto d_q = Upload16<__nv_bfloat16>(q);
   auto d_visible = Upload(visible);
-  const DeviceScoreInput<__nv_bfloat16> in{f.d_table.data(), kSlots,  d_q.data(), rows,
-                                           d_visible.data(),  kHeads, scale};
-  auto gemm = Gemm::Create();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  PinnedStager stager;
-  TensorCoreColumnSums sums(kSlots, /*logits_bytes=*/1);
-  ASSERT_TRUE(sums.Run(f.Device(), in, visible, d_sums.data(), **gemm, stager, nullptr).ok());
+  auto d_lse = Upload(lse_log2);
+  const DeviceScoreInput<__nv_bfloat16> in{d_table.data(),   kKeys,  d_q.data(), kRows,
+                                           d_visible.data(), kHeads, scale};
+  const DevicePagedKv device = DevicePagedKvFor(view, d_arena.data());
+  ASSERT_TRUE(ColumnSumsFromLse(device, in, d_lse.data(), d_sums.data(), nullptr).ok());
   ASSERT_TRUE(Synchronize().ok());
   ExpectClose(Download(d_sums), want, kRel, kAbs, "column sums");
+  kv.Release(**pool);
 
   Fixture f16(KvDtype::kF16);
-  const absl::Status s =
-      sums.Run(f16.Device(), in, visible, d_sums.data(), **gemm, stager, nullptr);
+  const absl::Status s = ColumnSumsFromLse(f16.Device(), in, d_lse.data(), d_sums.data(), nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("not bf16"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("takes bf16"), std::string::npos) << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ColumnSumsFromLseTest, ::testing::Values(64, 128));
 
 TEST(ScoringArgumentsTest, RejectsHeadsThatDoNotGroupAndMissingScratch) {
   auto pool =

@@ -44,7 +44,7 @@ class RecordingDevice : public KvDevice, public ScoringBackend {
     return status;
   }
   absl::Status AccumulateAttentionColumns(const kernels::ScoreInput& in, float* column_sums,
-                                          const void* device_q) override {
+                                          const DeviceRows&) override {
     ++column_sum_calls;
     // Later slots score higher: a window policy then keeps a known set.
     for (int32_t h = 0; h < in.num_heads; ++h) {
