@@ -54,6 +54,9 @@ CompressionSession::CompressionSession(std::string name,
       device_spec_ = nullptr;  // not this model's: plan on the host
     }
   }
+  // Rows read one by one (row_probabilities) come to the host; sums and norms need not.
+  device_scores_ = device_spec_ == nullptr && !observe_.row_probabilities &&
+                   (observe_.window_begin < num_tokens_ || observe_.value_norms);
   if (observe_.accumulate_all_rows) {
     column_sums_.assign(dims_.num_layers,
                         std::vector<float>(static_cast<size_t>(dims_.num_heads) * num_tokens_));
@@ -80,12 +83,22 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   // The device can plan while the forward runs when this chunk holds the whole window and
   // completes the prompt (every layer then holds every key when its attention is done).
   capture_.device_plan = nullptr;
-  if (device_spec_ != nullptr && start <= observe_.window_begin && start + count == num_tokens_) {
-    device_layers_ = 0;
-    device_kept_.assign(dims_.num_layers, {});
-    capture_.device_plan = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
-      PlanLayerOnDevice(layer, kv, scoring);
-    };
+  device_layers_ = 0;
+  if (start <= observe_.window_begin && start + count == num_tokens_) {
+    if (device_spec_ != nullptr) {
+      device_kept_.assign(dims_.num_layers, {});
+      capture_.device_plan = [this](int32_t layer, const SequenceKv& kv,
+                                    ScoringBackend& scoring) {
+        PlanLayerOnDevice(layer, kv, scoring);
+      };
+    } else if (device_scores_) {
+      device_window_sums_.assign(dims_.num_layers, {});
+      device_value_norms_.assign(dims_.num_layers, {});
+      capture_.device_plan = [this](int32_t layer, const SequenceKv& kv,
+                                    ScoringBackend& scoring) {
+        ScoreLayerOnDevice(layer, kv, scoring);
+      };
+    }
   }
   return &capture_;
 }
@@ -121,6 +134,40 @@ void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
   request.kept_slots = device_kept_[layer].data();
   PhaseClock clock(stats_.time.scoring);
   capture_status_.Update(scoring.CompactToWindowTopK(request));
+}
+
+void CompressionSession::ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv,
+                                            ScoringBackend& scoring) {
+  ++device_layers_;
+  const int32_t window = num_tokens_ - observe_.window_begin;
+  const DeviceRows& rows = capture_.device_rows;
+  if (kv.num_slots(layer) != num_tokens_ || rows.count < window ||
+      (window > 0 && rows.q == nullptr)) {
+    capture_status_.Update(absl::InternalError(absl::StrCat(
+        "compression: device scores of layer ", layer, " without the whole prompt or its rows")));
+    return;
+  }
+  PhaseClock clock(stats_.time.scoring);
+  if (!observe_.row_probabilities && window > 0) {
+    std::vector<int32_t> visible(window);
+    for (int32_t r = 0; r < window; ++r) visible[r] = observe_.window_begin + r + 1;
+    kernels::ScoreInput in;
+    in.block_table = kv.block_table(layer).data();
+    in.num_slots = num_tokens_;
+    in.num_rows = window;
+    in.visible = visible.data();
+    in.num_heads = dims_.num_heads;
+    in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+    std::vector<float>& sums = device_window_sums_[layer];
+    sums.resize(static_cast<size_t>(dims_.num_heads) * num_tokens_);
+    capture_status_.Update(scoring.ColumnSumsDeferred(in, sums.data(), rows.Last(window)));
+  }
+  if (observe_.value_norms) {
+    std::vector<float>& norms = device_value_norms_[layer];
+    norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
+    capture_status_.Update(
+        scoring.ValueNormsDeferred(kv.block_table(layer), num_tokens_, norms.data()));
+  }
 }
 
 void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
@@ -184,12 +231,14 @@ absl::Status CompressionSession::AfterPrefillChunk() {
   const int32_t rows = capture_.num_rows();
   if (rows == 0) return absl::OkStatus();
   if (device_layers_ > 0) {
-    // The device planned from its own rows; only their positions came to the host.
+    // The device planned, or scored the window, from its own rows; only their positions came to
+    // the host.
     if (device_layers_ != dims_.num_layers) {
-      return absl::InternalError("compression: the device planned some layers, not all");
+      return absl::InternalError("compression: the device saw some layers, not all");
     }
-    window_positions_.insert(window_positions_.end(), capture_.positions.begin(),
-                             capture_.positions.end());
+    for (int32_t position : capture_.positions) {
+      if (position >= observe_.window_begin) window_positions_.push_back(position);
+    }
     capture_.Clear();
     return absl::OkStatus();
   }
@@ -230,7 +279,7 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   compressed_ = true;
   slots_.Clear();
   slots_.AppendRange(0, num_tokens_);
-  if (device_layers_ > 0) return FinishDevicePlan(kv, pool, scoring);
+  if (device_layers_ > 0 && device_spec_ != nullptr) return FinishDevicePlan(kv, pool, scoring);
 
   const int32_t rows = static_cast<int32_t>(window_positions_.size());
   std::vector<int32_t> visible(rows);
@@ -262,7 +311,10 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   attention.num_rows = rows;
   attention.num_slots = num_tokens_;
   attention.row_positions = window_positions_;
-  if (rows > 0) {
+  const bool scored_on_device = device_layers_ > 0;  // every layer (AfterPrefillChunk checked)
+  if (rows > 0 && scored_on_device && !observe_.row_probabilities) {
+    attention.window_sums = device_window_sums_[l];
+  } else if (rows > 0) {
     kernels::ScoreInput in;
     in.block_table = kv.block_table(l).data();
     in.num_slots = num_tokens_;
@@ -290,7 +342,9 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   }
   if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
   std::vector<float> value_norms;
-  if (observe_.value_norms) {
+  if (observe_.value_norms && scored_on_device) {
+    attention.value_norms = device_value_norms_[l];
+  } else if (observe_.value_norms) {
     value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
     PhaseClock clock(stats_.time.scoring);
     WINNOW_RETURN_IF_ERROR(
@@ -301,8 +355,12 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
     PhaseClock clock(stats_.time.planning);
     WINNOW_RETURN_IF_ERROR(policy_->ObserveLayer(attention));
   }
-  // The window rows of this layer are no longer needed.
+  // The window rows of this layer and its scores are no longer needed.
   std::vector<float>().swap(window_rows_[l]);
+  if (scored_on_device) {
+    std::vector<float>().swap(device_window_sums_[l]);
+    std::vector<float>().swap(device_value_norms_[l]);
+  }
   if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
   return absl::OkStatus();
 }

@@ -63,11 +63,11 @@ class CompressionSession {
   int32_t FirstObservedPosition() const {
     return observe_.accumulate_all_rows ? 0 : observe_.window_begin;
   }
-  // The first position of the observation window when the device may plan this prompt
-  // (QueryCapture::device_plan: a chunk that completes the prompt and holds the whole window),
-  // else -1. The scheduler keeps the window in one chunk for it.
-  int32_t DevicePlanWindowBegin() const {
-    return device_spec_ != nullptr ? observe_.window_begin : -1;
+  // The first position of the observation window when a device forward may plan this prompt or
+  // score its window while it runs (QueryCapture::device_plan: a chunk that completes the prompt
+  // and holds the whole window), else -1. The scheduler keeps the window in one chunk for it.
+  int32_t DeviceWindowBegin() const {
+    return device_spec_ != nullptr || device_scores_ ? observe_.window_begin : -1;
   }
   int32_t num_tokens() const { return num_tokens_; }
   policies::CompressionPolicy& policy() { return *policy_; }
@@ -118,6 +118,9 @@ class CompressionSession {
                                             BlockPool& pool, bool data_moved);
   // The capture's device_plan hook: `layer`'s plan decided and applied on the device.
   void PlanLayerOnDevice(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
+  // The capture's device_plan hook for a policy that plans on the host from summed window
+  // scores: `layer`'s window sums and value norms asked for on the device, without a wait.
+  void ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
   // Layer l's scores for the policy (window rows' scores, column sums, value norms) and its
   // ObserveLayer; `scores` is reused across layers (the window's transients).
   struct LayerScores {
@@ -161,6 +164,12 @@ class CompressionSession {
   const policies::WindowTopKSpec* device_spec_ = nullptr;
   int32_t device_layers_ = 0;
   std::vector<std::vector<int32_t>> device_kept_;
+  // Without a device plan, whether a device forward may score the window while it runs (the
+  // policy sums window rows, or reads value norms), and each layer's results (written by
+  // ScoringBackend::Flush; Compress reads them when every layer was scored there).
+  bool device_scores_ = false;
+  std::vector<std::vector<float>> device_window_sums_;  // [layer] num_heads x num_tokens
+  std::vector<std::vector<float>> device_value_norms_;  // [layer] num_kv_heads x num_tokens
   policies::SlotPositions slots_;
   CompressionStats stats_;
 };

@@ -3,6 +3,7 @@
 // forward (model/) share it without model/ being a dependency of cache/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -22,6 +23,18 @@ struct DeviceRows {
   // 2^(scale * log2(e) * q.k), which the forward's attention computed (FlashInfer's log-sum-exp,
   // kernels/cuda/column_sums.h); null where it did not.
   const float* lse_log2 = nullptr;
+  int64_t row_bytes = 0;  // of one row of q (num_heads x head_dim values)
+  int32_t num_heads = 0;  // log-sum-exps per row
+
+  // The last n rows (0 <= n <= count).
+  DeviceRows Last(int32_t n) const {
+    DeviceRows last = *this;
+    const int32_t skip = count - n;
+    last.count = n;
+    if (q != nullptr) last.q = static_cast<const std::byte*>(q) + skip * row_bytes;
+    if (lse_log2 != nullptr) last.lse_log2 = lse_log2 + int64_t{skip} * num_heads;
+    return last;
+  }
 };
 
 // Rows of tokens at positions >= first_position are appended, per layer, as num_heads x head_dim
@@ -44,7 +57,9 @@ struct QueryCapture {
   // >= host_from. Empty otherwise.
   DeviceRows device_rows;
   // Optional: a plan the device decides and applies while the forward runs
-  // (ScoringBackend::CompactToWindowTopK). A forward whose query rows live on a device, and
+  // (ScoringBackend::CompactToWindowTopK), or the window's scores it leaves for a plan the host
+  // makes (ScoringBackend::ColumnSumsDeferred, ValueNormsDeferred). A forward whose query rows
+  // live on a device, and
   // whose sequence holds no block shared with another (the compaction is in place), calls it
   // instead of copying rows to the host: once per layer, after that layer's attention has read
   // the whole cache, with device_rows set as for layer_done. Other forwards ignore it and

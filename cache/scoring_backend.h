@@ -70,6 +70,11 @@ class ScoringBackend {
   }
   virtual absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                                   float* norms) = 0;
+  // ValueNorms without waiting, complete after the next Flush() (as ColumnSumsDeferred).
+  virtual absl::Status ValueNormsDeferred(std::span<const int32_t> table, int32_t num_slots,
+                                          float* norms) {
+    return ValueNorms(table, num_slots, norms);
+  }
   // TokenSelect's head soft vote (kernels/cpu/token_select_vote.h) over the candidate slots
   // [begin, end) of one layer (`table`) for one query (num_heads x head_dim floats):
   // vote[t - begin] = sum over heads of softmax over the candidates of scale * q_h . k_t, query
@@ -86,7 +91,8 @@ class ScoringBackend {
     return absl::UnimplementedError("this scoring backend plans on the host");
   }
   // Waits for the queued device work and completes the host outputs of the calls that defer
-  // them (ColumnSumsDeferred, CompactToWindowTopK). Nothing to do on the host.
+  // them (ColumnSumsDeferred, ValueNormsDeferred, CompactToWindowTopK). Nothing to do on the
+  // host.
   virtual absl::Status Flush() { return absl::OkStatus(); }
 
   // The host threads, idle while the hooks run (between forwards, or between a forward's

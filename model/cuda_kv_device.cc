@@ -218,6 +218,16 @@ absl::Status CudaKvDevice::ValueNorms(std::span<const int32_t> table, int32_t nu
   return Sync();
 }
 
+absl::Status CudaKvDevice::ValueNormsDeferred(std::span<const int32_t> table,
+                                              int32_t num_slots, float* norms) {
+  if (num_slots == 0) return absl::OkStatus();
+  WINNOW_RETURN_IF_ERROR(Upload(table, table_));
+  const int64_t count = int64_t{kv_.num_kv_heads} * num_slots;
+  WINNOW_RETURN_IF_ERROR(kc::Reserve(sums_, count));  // stream order: after earlier downloads
+  WINNOW_RETURN_IF_ERROR(kc::ValueNorms(kv_, table_.data(), num_slots, sums_.data(), stream_));
+  return downloads_.Queue(sums_.data(), count, norms, stream_);
+}
+
 absl::Status CudaKvDevice::TokenSelectVote(std::span<const int32_t> table,
                                            std::span<const float> query, int32_t num_heads,
                                            int32_t begin, int32_t end, float scale,

@@ -43,6 +43,8 @@ class CudaKvDevice : public cache::KvDevice, public cache::ScoringBackend {
                                           const cache::DeviceRows& device) override;
   absl::Status ValueNorms(std::span<const int32_t> table, int32_t num_slots,
                           float* norms) override;
+  absl::Status ValueNormsDeferred(std::span<const int32_t> table, int32_t num_slots,
+                                  float* norms) override;
   absl::Status TokenSelectVote(std::span<const int32_t> table, std::span<const float> query,
                                int32_t num_heads, int32_t begin, int32_t end, float scale,
                                bool gqa_mod, float* vote) override;

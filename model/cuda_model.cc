@@ -614,6 +614,8 @@ absl::Status CudaModel::RunCaptureHooks(int32_t l, std::span<const BatchEntry> b
       rows.q = scratch_->q.data() + row * q_dim;
       rows.count = n - first;
       rows.lse_log2 = scratch_->lse.data() + row * c.num_heads;
+      rows.row_bytes = q_dim * static_cast<int64_t>(sizeof(Bf16));
+      rows.num_heads = c.num_heads;
     }
     capture->device_rows = rows;
     if (capture->layer_done) capture->layer_done(l, *batch[e].kv, *kv_device_);

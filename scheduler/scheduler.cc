@@ -17,7 +17,7 @@ namespace {
 // is not empty, so the prefill always moves on.
 int32_t KeepWindowWhole(const Sequence& s, int32_t start, int32_t count) {
   if (!s.awaits_compression()) return count;
-  const int32_t window_begin = s.compression->DevicePlanWindowBegin();
+  const int32_t window_begin = s.compression->DeviceWindowBegin();
   const int32_t end = start + count;
   if (window_begin <= start || end <= window_begin || end >= s.compression->num_tokens()) {
     return count;

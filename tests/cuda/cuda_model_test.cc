@@ -449,15 +449,16 @@ TEST_F(CudaModelTest, ScoringPoliciesKeepTheCpusSlotsUpToNearTies) {
   // global budget: most kept slots must agree, the total kept must not change, and every run
   // must compact, decode and give its blocks back. snapkv: window scores; h2o:
   // column sums of every prompt row and decode-time eviction from each step's attention;
-  // elastic_cache: merges (MergeLayer) and its decode-time fixed point; winnowkv_docs: value
-  // norms (ValueNorms).
+  // elastic_cache: merges (MergeLayer) and its decode-time fixed point; xkv and winnowkv: window
+  // sums the device leaves for the host's plan (QueryCapture::device_plan); winnowkv_docs: those,
+  // every row's column sums and value norms (ValueNormsDeferred).
   const std::vector<int32_t> prompt = CountingPrompt();
   struct Case {
     std::string policy;
     double min_shared;
   };
   for (const Case& c : {Case{"snapkv", 0.9}, Case{"h2o", 0.85}, Case{"elastic_cache", 0.85},
-                        Case{"winnowkv_docs", 0.85}}) {
+                        Case{"xkv", 0.85}, Case{"winnowkv", 0.85}, Case{"winnowkv_docs", 0.85}}) {
     SCOPED_TRACE(c.policy);
     const CompressedRun want =
         GenerateCompressed(Cpu(), *cpu_pool_, prompt, c.policy, 0.25, 48, kSteps);

@@ -326,7 +326,7 @@ TEST(SchedulerTest, ADevicePlannableWindowStaysInOneChunk) {
   // nothing: its prompt is cut where the budget falls.
   Harness h(80, {48, 8});
   Sequence* snap = h.Add({60, 2, 0, "snapkv", 0.5});
-  ASSERT_EQ(snap->compression->DevicePlanWindowBegin(), 28);
+  ASSERT_EQ(snap->compression->DeviceWindowBegin(), 28);
   IterationPlan plan = h.Step();
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].count, 28);
@@ -338,7 +338,7 @@ TEST(SchedulerTest, ADevicePlannableWindowStaysInOneChunk) {
 
   Harness other(80, {48, 8});
   Sequence* streaming = other.Add({60, 2, 0, "streaming_llm", 0.5});
-  EXPECT_EQ(streaming->compression->DevicePlanWindowBegin(), -1);
+  EXPECT_EQ(streaming->compression->DeviceWindowBegin(), -1);
   plan = other.Step();
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].count, 48);
