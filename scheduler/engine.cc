@@ -217,9 +217,12 @@ Engine::~Engine() { Shutdown(); }
 namespace {
 
 absl::Status ValidateOptions(const EngineOptions& options) {
+  if (options.max_seqs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_seqs must be >= 1, or 0 for auto, got ", options.max_seqs));
+  }
   for (auto [name, value] : {std::pair<const char*, int64_t>{"max_batched_tokens",
                                                              options.max_batched_tokens},
-                             {"max_seqs", options.max_seqs},
                              {"max_queue", options.max_queue},
                              {"block_size", options.block_size}}) {
     if (value < 1) {
@@ -240,7 +243,10 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
                       const cache::KvLayout& layout, int32_t num_blocks) {
   EngineLimits limits;
   limits.max_batched_tokens = options.max_batched_tokens;
-  limits.max_seqs = options.max_seqs;
+  // Auto: a running sequence holds at least one block per layer.
+  limits.max_seqs = options.max_seqs > 0 ? options.max_seqs
+                                         : std::max(1, std::min(MaxSeqsBound(options),
+                                                                num_blocks / config.num_layers));
   limits.max_queue = options.max_queue;
   limits.block_size = options.block_size;
   limits.context_length = config.context_length;
@@ -259,6 +265,11 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
 
 }  // namespace
 
+int32_t MaxSeqsBound(const EngineOptions& options) {
+  return options.max_seqs > 0 ? options.max_seqs
+                              : std::min(options.max_batched_tokens, kMaxSeqsAuto);
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
                                                        const EngineOptions& options,
                                                        EngineObserver* observer) {
@@ -267,7 +278,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   const model::ModelConfig& config = model->config();
   const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype);
   WINNOW_RETURN_IF_ERROR(kernels::CheckKvDtype(layout.dtype, layout.head_dim));
-  const model::ForwardLimits forward_limits{options.max_batched_tokens, options.max_seqs};
+  const model::ForwardLimits forward_limits{options.max_batched_tokens, MaxSeqsBound(options)};
   int64_t kv_cache_bytes = options.kv_cache_bytes;
   if (options.kv_blocks == 0 && options.gpu_memory_utilization > 0.0) {
     WINNOW_ASSIGN_OR_RETURN(kv_cache_bytes,

@@ -40,9 +40,16 @@ namespace winnow::scheduler {
 // outlive it).
 using WorkerFactory = std::function<std::unique_ptr<Worker>(model::Model&, cache::BlockPool&)>;
 
+// max_seqs 0 ("auto") resolves to as many sequences as the pool holds at one block per layer
+// each (the least a running sequence holds), within the token budget (every running sequence
+// takes a row of each decode step) and this cap, which bounds an iteration's host work and the
+// device's logits scratch (kMaxSeqsAuto x vocabulary floats): compression decides how many
+// requests fit, not a fixed number.
+inline constexpr int32_t kMaxSeqsAuto = 1024;
+
 struct EngineOptions {
   int32_t max_batched_tokens = 2048;  // tokens fed to one forward (prefill chunks + decodes)
-  int32_t max_seqs = 64;              // sequences holding KV blocks at once
+  int32_t max_seqs = 0;               // sequences holding KV blocks at once; 0: auto (above)
   int32_t max_queue = 256;            // waiting requests (incl. preempted) before Submit refuses
   int32_t block_size = 16;            // token slots per KV block
   int64_t kv_cache_bytes = int64_t{512} << 20;  // pool size, used when kv_blocks is 0
@@ -75,6 +82,10 @@ struct EngineOptions {
   // (EngineObserver::OnFatalError). 0: never.
   int64_t inject_fatal_error_at = 0;
 };
+
+// The most sequences `options` let hold KV at once before the pool is sized: max_seqs, or for
+// auto the bound it resolves within (the pool then lowers it). Sizes the forward's scratch.
+int32_t MaxSeqsBound(const EngineOptions& options);
 
 struct EngineLimits {
   int32_t max_batched_tokens = 0;

@@ -215,6 +215,30 @@ bool StartMetrics(Daemon* d) {
 }
 
 // The HTTP port (OpenAI API, /health, /metrics) answers 503 until the model is loaded.
+scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
+  scheduler::EngineOptions engine_options;
+  engine_options.max_batched_tokens = options.max_batched_tokens;
+  engine_options.max_seqs = options.max_seqs;
+  engine_options.max_queue = options.max_queue;
+  engine_options.block_size = options.block_size;
+  engine_options.enable_prefix_caching = options.enable_prefix_caching;
+  engine_options.cuda_graphs = options.cuda_graphs;
+  engine_options.kv_cache_dtype = options.kv_cache_dtype;
+  engine_options.device = options.device;
+  engine_options.worker.num_threads = options.threads;
+  engine_options.worker.cpu_activations = options.cpu_activations;
+  if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
+  engine_options.kv_blocks = options.kv_blocks;
+  // An explicit cache size (bytes or blocks) wins over sizing the cache from free GPU memory.
+  if (options.device.is_cuda() && options.kv_cache_bytes == 0 && options.kv_blocks == 0) {
+    engine_options.gpu_memory_utilization = options.gpu_memory_utilization;
+  }
+  engine_options.max_prompt_tokens = options.max_prompt_tokens;
+  engine_options.max_tokens_limit = options.max_tokens_limit;
+  engine_options.inject_fatal_error_at = options.inject_fatal_error_at;
+  return engine_options;
+}
+
 bool StartHttp(Daemon* d) {
   const ServeOptions& options = d->options;
   if (options.http_port < 0) return true;
@@ -226,7 +250,8 @@ bool StartHttp(Daemon* d) {
   // Every request the engine can hold (running or queued) gets a connection thread, plus
   // room for probes, scrapes and tokenizer calls.
   http_options.max_connections =
-      static_cast<size_t>(options.max_seqs) + static_cast<size_t>(options.max_queue) + 64;
+      static_cast<size_t>(scheduler::MaxSeqsBound(EngineOptionsFor(options))) +
+      static_cast<size_t>(options.max_queue) + 64;
   d->http_server = std::make_unique<http::HttpServer>(&d->state, http_options);
   d->http_server->SetModelName(d->model_name);
   if (absl::Status st = d->http_server->Start(); !st.ok()) {
@@ -278,30 +303,6 @@ bool LoadModel(Daemon* d) {
   }
   d->model = *std::move(loaded);
   return true;
-}
-
-scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
-  scheduler::EngineOptions engine_options;
-  engine_options.max_batched_tokens = options.max_batched_tokens;
-  engine_options.max_seqs = options.max_seqs;
-  engine_options.max_queue = options.max_queue;
-  engine_options.block_size = options.block_size;
-  engine_options.enable_prefix_caching = options.enable_prefix_caching;
-  engine_options.cuda_graphs = options.cuda_graphs;
-  engine_options.kv_cache_dtype = options.kv_cache_dtype;
-  engine_options.device = options.device;
-  engine_options.worker.num_threads = options.threads;
-  engine_options.worker.cpu_activations = options.cpu_activations;
-  if (options.kv_cache_bytes > 0) engine_options.kv_cache_bytes = options.kv_cache_bytes;
-  engine_options.kv_blocks = options.kv_blocks;
-  // An explicit cache size (bytes or blocks) wins over sizing the cache from free GPU memory.
-  if (options.device.is_cuda() && options.kv_cache_bytes == 0 && options.kv_blocks == 0) {
-    engine_options.gpu_memory_utilization = options.gpu_memory_utilization;
-  }
-  engine_options.max_prompt_tokens = options.max_prompt_tokens;
-  engine_options.max_tokens_limit = options.max_tokens_limit;
-  engine_options.inject_fatal_error_at = options.inject_fatal_error_at;
-  return engine_options;
 }
 
 bool StartEngine(Daemon* d) {

@@ -165,8 +165,22 @@ const std::vector<Setting>& Settings() {
                     &ServeOptions::metrics_labels),
       IntSetting("max-batched-tokens", "tokens per engine iteration (2048)",
                  &ServeOptions::max_batched_tokens, 1, kI32),
-      IntSetting("max-seqs", "sequences per engine iteration (64)", &ServeOptions::max_seqs, 1,
-                 kI32),
+      Setting{"max-seqs",
+              "sequences holding KV at once, or auto: what the KV pool holds at one block per "
+              "layer each, up to max-batched-tokens and 1024 (auto)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                if (v == "auto") {
+                  o->max_seqs = 0;
+                  return absl::OkStatus();
+                }
+                if (!ParseInt(v, 1, kI32).ok()) {
+                  return absl::InvalidArgumentError(absl::StrCat(
+                      "must be auto or an integer in [1, ", kI32, "], got '", v, "'"));
+                }
+                o->max_seqs = static_cast<int32_t>(*ParseInt(v, 1, kI32));
+                return absl::OkStatus();
+              },
+              "INT|auto"},
       IntSetting("max-queue", "requests waiting before new ones get RESOURCE_EXHAUSTED (1024)",
                  &ServeOptions::max_queue, 0, kI32),
       Setting{"kv-cache-bytes", "KV pool size, e.g. 512MiB (default: engine's choice)",
@@ -557,7 +571,7 @@ std::string ServeOptions::DebugString() const {
       "model=", model, " host=", host, " port=", port, " http_port=", http_port,
       " metrics_port=", metrics_port, " served_model_name=", served_model_name,
       " metrics_labels=", absl::StrJoin(metrics_labels, ",", absl::PairFormatter("=")),
-      " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs,
+      " max_batched_tokens=", max_batched_tokens, " max_seqs=", max_seqs > 0 ? absl::StrCat(max_seqs) : "auto",
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
       " gpu_memory_utilization=", gpu_memory_utilization,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,

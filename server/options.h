@@ -37,7 +37,7 @@ struct ServeOptions {
   // identifies this deployment whatever the scraper adds (the chart: winnow_release).
   std::map<std::string, std::string> metrics_labels;
   int32_t max_batched_tokens = 2048;
-  int32_t max_seqs = 64;
+  int32_t max_seqs = 0;  // 0: auto (scheduler::EngineOptions::max_seqs)
   int32_t max_queue = 1024;
   int64_t kv_cache_bytes = 0;  // 0: --kv-blocks, or the engine's default
   int32_t kv_blocks = 0;       // wins over kv_cache_bytes when both are set

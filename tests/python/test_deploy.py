@@ -602,7 +602,8 @@ def test_daemon_takes_the_configmap_and_health_probe_answers(tmp_path, health_pr
     with Daemon("--config", str(config)) as d:
         st = d.client.server_status()
         settings = yaml.safe_load(cm["data"]["winnow.yaml"])
-        assert st.limits.max_seqs == settings["max-seqs"]
+        assert settings["max-seqs"] == "auto"  # resolved from the pool, within its bound
+        assert 1 <= st.limits.max_seqs <= min(settings["max-batched-tokens"], 1024)
         assert st.limits.max_batched_tokens == settings["max-batched-tokens"]
         assert st.limits.max_queue == settings["max-queue"]
         assert f"drain_timeout={settings['drain-timeout']}" in d.logs()

@@ -268,7 +268,7 @@ def test_max_concurrent_streams_queues_calls_on_one_connection():
                 running.append(watcher.server_status().running)  # another connection
                 time.sleep(0.02)
             assert [c.result() for c in calls] == [48, 48]
-        # The engine would run both at once (max_seqs 64); the connection lets one through.
+        # The engine would run both at once (max_seqs auto); the connection lets one through.
         assert max(running) == 1, running
 
 

@@ -161,6 +161,27 @@ TEST_F(EngineTest, ConcurrentGreedyMatchesAlone) {
   EXPECT_EQ(snap.waiting, 0);
 }
 
+TEST_F(EngineTest, AutoMaxSeqsIsWhatThePoolHoldsWithinTheTokenBudget) {
+  const int32_t layers = model_->config().num_layers;
+  EngineOptions options;
+  options.block_size = 8;
+  options.max_batched_tokens = 64;
+  options.kv_blocks = layers * 5;  // five blocks per layer: at most five sequences hold KV
+  ASSERT_EQ(options.max_seqs, 0);  // auto is the default
+  EXPECT_EQ(MakeEngine(options)->Snapshot().limits.max_seqs, 5);
+  options.kv_blocks = layers * 500;  // the token budget bounds it: a decode row per sequence
+  EXPECT_EQ(MakeEngine(options)->Snapshot().limits.max_seqs, 64);
+  options.max_batched_tokens = 4096;  // and kMaxSeqsAuto
+  options.block_size = 1;             // (a pool of 1100 one-token blocks per layer stays small)
+  options.kv_blocks = layers * (kMaxSeqsAuto + 76);
+  EXPECT_EQ(MakeEngine(options)->Snapshot().limits.max_seqs, kMaxSeqsAuto);
+  options.max_seqs = 3;  // a number is taken as given
+  EXPECT_EQ(MakeEngine(options)->Snapshot().limits.max_seqs, 3);
+  options.max_seqs = -1;
+  EXPECT_EQ(Engine::Create(model_, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(EngineTest, TinyPoolPreemptsWithIdenticalOutputs) {
   const std::vector<GenerationRequest> requests = MixedRequests(6, 16);
   const std::vector<std::vector<int32_t>> alone = RunAlone(requests);

@@ -108,6 +108,20 @@ TEST(ServeOptionsTest, GpuMemoryUtilizationIsAFractionDefaulting90Percent) {
   }
 }
 
+TEST(ServeOptionsTest, MaxSeqsIsAutoUnlessANumberIsGiven) {
+  EXPECT_EQ(Parse({})->max_seqs, 0);  // auto
+  EXPECT_EQ(Parse({"--max-seqs", "auto"})->max_seqs, 0);
+  EXPECT_EQ(Parse({}, {{"WINNOW_MAX_SEQS", "12"}})->max_seqs, 12);
+  EXPECT_NE(Parse({"--max-seqs", "7"})->DebugString().find("max_seqs=7"), std::string::npos);
+  EXPECT_NE(Parse({})->DebugString().find("max_seqs=auto"), std::string::npos);
+  for (const char* bad : {"0", "-3", "lots"}) {
+    auto o = Parse({"--max-seqs", bad});
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("must be auto or an integer in [1, "), std::string::npos)
+        << o.status();
+  }
+}
+
 TEST(ServeOptionsTest, ErrorsNameTheSource) {
   auto bad_flag = Parse({"--max-seqs", "many"});
   EXPECT_NE(bad_flag.status().message().find("--max-seqs"), std::string::npos);
