@@ -4,16 +4,20 @@
 //
 //   capacity_bench [--shape=llama3-8b|smollm2-135m] [--gguf=PATH] [--device=cuda|cpu]
 //                  [--prompt_tokens=4096] [--output_tokens=128] [--requests=32] [--fit=4]
-//                  [--policies=none,snapkv,winnowkv,winnowkv_docs+lookahead=16] [--budget=0.1]
+//                  [--gpu-memory-utilization=F] [--budget=0.1]
+//                  [--policies=none,snapkv,winnowkv,winnowkv_docs+lookahead=16]
 //
 // One engine whose KV pool holds exactly --fit requests uncompressed (prompt + output, every
-// layer). For each policy in turn the same burst of --requests requests (distinct random
+// layer), or, with --gpu-memory-utilization, what the engine sizes from the GPU's memory as the
+// daemon does (a realistic pool; --requests 0 then submits three times what it holds
+// uncompressed). For each policy in turn the same burst of --requests requests (distinct random
 // prompts, greedy, --output_tokens with ignore_eos) is submitted at once, and the engine is
 // polled every millisecond: the most requests running at once (admitted, holding KV), the
 // time-weighted mean while any was in flight, the engine thread's seconds in forwards and in
-// the compression hooks, output tokens per second over the burst's wall time, blocks freed by
-// compression, preemptions; first (unless --no-ceiling) the zero-overhead ceiling (Ceiling below)
-// and each policy's throughput as a fraction of it. Prefix caching is off so that no run reuses
+// the compression hooks, output tokens per second over the burst's wall time, the time to each
+// request's first token from the burst's start (p50, p99), blocks freed by compression,
+// preemptions; first (unless --no-ceiling) the zero-overhead ceiling (Ceiling below) and each
+// policy's throughput as a fraction of it. Prefix caching is off so that no run reuses
 // another's prompts. The synthetic weights make the tokens meaningless, which capacity does not
 // care about: every request runs the same number of steps. Prints a table; never asserts on
 // time.
@@ -23,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -53,6 +58,7 @@ struct Options {
   double budget = 0.1;
   int32_t max_batched_tokens = 8192;
   int32_t max_seqs = 128;
+  double gpu_memory_utilization = 0;  // > 0: the pool from the GPU's memory, not --fit
   bool ceiling = true;
 };
 
@@ -80,11 +86,13 @@ class TimeObserver : public scheduler::EngineObserver {
   std::atomic<int64_t> compaction_ns{0};
 };
 
-// Counts what one burst's requests return; OnFinish runs on the engine thread.
+// Counts what one burst's requests return and when the first token came; runs on the engine
+// thread.
 class BurstSink : public scheduler::RequestSink {
  public:
   explicit BurstSink(std::atomic<int>* finished) : finished_(finished) {}
   void OnTokens(const scheduler::TokenEvent& event) override {
+    if (tokens == 0 && !event.token_ids.empty()) first_token_at = bench::Now(false);
     tokens += static_cast<int64_t>(event.token_ids.size());
   }
   void OnFinish(const scheduler::FinishEvent& event) override {
@@ -94,6 +102,7 @@ class BurstSink : public scheduler::RequestSink {
   }
 
   int64_t tokens = 0;
+  double first_token_at = 0;  // bench::Now(false), when tokens > 0
   scheduler::Usage usage;
   absl::Status status;
 
@@ -114,7 +123,17 @@ struct BurstResult {
   int64_t blocks_freed = 0;
   int64_t preemptions = 0;
   int32_t failed = 0;
+  double ttft_p50 = 0;  // seconds from the burst's start to a request's first token
+  double ttft_p99 = 0;
 };
+
+// The nearest-rank percentile q (0-1] of `values` (sorted here); 0 when empty.
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
+  return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
+}
 
 BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
                      const std::vector<std::vector<int32_t>>& prompts, const Options& opt,
@@ -162,7 +181,9 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
   result.planning_seconds = 1e-9 * static_cast<double>(times.planning_ns - planning_before);
   result.compaction_seconds =
       1e-9 * static_cast<double>(times.compaction_ns - compaction_before);
+  std::vector<double> ttft;
   for (const std::shared_ptr<BurstSink>& s : sinks) {
+    if (s->tokens > 0) ttft.push_back(s->first_token_at - t0);
     result.output_tokens += s->tokens;
     result.blocks_freed += s->usage.kv_blocks_freed_by_compression;
     if (!s->status.ok()) {
@@ -171,6 +192,8 @@ BurstResult RunBurst(scheduler::Engine& engine, TimeObserver& times,
       }
     }
   }
+  result.ttft_p50 = Percentile(ttft, 0.5);
+  result.ttft_p99 = Percentile(ttft, 0.99);
   return result;
 }
 
@@ -213,15 +236,16 @@ void PrintRow(const std::string& policy, const BurstResult& r, double none_rate,
   if (none_rate > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", rate / none_rate);
   if (ceiling_rate > 0) std::snprintf(of_ceiling, sizeof(of_ceiling), "%.2f", rate / ceiling_rate);
   std::printf("| %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s | %s | "
-              "%lld | %lld | %d |\n",
+              "%.2f | %.2f | %lld | %lld | %d |\n",
               policy.c_str(), r.peak_running, r.mean_running, r.seconds, r.forward_seconds,
               r.compression_seconds, r.scoring_seconds, r.planning_seconds, r.compaction_seconds,
-              rate, ratio, of_ceiling, static_cast<long long>(r.blocks_freed),
-              static_cast<long long>(r.preemptions), r.failed);
+              rate, ratio, of_ceiling, r.ttft_p50, r.ttft_p99,
+              static_cast<long long>(r.blocks_freed), static_cast<long long>(r.preemptions),
+              r.failed);
   std::fflush(stdout);
 }
 
-int Run(const Options& opt) {
+int Run(Options opt) {
   bench::SyntheticShape shape;
   Check(bench::ShapeByName(opt.shape, &shape), "--shape");
   absl::StatusOr<scheduler::Device> device = scheduler::ParseDevice(opt.device);
@@ -238,14 +262,26 @@ int Run(const Options& opt) {
   eo.kv_cache_dtype = *dtype;
   eo.max_batched_tokens = opt.max_batched_tokens;
   eo.max_seqs = opt.max_seqs;
-  eo.max_queue = opt.requests;
   eo.enable_prefix_caching = false;
   const int32_t per_layer = (opt.prompt_tokens + opt.output_tokens + eo.block_size - 1) /
                             eo.block_size;
-  eo.kv_blocks = opt.fit * per_layer * shape.layers;
+  if (opt.gpu_memory_utilization > 0) {
+    eo.gpu_memory_utilization = opt.gpu_memory_utilization;
+  } else {
+    eo.kv_blocks = opt.fit * per_layer * shape.layers;
+  }
+  // The queue must take a whole burst; with a sized pool the burst is known only after.
+  eo.max_queue = opt.requests > 0 ? opt.requests : std::numeric_limits<int32_t>::max() / 2;
   TimeObserver times;
   auto engine = scheduler::Engine::Create(model->get(), eo, &times);
   Check(engine.status(), "Engine::Create");
+  if (opt.gpu_memory_utilization > 0) {
+    opt.fit = (*engine)->limits().kv_blocks_total / (per_layer * shape.layers);
+    if (opt.requests == 0) opt.requests = std::max(1, 3 * opt.fit);
+  }
+  if (opt.requests == 0) {
+    Check(absl::InvalidArgumentError("0 needs --gpu-memory-utilization"), "--requests");
+  }
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, shape.vocab - 1);
@@ -272,8 +308,9 @@ int Run(const Options& opt) {
   }
   std::printf("| policy | peak running | mean running | wall s | forward s | compression s | "
               "scoring s | planning s | compaction s | output tok/s | vs none | of ceiling | "
-              "blocks freed | preemptions | failed |\n| --- | --- | --- | --- | --- | --- | --- | "
-              "--- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "TTFT p50 s | TTFT p99 s | blocks freed | preemptions | failed |\n| --- | --- | "
+              "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+              "| --- |\n");
   double none_rate = 0;
   for (const std::string& policy : opt.policies) {
     const BurstResult r = RunBurst(**engine, times, prompts, opt, policy);
@@ -297,7 +334,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
       ->check(base::AtLeast(1));
   app.add_option("--output_tokens", opt->output_tokens, "tokens generated per request")
       ->check(base::AtLeast(1));
-  app.add_option("--requests", opt->requests, "requests per burst")->check(base::AtLeast(1));
+  app.add_option("--requests", opt->requests,
+                 "requests per burst; 0 (with --gpu-memory-utilization): three times what the "
+                 "pool holds uncompressed")
+      ->check(base::AtLeast(0));
   app.add_option("--fit", opt->fit, "requests the KV pool holds uncompressed")
       ->check(base::AtLeast(1));
   app.add_option("--policies", opt->policies,
@@ -309,6 +349,10 @@ std::optional<int> ParseOptions(int argc, char** argv, Options* opt) {
       ->check(base::AtLeast(1));
   app.add_option("--max_seqs", opt->max_seqs, "sequences holding KV at once")
       ->check(base::AtLeast(1));
+  app.add_option("--gpu-memory-utilization", opt->gpu_memory_utilization,
+                 "cuda: size the pool from this fraction of the GPU's memory, as the daemon "
+                 "does, instead of --fit")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--ceiling,!--no-ceiling", opt->ceiling,
                "measure the zero-overhead ceiling first (three probe bursts without compression)");
   return base::ParseCommandLine(app, argc, argv);
