@@ -432,11 +432,14 @@ std::vector<std::vector<float>>* CompressionSession::DecodeAttentionBuffer() {
   return &decode_attention_;
 }
 
-absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t position,
-                                                                    SequenceKv& kv,
-                                                                    BlockPool& pool) {
-  if (!compressed_) return absl::InternalError("compression: decode step before Compress");
-  slots_.AppendRange(position, 1);
+absl::Status CompressionSession::AfterUncompressedTokens(int32_t start, int32_t count,
+                                                         const SequenceKv& kv) {
+  if (!compressed_) return absl::InternalError("compression: tokens after the context before it");
+  slots_.AppendRange(start, count);
+  return CheckTrackedSlots(kv);
+}
+
+absl::Status CompressionSession::CheckTrackedSlots(const SequenceKv& kv) const {
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     if (slots_.num_slots(l) != kv.num_slots(l)) {
       return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
@@ -444,6 +447,15 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
                                               slots_.num_slots(l), " are tracked"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t position,
+                                                                    SequenceKv& kv,
+                                                                    BlockPool& pool) {
+  if (!compressed_) return absl::InternalError("compression: decode step before Compress");
+  slots_.AppendRange(position, 1);
+  WINNOW_RETURN_IF_ERROR(CheckTrackedSlots(kv));
   policies::DecodeStep step;
   step.position = position;
   step.tokens_seen = position + 1;

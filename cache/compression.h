@@ -98,6 +98,10 @@ class CompressionSession {
   // After a decode forward wrote the K/V of the token at `position`: lets the policy evict.
   absl::StatusOr<CompactionStats> AfterDecodeStep(int32_t position, SequenceKv& kv,
                                                   BlockPool& pool);
+  // After a forward wrote the K/V of `count` tokens from `start` that follow a compressed
+  // context (the rest of the prompt, with context_tokens): they are tracked, kept whole, and
+  // not shown to the policy, which cannot act on them (the engine refuses such policies).
+  absl::Status AfterUncompressedTokens(int32_t start, int32_t count, const SequenceKv& kv);
 
   // Admission: slots (summed over layers) held after compression once `generated` tokens were
   // appended.
@@ -135,6 +139,8 @@ class CompressionSession {
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
   // Adds chunk_sums_ into column_sums_ (after the forward that asked for them).
   void FoldChunkSums();
+  // Internal unless every layer's tracked slot positions match the cache's slot count.
+  absl::Status CheckTrackedSlots(const SequenceKv& kv) const;
 
   std::string name_;
   std::unique_ptr<policies::CompressionPolicy> policy_;

@@ -79,7 +79,28 @@ absl::Status CheckContract(const GenerationRequest& r, const model::ModelConfig&
   if (static_cast<int64_t>(r.prompt_tokens.size()) > limits.max_prompt_tokens) {
     return BrokenContract(absl::StrCat("prompt longer than ", limits.max_prompt_tokens));
   }
+  if (r.compression.context_tokens < 0 ||
+      r.compression.context_tokens > static_cast<int64_t>(r.prompt_tokens.size()) ||
+      (r.compression.context_tokens > 0 && !r.compression.enabled())) {
+    return BrokenContract("compression.context_tokens outside [0, prompt] or without a policy");
+  }
   return absl::OkStatus();
+}
+
+// A policy that compresses only the prompt's context cannot also act on the tokens after it:
+// those are prefilled over the compressed context, many at once, where its decode-time hooks
+// expect one token a step.
+absl::Status CheckContextScope(const GenerationRequest& r, cache::CompressionSession& c) {
+  if (r.compression.context_tokens == 0) return absl::OkStatus();
+  const char* why = c.EvictsDuringDecode()       ? "evicts while decoding"
+                    : c.LookaheadSteps() > 0     ? "plans after a lookahead"
+                    : c.selector() != nullptr    ? "selects per decode token"
+                                                 : nullptr;
+  if (why == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "compression.context_tokens: policy ", r.compression.policy, " ", why,
+      ", so it cannot compress a context alone; use it on the whole prompt (context_tokens 0), "
+      "or turn that off in its params"));
 }
 
 // Whether the request could ever run alone: prompt + max_tokens within the context, and its KV
@@ -108,10 +129,13 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   if (c == nullptr) return absl::OkStatus();
   // Each layer rounds up to whole blocks, hence the extra block per layer at steady state. A
   // lookahead holds the uncompressed prompt and its first tokens until the plan.
+  // With context_tokens the rest of the prompt stays whole, like the tokens generated after.
   const int64_t lookahead = std::min<int64_t>(c->LookaheadSteps(), r.max_tokens - 1);
   const int64_t peak = layers * CeilDiv(prompt_len + lookahead, limits.block_size);
+  const int32_t compressed = c->num_tokens();
   const int64_t steady =
-      CeilDiv(c->SteadyStateSlots(static_cast<int32_t>(prompt_len), r.max_tokens - 1),
+      CeilDiv(c->SteadyStateSlots(compressed, static_cast<int32_t>(prompt_len) - compressed +
+                                                  r.max_tokens - 1),
               limits.block_size) +
       layers;
   const int64_t needed = std::max(peak, std::min(steady, blocks));
@@ -342,6 +366,9 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
       MakeCompressionSession(impl_->dims, request,
                              static_cast<int32_t>(request.prompt_tokens.size()));
   if (!compression.ok()) return BrokenContract(std::string(compression.status().message()));
+  if (*compression != nullptr) {
+    WINNOW_RETURN_IF_ERROR(CheckContextScope(request, **compression));
+  }
   WINNOW_RETURN_IF_ERROR(CheckCapacity(request, compression->get(), config, limits_));
 
   // Build the sequence outside the lock: it copies the prompt and seeds the sampler.

@@ -68,8 +68,14 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
                                                                cache::ScoringBackend& scoring) {
   Sequence& s = *chunk.seq;
   cache::CompressionSession& c = *s.compression;
+  if (c.compressed() && chunk.count > 1) {
+    // The rest of a prompt after its compressed context (CompressionSpec::context_tokens).
+    WINNOW_RETURN_IF_ERROR(c.AfterUncompressedTokens(chunk.start, chunk.count, s.kv));
+    return std::nullopt;
+  }
   if (c.compressed()) {
-    // A decode step: the token at `start` has its K/V written; the policy may evict.
+    // A decode step, or one token after a compressed context: the token at `start` has its K/V
+    // written; the policy may evict.
     const int32_t blocks_before = s.kv.num_blocks_held();
     int64_t slots_before = 0;
     for (int32_t l = 0; l < s.kv.num_layers(); ++l) slots_before += s.kv.num_slots(l);
@@ -87,7 +93,8 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
                             blocks_before - s.kv.num_blocks_held()};
   }
   WINNOW_RETURN_IF_ERROR(c.AfterPrefillChunk());
-  if (!chunk.samples) return std::nullopt;  // more of the prompt to come
+  // More of what the policy compresses to come (the scheduler ends a chunk where it ends).
+  if (chunk.start + chunk.count < c.num_tokens()) return std::nullopt;
   // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
   // first (admission reserved room for the copies), so the others keep their prefix intact.
   WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool));

@@ -37,6 +37,12 @@ struct CompressionSpec {
   std::string policy;
   double budget = 0.0;
   cache::policies::PolicyParams params;
+  // 0: compress the whole prompt once it is prefilled (the policy may read the question at its
+  // end: query-aware). n > 0: compress only the prompt's first n tokens (the context), once they
+  // are prefilled and before the rest of the prompt is, which is then computed over the
+  // compressed context: the plan depends on the context alone (query-agnostic). Policies that
+  // evict while decoding, plan after a lookahead or select per token cannot (the engine refuses).
+  int32_t context_tokens = 0;
 
   bool enabled() const { return !policy.empty() && policy != "none"; }
 };

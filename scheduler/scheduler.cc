@@ -25,6 +25,20 @@ int32_t KeepWindowWhole(const Sequence& s, int32_t start, int32_t count) {
   return window_begin - start;
 }
 
+// A chunk of a sequence awaiting compression stops where what its policy compresses ends (the
+// prompt, or with CompressionSpec::context_tokens its context), so the plan runs before any
+// later token is computed.
+int32_t StopWhereCompressionRuns(const Sequence& s, int32_t start, int32_t count) {
+  if (!s.awaits_compression()) return count;
+  const int32_t end = s.compression->num_tokens();
+  return start < end && start + count > end ? end - start : count;
+}
+
+// Both cuts above, for a chunk of up to `count` tokens from `start`.
+int32_t CutPrefillChunk(const Sequence& s, int32_t start, int32_t count) {
+  return KeepWindowWhole(s, start, StopWhereCompressionRuns(s, start, count));
+}
+
 // A chunk whose logits are all kept (prompt_logprobs) is at most kPromptLogprobsChunk tokens.
 int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) {
   return s.ScoresPrompt(start) ? std::min(count, kPromptLogprobsChunk) : count;
@@ -107,7 +121,7 @@ void IterationBuilder::ScheduleRunning(Sequence* s) {
   if (!s->running() || budget_ == 0) return;
   int32_t n = LimitScoredChunk(
       *s, s->num_computed,
-      KeepWindowWhole(*s, s->num_computed, std::min(s->num_uncomputed(), budget_)));
+      CutPrefillChunk(*s, s->num_computed, std::min(s->num_uncomputed(), budget_)));
   while (true) {
     // A prefill chunk shrinks to what the pool holds rather than evicting anyone; a decode
     // token cannot shrink, so it preempts.
@@ -190,7 +204,7 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   a.rest = s.num_uncomputed() - a.hit_blocks * block_size;
   a.chunk = LimitScoredChunk(
       s, a.hit_blocks * block_size,
-      KeepWindowWhole(s, a.hit_blocks * block_size, std::min(a.rest, budget_)));
+      CutPrefillChunk(s, a.hit_blocks * block_size, std::min(a.rest, budget_)));
   const bool compressing = s.awaits_compression();
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy

@@ -39,8 +39,17 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens) {
   cache::policies::PolicyContext context;
   context.dims = dims;
-  context.layout.num_tokens = num_tokens;
-  context.layout.spans = req.prompt_spans;
+  // A context-scoped policy sees its context only; the spans past it are the rest of the prompt.
+  const int32_t compressed = req.compression.context_tokens > 0
+                                 ? std::min(req.compression.context_tokens, num_tokens)
+                                 : num_tokens;
+  context.layout.num_tokens = compressed;
+  for (const cache::policies::PromptSpan& span : req.prompt_spans) {
+    if (span.begin >= compressed) continue;
+    cache::policies::PromptSpan clipped = span;
+    clipped.end = std::min(span.end, compressed);
+    context.layout.spans.push_back(clipped);
+  }
   return cache::CompressionSession::Create(
       req.compression.policy,
       cache::policies::PolicyConfig(req.compression.budget, req.compression.params), context);

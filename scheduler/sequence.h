@@ -118,8 +118,9 @@ struct Sequence {
 // from the other end.
 bool ScheduledBefore(const Sequence* a, const Sequence* b);
 
-// The compression session for a prefill of `num_tokens` tokens of `req`; null without a
-// policy. Errors only for a spec the server did not validate.
+// The compression session for a prefill of `num_tokens` tokens of `req` (of which it compresses
+// the first req.compression.context_tokens when that is set); null without a policy. Errors
+// only for a spec the server did not validate.
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
 

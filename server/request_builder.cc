@@ -231,6 +231,33 @@ absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> BuildGrammar(
   return grammar;
 }
 
+// scope and the context's extent, before the prompt exists.
+absl::Status CheckCompressionScope(const v1::CompressionSpec& comp, bool no_policy) {
+  if (comp.scope() != "" && comp.scope() != "prompt" && comp.scope() != "context") {
+    return Invalid("compression.scope",
+                   absl::StrCat("must be \"prompt\" or \"context\", got '", comp.scope(), "'"));
+  }
+  if (comp.context_tokens() < 0 || comp.context_messages() < 0) {
+    return Invalid(comp.context_tokens() < 0 ? "compression.context_tokens"
+                                             : "compression.context_messages",
+                   "must not be negative");
+  }
+  const bool extent = comp.context_tokens() > 0 || comp.context_messages() > 0;
+  if (comp.scope() != "context") {
+    if (extent) {
+      return Invalid(comp.context_tokens() > 0 ? "compression.context_tokens"
+                                               : "compression.context_messages",
+                     "applies with scope \"context\" only");
+    }
+    return absl::OkStatus();
+  }
+  if (no_policy) return Invalid("compression.scope", "\"context\" needs a policy");
+  if (comp.context_tokens() > 0 && comp.context_messages() > 0) {
+    return Invalid("compression.context_messages", "give context_tokens or context_messages");
+  }
+  return absl::OkStatus();
+}
+
 // What can be checked before the prompt exists: the policy name, the budget, and that params
 // are finite and not also given as options. The policy's own parameters need the prompt
 // (BuildCompression).
@@ -255,6 +282,7 @@ absl::Status CheckCompressionSpec(const v1::CompressionSpec& comp) {
                      "policy 'none' takes no parameters");
     }
   }
+  WINNOW_RETURN_IF_ERROR(CheckCompressionScope(comp, no_policy));
   for (const auto& [k, v] : comp.params()) {
     if (!std::isfinite(v)) {
       return Invalid(absl::StrCat("compression.params.", k), "must be a finite number");
@@ -274,10 +302,12 @@ absl::Status CheckCompressionSpec(const v1::CompressionSpec& comp) {
 absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::CompressionSpec& wire,
                                                             const model::Model& model,
                                                             const RequestLimits& limits,
-                                                            const PromptInput& prompt) {
+                                                            const PromptInput& prompt,
+                                                            int32_t context_tokens) {
   scheduler::CompressionSpec spec;
   spec.policy = wire.policy();
   spec.budget = wire.budget();
+  spec.context_tokens = context_tokens;
   for (const auto& [k, v] : wire.params()) spec.params[std::string(k)] = v;
   for (const auto& [k, v] : wire.options()) spec.params[std::string(k)] = v;
   if (limits.block_size < 1) {
@@ -287,8 +317,14 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   const model::ModelConfig& c = model.config();
   cache::policies::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, limits.block_size};
-  context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
-  context.layout.spans = prompt.spans;
+  // As the engine builds it: over the context alone when the scope is "context".
+  const int32_t compressed =
+      context_tokens > 0 ? context_tokens : static_cast<int32_t>(prompt.tokens.size());
+  context.layout.num_tokens = compressed;
+  for (const cache::policies::PromptSpan& span : prompt.spans) {
+    if (span.begin >= compressed) continue;
+    context.layout.spans.push_back({span.kind, span.begin, std::min(span.end, compressed)});
+  }
   WINNOW_RETURN_IF_ERROR(
       cache::policies::CreatePolicy(spec.policy,
                                     cache::policies::PolicyConfig(spec.budget, spec.params),
@@ -413,6 +449,66 @@ absl::StatusOr<PromptInput> BuildPrompt(const v1::GenerateRequest& request,
   return out;
 }
 
+namespace {
+
+// The first k messages of `request`'s chat as the template renders them without a generation
+// prompt: their tokens must start the prompt.
+absl::StatusOr<int32_t> ContextMessagesTokens(const v1::GenerateRequest& request,
+                                              const model::Model& model,
+                                              const PromptInput& prompt, int32_t k) {
+  constexpr const char* kField = "compression.context_messages";
+  if (request.input_case() != v1::GenerateRequest::kChat) return Invalid(kField, "needs chat input");
+  const v1::ChatMessages& chat = request.chat();
+  if (k > chat.messages_size()) {
+    return Invalid(kField, absl::StrCat("is ", k, " but the chat has ", chat.messages_size(),
+                                        " messages"));
+  }
+  v1::ChatMessages context = chat;
+  context.mutable_messages()->DeleteSubrange(k, chat.messages_size() - k);
+  context.set_add_generation_prompt(false);
+  const bool add_special = request.has_add_special_tokens() ? request.add_special_tokens() : true;
+  WINNOW_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
+                          TokenizeChat(context, model, add_special, "chat"));
+  if (tokens.size() > prompt.tokens.size() ||
+      !std::equal(tokens.begin(), tokens.end(), prompt.tokens.begin())) {
+    return Invalid(kField, absl::StrCat("the first ", k, " messages do not render as the start "
+                                        "of the prompt under this model's chat template"));
+  }
+  return static_cast<int32_t>(tokens.size());
+}
+
+// CompressionSpec::context_tokens: 0 unless compression.scope is "context", else where the
+// prompt's context ends (compression.scope's comment in the proto).
+absl::StatusOr<int32_t> ContextTokens(const v1::GenerateRequest& request,
+                                      const model::Model& model, const PromptInput& prompt) {
+  const v1::CompressionSpec& comp = request.compression();
+  if (comp.scope() != "context") return 0;
+  const int32_t prompt_len = static_cast<int32_t>(prompt.tokens.size());
+  if (comp.context_tokens() > 0) {
+    if (comp.context_tokens() > prompt_len) {
+      return Invalid("compression.context_tokens",
+                     absl::StrCat("is ", comp.context_tokens(), " but the prompt has ",
+                                  prompt_len, " tokens"));
+    }
+    return comp.context_tokens();
+  }
+  if (comp.context_messages() > 0) {
+    return ContextMessagesTokens(request, model, prompt, comp.context_messages());
+  }
+  int32_t end = 0;
+  for (const cache::policies::PromptSpan& span : prompt.spans) {
+    if (span.kind == cache::policies::SpanKind::kContext) end = std::max(end, span.end);
+  }
+  if (end == 0) {
+    return Invalid("compression.scope",
+                   "\"context\" needs context_tokens, context_messages (chat input) or a "
+                   "ContextSpan (segments input)");
+  }
+  return end;
+}
+
+}  // namespace
+
 RequestLimits LimitsFor(const scheduler::EngineLimits& engine) {
   RequestLimits limits;
   limits.max_prompt_tokens = engine.max_prompt_tokens;
@@ -452,8 +548,10 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
                                             prompt_len, limits.max_prompt_tokens));
   }
   // Needs the prompt: a policy is built against the prompt's length and spans.
-  WINNOW_ASSIGN_OR_RETURN(scheduler::CompressionSpec compression,
-                          BuildCompression(request.compression(), model, limits, prompt));
+  WINNOW_ASSIGN_OR_RETURN(const int32_t context_tokens, ContextTokens(request, model, prompt));
+  WINNOW_ASSIGN_OR_RETURN(
+      scheduler::CompressionSpec compression,
+      BuildCompression(request.compression(), model, limits, prompt, context_tokens));
 
   scheduler::GenerationRequest out;
   out.request_id = request.request_id();

@@ -382,8 +382,32 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   return ParseLogitBias(body, s);
 }
 
-// kv_compression: {policy, budget, params: {name: number}, options: {name: string}}, winnow's
-// CompressionSpec under an extension name (extra body fields, as vLLM takes them).
+// kv_compression's scope, context_tokens and context_messages (CompressionSpec's).
+absl::Status ParseCompressionScope(const Json& c, v1::CompressionSpec* out) {
+  if (const Json* scope = Member(c, "scope"); scope != nullptr) {
+    if (!scope->is_string()) return Bad("kv_compression.scope", "must be a string");
+    out->set_scope(scope->get<std::string>());
+  }
+  for (const char* key : {"context_tokens", "context_messages"}) {
+    const Json* v = Member(c, key);
+    if (v == nullptr) continue;
+    const std::string field = absl::StrCat("kv_compression.", key);
+    WINNOW_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(*v, field));
+    if (*n < 0 || *n > std::numeric_limits<int32_t>::max()) {
+      return Bad(field, absl::StrCat(*n, " is out of range"));
+    }
+    if (std::string(key) == "context_tokens") {
+      out->set_context_tokens(static_cast<int32_t>(*n));
+    } else {
+      out->set_context_messages(static_cast<int32_t>(*n));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// kv_compression: {policy, budget, params: {name: number}, options: {name: string}, scope,
+// context_tokens, context_messages}, winnow's CompressionSpec under an extension name (extra
+// body fields, as vLLM takes them).
 absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
   const Json* c = Member(body, "kv_compression");
   if (c == nullptr) return absl::OkStatus();
@@ -419,10 +443,13 @@ absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
       (*out->mutable_options())[k] = v.get<std::string>();
     }
   }
+  WINNOW_RETURN_IF_ERROR(ParseCompressionScope(*c, out));
   for (const auto& [k, v] : c->items()) {
-    if (k != "policy" && k != "budget" && k != "params" && k != "options") {
+    if (k != "policy" && k != "budget" && k != "params" && k != "options" && k != "scope" &&
+        k != "context_tokens" && k != "context_messages") {
       return Bad(absl::StrCat("kv_compression.", k),
-                 "unknown field (known: policy, budget, params, options)");
+                 "unknown field (known: policy, budget, params, options, scope, context_tokens, "
+                 "context_messages)");
     }
   }
   return absl::OkStatus();

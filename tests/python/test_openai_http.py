@@ -178,6 +178,33 @@ def test_kv_compression_extension(daemon, client, model_name):
     daemon.wait_pool_free()
 
 
+def test_kv_compression_of_a_context_alone(daemon, client, model_name):
+    # The system prompt and the document (the first two messages) are compressed before the
+    # question is computed, under any question.
+    document = "Notes: " + " ".join(f"item {i} is blue." for i in range(60))
+    scope = {"policy": "snapkv", "budget": 0.3, "scope": "context", "context_messages": 2}
+    for question in ("What colour is item 7?", "How many items are there?"):
+        out = client.chat.completions.create(
+            model=model_name, max_tokens=4, temperature=0,
+            messages=[{"role": "system", "content": "Answer from the notes."},
+                      {"role": "user", "content": document},
+                      {"role": "user", "content": question}],
+            extra_body={"kv_compression": scope})
+        assert out.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as err:  # more messages than the chat has
+        client.chat.completions.create(
+            model=model_name, max_tokens=2, messages=[{"role": "user", "content": document}],
+            extra_body={"kv_compression": scope})
+    assert err.value.body["param"] == "kv_compression.context_messages"
+    with pytest.raises(openai.BadRequestError) as err:  # evicts while decoding
+        client.completions.create(
+            model=model_name, prompt=document + " Question: which item is red?", max_tokens=2,
+            extra_body={"kv_compression": {"policy": "streaming_llm", "budget": 0.3,
+                                           "scope": "context", "context_tokens": 64}})
+    assert "context_tokens" in err.value.body["message"]
+    daemon.wait_pool_free()
+
+
 # ------------------------------------------------------------------------------------------
 # The wire: SSE framing, concurrency, disconnects
 

@@ -12,6 +12,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "model/model.h"
+#include "kernels/cpu/thread_pool.h"
+#include "cache/sequence_kv.h"
+#include "cache/block_pool.h"
+#include "cache/compression.h"
+#include "model/cpu_forward.h"
 #include "scheduler/model_worker.h"
 #include "scheduler/engine.h"
 #include "tests/unit/scheduler/engine_test_util.h"
@@ -607,6 +612,88 @@ TEST_F(EngineTest, CompressingASharerLeavesTheOthersOutputUnchanged) {
   EXPECT_EQ(first->tokens(), alone);
   ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
   EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+}
+
+// CompressionSpec::context_tokens by hand, following cache/compression.h's protocol with the
+// engine's forward, KV dtype and block size: the context prefilled and compressed alone, the
+// rest of the prompt prefilled over it, then greedy decode steps. Returns the tokens.
+std::vector<int32_t> ContextScopeByHand(const model::Model& m, const GenerationRequest& r,
+                                        int32_t threads) {
+  const model::ModelConfig& c = m.config();
+  constexpr int32_t kBlock = 16;
+  auto pool = *cache::BlockPool::Create(m.KvLayoutFor(kBlock, kernels::KvDtype::kF16),
+                                        c.num_layers * 64);
+  kernels::ThreadPool pool_threads(threads);
+  model::CpuForward forward(m, pool_threads);
+  cache::policies::PolicyContext context;
+  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlock};
+  context.layout.num_tokens = r.compression.context_tokens;
+  std::unique_ptr<cache::CompressionSession> session =
+      *cache::CompressionSession::Create(
+          r.compression.policy,
+          cache::policies::PolicyConfig(r.compression.budget, r.compression.params), context);
+  cache::SequenceKv kv(c.num_layers, kBlock);
+  // One forward of `tokens` from `start`; the greedy next token when it asks for logits.
+  auto run = [&](std::span<const int32_t> tokens, int32_t start, cache::QueryCapture* capture) {
+    EXPECT_TRUE(kv.Reserve(*pool, static_cast<int32_t>(tokens.size())));
+    model::BatchEntry e{&kv, tokens, {}, start, model::LogitsMode::kLast};
+    e.capture = capture;
+    model::ForwardOutput out;
+    EXPECT_TRUE(forward.Forward({&e, 1}, *pool, &out).ok());
+    const std::span<const float> row = out.Row(0);
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  const std::span<const int32_t> prompt(r.prompt_tokens);
+  const int32_t n = r.compression.context_tokens;
+  run(prompt.first(n), 0, session->PrefillCapture(0, n));
+  EXPECT_TRUE(session->AfterPrefillChunk().ok());
+  EXPECT_TRUE(session->Compress(kv, *pool, forward.Scoring(*pool)).ok());
+  const int32_t rest = static_cast<int32_t>(prompt.size()) - n;
+  std::vector<int32_t> tokens = {run(prompt.subspan(n), n, nullptr)};
+  EXPECT_TRUE(session->AfterUncompressedTokens(n, rest, kv).ok());
+  for (int32_t position = static_cast<int32_t>(prompt.size());
+       static_cast<int32_t>(tokens.size()) < r.max_tokens; ++position) {
+    tokens.push_back(run(std::span<const int32_t>(&tokens.back(), 1), position, nullptr));
+    EXPECT_TRUE(session->AfterDecodeStep(position, kv, *pool).ok());
+  }
+  kv.Release(*pool);
+  return tokens;
+}
+
+TEST_F(EngineTest, AContextIsCompressedBeforeTheRestOfThePromptIsComputed) {
+  GenerationRequest r = Greedy(Concat(Prompt(160, 21), Prompt(24, 22)), 12);
+  r.compression.policy = "snapkv";
+  r.compression.budget = 0.25;
+  r.compression.context_tokens = 160;
+  const std::vector<int32_t> want = ContextScopeByHand(*model_, r, 2);
+
+  EngineOptions options;
+  options.worker.num_threads = 2;
+  std::unique_ptr<Engine> engine = MakeEngine(options);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(r, sink).ok());
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->tokens(), want);
+  // Only the context was compressed: 75% of its 160 slots went, the question's 24 stayed.
+  EXPECT_GT(sink->finish().usage.kv_blocks_freed_by_compression, 0);
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+
+  // In small chunks the scheduler ends one where the context ends, and the request completes.
+  options.max_batched_tokens = 48;
+  std::unique_ptr<Engine> chunked = MakeEngine(options);
+  auto small = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(chunked->Submit(r, small).ok());
+  ASSERT_TRUE(small->WaitDone());
+  EXPECT_TRUE(small->finish().status.ok()) << small->finish().status;
+  EXPECT_EQ(small->tokens().size(), 12u);
+  EXPECT_GT(small->finish().usage.kv_blocks_freed_by_compression, 0);
+
+  // A policy that evicts while decoding cannot compress a context alone.
+  r.compression.policy = "streaming_llm";
+  const absl::Status refused = engine->Submit(r, std::make_shared<CollectingSink>()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("compression.context_tokens"), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -54,6 +54,28 @@ TEST(OpenAiRequestTest, CompletionFieldsMapOntoTheWireRequest) {
   EXPECT_EQ(g.compression().options().at("pooling"), "max");
 }
 
+TEST(OpenAiRequestTest, KvCompressionTakesAContextScope) {
+  OpenAiRequest r = ParseOk(Endpoint::kChat, R"({
+      "messages": [{"role": "user", "content": "doc"}, {"role": "user", "content": "q?"}],
+      "kv_compression": {"policy": "snapkv", "budget": 0.2, "scope": "context",
+                         "context_messages": 1}})");
+  EXPECT_EQ(r.generate.compression().scope(), "context");
+  EXPECT_EQ(r.generate.compression().context_messages(), 1);
+  r = ParseOk(Endpoint::kCompletions, R"({"prompt": "hi", "kv_compression": {
+      "policy": "snapkv", "budget": 0.2, "scope": "context", "context_tokens": 1}})");
+  EXPECT_EQ(r.generate.compression().context_tokens(), 1);
+  for (const char* bad : {R"({"prompt": "x", "kv_compression": {"policy": "snapkv", "scope": 1}})",
+                          R"({"prompt": "x", "kv_compression": {"policy": "snapkv",
+                              "context_tokens": -2}})",
+                          R"({"prompt": "x", "kv_compression": {"policy": "snapkv",
+                              "context_messages": "two"}})"}) {
+    const absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(Endpoint::kCompletions, bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("kv_compression."), std::string::npos)
+        << parsed.status();
+  }
+}
+
 TEST(OpenAiRequestTest, OpenAiDefaults) {
   OpenAiRequest c = ParseOk(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})");
   EXPECT_EQ(c.generate.token_ids().ids_size(), 3);

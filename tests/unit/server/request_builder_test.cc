@@ -258,8 +258,80 @@ TEST_F(RequestBuilderTest, RejectsEveryBadCompressionFieldNamingIt) {
           {"compression.options.poolin", options("snapkv", "poolin", "max")},
           {"compression.options.window", options("snapkv", "window", "8")},
           {"compression.options.mode", options("xkv", "mode", "offline")},
+          // A context's scope and extent.
+          {"compression.scope", [&](auto& r) { spec(r, "snapkv", 0.5)->set_scope("question"); }},
+          {"compression.scope", [&](auto& r) { spec(r, "none", 0)->set_scope("context"); }},
+          {"compression.scope",  // a prompt without a ContextSpan gives no extent
+           [&](auto& r) { spec(r, "snapkv", 0.5)->set_scope("context"); }},
+          {"compression.context_tokens",
+           [&](auto& r) { spec(r, "snapkv", 0.5)->set_context_tokens(3); }},
+          {"compression.context_tokens",
+           [&](auto& r) {
+             spec(r, "snapkv", 0.5)->set_scope("context");
+             r.mutable_compression()->set_context_tokens(10000);
+           }},
+          {"compression.context_tokens",
+           [&](auto& r) {
+             spec(r, "snapkv", 0.5)->set_scope("context");
+             r.mutable_compression()->set_context_tokens(-1);
+           }},
+          {"compression.context_messages",
+           [&](auto& r) {
+             spec(r, "snapkv", 0.5)->set_scope("context");
+             r.mutable_compression()->set_context_messages(1);  // prompt input, not chat
+           }},
       },
       Limits(), *model_);
+}
+
+// compression.scope "context": where the context ends, from context_tokens, from the first
+// messages of a chat as the template renders them, or from the last ContextSpan.
+TEST_F(RequestBuilderTest, AContextScopeEndsWhereTheRequestSays) {
+  v1::GenerateRequest r = Valid();
+  v1::CompressionSpec* c = r.mutable_compression();
+  c->set_policy("snapkv");
+  c->set_budget(0.5);
+  c->set_scope("context");
+  c->set_context_tokens(3);
+  absl::StatusOr<scheduler::GenerationRequest> out = Build(r);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->compression.context_tokens, 3);
+
+  v1::GenerateRequest chat;
+  for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
+           {"system", "Answer from the document."},
+           {"user", "Document: Paris is the capital of France."},
+           {"user", "What is the capital of France?"}}) {
+    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  *chat.mutable_compression() = *c;
+  chat.mutable_compression()->set_context_tokens(0);
+  chat.mutable_compression()->set_context_messages(2);
+  out = Build(chat);
+  ASSERT_TRUE(out.ok()) << out.status();
+  v1::GenerateRequest first_two = chat;
+  first_two.mutable_chat()->mutable_messages()->RemoveLast();
+  first_two.mutable_chat()->set_add_generation_prompt(false);
+  first_two.clear_compression();
+  absl::StatusOr<scheduler::GenerationRequest> context = Build(first_two);
+  ASSERT_TRUE(context.ok()) << context.status();
+  EXPECT_EQ(out->compression.context_tokens, static_cast<int32_t>(context->prompt_tokens.size()));
+  EXPECT_LT(out->compression.context_tokens, static_cast<int32_t>(out->prompt_tokens.size()));
+  chat.mutable_compression()->set_context_messages(4);
+  EXPECT_NE(Build(chat).status().message().find("compression.context_messages"),
+            std::string::npos);
+
+  v1::GenerateRequest segments;
+  segments.mutable_segments()->add_segments()->mutable_context()->set_text("Paris is in France.");
+  segments.mutable_segments()->add_segments()->mutable_text()->set_text(" Where is Paris?");
+  *segments.mutable_compression() = *c;
+  segments.mutable_compression()->set_context_tokens(0);
+  out = Build(segments);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->prompt_spans.size(), 1u);
+  EXPECT_EQ(out->compression.context_tokens, out->prompt_spans[0].end);
 }
 
 TEST_F(RequestBuilderTest, ValidRequestComesOutTyped) {
