@@ -120,7 +120,8 @@ class Harness {
     Sequence& s = *c.seq;
     ASSERT_EQ(c.start, s.num_computed);
     for (int32_t l = 0; l < kLayers; ++l) s.kv.AppendSlots(l, c.count);  // as the forward does
-    if (s.awaits_compression() && c.samples) {  // as the worker does
+    // As the worker does: compress once the compressed part (the prompt, or its context) is in.
+    if (s.awaits_compression() && c.start + c.count == s.compression->num_tokens()) {
       ASSERT_TRUE(s.kv.MakePrivate(*pool_).ok());
       cache::HostScoring scoring(*pool_, threads_);
       ASSERT_TRUE(s.compression->Compress(s.kv, *pool_, scoring).ok());
@@ -342,6 +343,30 @@ TEST(SchedulerTest, ADevicePlannableWindowStaysInOneChunk) {
   plan = other.Step();
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].count, 48);
+}
+
+TEST(SchedulerTest, AChunkStopsWhereACompressedContextEnds) {
+  // 60 prompt tokens of which the first 40 are the context (CompressionSpec::context_tokens):
+  // the 48-token budget would run past it, so the first chunk stops at 40 and the policy
+  // compresses before the other 20 are computed.
+  Harness h(80, {48, 8});
+  Sequence* s = h.Add({60, 2, 0, "snapkv", 0.5});
+  s->req.compression.context_tokens = 40;
+  s->compression = *MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, s->req, 60);
+  ASSERT_EQ(s->compression->num_tokens(), 40);
+  IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].count, 40);
+  EXPECT_FALSE(plan.chunks[0].samples);
+  EXPECT_TRUE(s->compression->compressed());
+  const int32_t context_slots = s->kv.num_slots(0);
+  EXPECT_LT(context_slots, 40);
+  plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 40);
+  EXPECT_EQ(plan.chunks[0].count, 20);
+  EXPECT_TRUE(plan.chunks[0].samples);
+  EXPECT_EQ(s->kv.num_slots(0), context_slots + 20);  // the rest of the prompt stays whole
 }
 
 TEST(SchedulerTest, PreemptedCompressingSequenceThatOutgrewThePoolIsRejected) {
