@@ -86,8 +86,10 @@ def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
     # Inserted deepest first, so each lands at its depth of the prose.
     for depth, needle in sorted(zip(depths, needles), reverse=True):
         body.insert(round(depth * len(body)), needle)
-    content = "Read the document below.\n\n" + "\n\n".join(body) + "\n\n" + question
-    return {"task": task, "code": values[0], "depth": depths[0], "content": content}
+    document = "Read the document below.\n\n" + "\n\n".join(body)
+    return {"task": task, "code": values[0], "depth": depths[0],
+            "content": document + "\n\n" + question, "document": document,
+            "question": question}
 
 
 def digits_in(reply: str) -> list[str]:
@@ -147,12 +149,19 @@ def compression_for(entry: str, budget: float) -> dict | None:
 
 
 def run_cell(client, samples: list[dict], policy: str, budget: float, max_tokens: int,
-             parallel: int) -> list[dict]:
+             parallel: int, split: str = "") -> list[dict]:
+    """split "": the document and the question in one user message; "aware": in two, the whole
+    prompt compressed; "agnostic": in two, the document's message compressed alone before the
+    question is computed (compression scope "context", docs/compression.md)."""
     compression = compression_for(policy, budget)
+    if compression is not None and split == "agnostic":
+        compression.update({"scope": "context", "context_messages": 1})
 
     def ask(sample: dict) -> dict:
-        text, _, final = client.generate_text(chat=[("user", sample["content"])],
-                                              max_tokens=max_tokens, compression=compression)
+        chat = ([("user", sample["document"]), ("user", sample["question"])] if split
+                else [("user", sample["content"])])
+        text, _, final = client.generate_text(chat=chat, max_tokens=max_tokens,
+                                              compression=compression)
         return {"reply": text, "prompt_tokens": final.usage.prompt_tokens,
                 "correct": is_correct_for(sample, text),
                 "prefix": correct_prefix(text, sample["code"])}
@@ -190,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-args", default="", help="extra `winnow serve` flags")
+    ap.add_argument("--split", choices=("", "aware", "agnostic"), default="",
+                    help="document and question in two user messages; agnostic: the "
+                         "document compressed alone, before the question (scope context)")
     ap.add_argument("--json-out", type=pathlib.Path)
     args = ap.parse_args(argv)
 
@@ -210,7 +222,8 @@ def main(argv=None) -> int:
             for policy in args.policies.split(","):
                 for budget in [1.0] if policy == "none" else budgets:
                     cells[(policy, budget)] = run_cell(daemon.client, samples, policy, budget,
-                                                       args.max_tokens, args.parallel)
+                                                       args.max_tokens, args.parallel,
+                                                       args.split)
                     print(f"needle: {policy} {budget:g} done ({time.monotonic() - started:.0f} s)",
                           file=sys.stderr)
         finally:

@@ -143,7 +143,8 @@ class WinnowClient:
     ):
         """A GenerateRequest from keyword arguments: exactly one of prompt, chat (a list of
         (role, content)), token_ids or segments; compression is {"policy", "budget",
-        "params": {name: number}, "options": {name: string}} (docs/compression.md)."""
+        "params": {name: number}, "options": {name: string}, and optionally "scope",
+        "context_tokens", "context_messages"} (docs/compression.md)."""
         req = pb2.GenerateRequest(request_id=request_id, priority=priority, logprobs=logprobs,
                                   top_logprobs=top_logprobs)
         if prompt is not None:
@@ -175,6 +176,9 @@ class WinnowClient:
                 c.params[k] = float(v)
             for k, v in (compression.get("options") or {}).items():
                 c.options[k] = str(v)
+            c.scope = compression.get("scope", "")
+            c.context_tokens = int(compression.get("context_tokens", 0))
+            c.context_messages = int(compression.get("context_messages", 0))
         if seed is not None:
             req.sampling.seed = seed
         if max_tokens is not None:
