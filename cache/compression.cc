@@ -148,7 +148,7 @@ void CompressionSession::ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv,
     return;
   }
   PhaseClock clock(stats_.time.scoring);
-  if (!observe_.row_probabilities && window > 0) {
+  if (window > 0) {  // (device_scores_: the policy reads the window rows only as their sum)
     std::vector<int32_t> visible(window);
     for (int32_t r = 0; r < window; ++r) visible[r] = observe_.window_begin + r + 1;
     kernels::ScoreInput in;
@@ -312,7 +312,7 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   attention.num_slots = num_tokens_;
   attention.row_positions = window_positions_;
   const bool scored_on_device = device_layers_ > 0;  // every layer (AfterPrefillChunk checked)
-  if (rows > 0 && scored_on_device && !observe_.row_probabilities) {
+  if (rows > 0 && scored_on_device) {
     attention.window_sums = device_window_sums_[l];
   } else if (rows > 0) {
     kernels::ScoreInput in;
