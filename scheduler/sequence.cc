@@ -39,16 +39,19 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens) {
   cache::policies::PolicyContext context;
   context.dims = dims;
-  // A context-scoped policy sees its context only; the spans past it are the rest of the prompt.
-  const int32_t compressed = req.compression.context_tokens > 0
-                                 ? std::min(req.compression.context_tokens, num_tokens)
-                                 : num_tokens;
-  context.layout.num_tokens = compressed;
-  for (const cache::policies::PromptSpan& span : req.prompt_spans) {
-    if (span.begin >= compressed) continue;
-    cache::policies::PromptSpan clipped = span;
-    clipped.end = std::min(span.end, compressed);
-    context.layout.spans.push_back(clipped);
+  context.layout.num_tokens = num_tokens;
+  context.layout.spans = req.prompt_spans;
+  if (req.compression.context_tokens > 0) {
+    // A context-scoped policy sees its context only: the spans after it are the rest of the
+    // prompt (a span past the prompt stays, for the policy's layout check to refuse).
+    const int32_t compressed = std::min(req.compression.context_tokens, num_tokens);
+    context.layout.num_tokens = compressed;
+    std::erase_if(context.layout.spans, [&](const cache::policies::PromptSpan& span) {
+      return span.begin >= compressed && span.end <= num_tokens;
+    });
+    for (cache::policies::PromptSpan& span : context.layout.spans) {
+      if (span.end <= num_tokens) span.end = std::min(span.end, compressed);
+    }
   }
   return cache::CompressionSession::Create(
       req.compression.policy,

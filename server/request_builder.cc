@@ -457,7 +457,9 @@ absl::StatusOr<int32_t> ContextMessagesTokens(const v1::GenerateRequest& request
                                               const model::Model& model,
                                               const PromptInput& prompt, int32_t k) {
   constexpr const char* kField = "compression.context_messages";
-  if (request.input_case() != v1::GenerateRequest::kChat) return Invalid(kField, "needs chat input");
+  if (request.input_case() != v1::GenerateRequest::kChat) {
+    return Invalid(kField, "needs chat input");
+  }
   const v1::ChatMessages& chat = request.chat();
   if (k > chat.messages_size()) {
     return Invalid(kField, absl::StrCat("is ", k, " but the chat has ", chat.messages_size(),

@@ -163,9 +163,10 @@ TEST_P(CudaKvDeviceTest, ScoringMatchesTheCpuKernels) {
   std::fill(got_sums.begin(), got_sums.end(), 0.0f);
   kernels::AccumulateAttentionColumns(host_->View(), in, want_sums.data(), threads);
   in.q = nullptr;
-  ASSERT_TRUE(
-      device_->AccumulateAttentionColumns(in, got_sums.data(), cache::DeviceRows{d_q16.data(), rows})
-          .ok());
+  ASSERT_TRUE(device_
+                  ->AccumulateAttentionColumns(in, got_sums.data(),
+                                               cache::DeviceRows{d_q16.data(), rows})
+                  .ok());
   ExpectClose(got_sums, want_sums, 2e-4, 1e-6, "column sums of device rows");
   // With the rows' log-sum-exps from the forward's attention (base 2, [row][head]), a bf16 pool
   // takes the tensor-core kernel (kernels/cuda/column_sums.h).
