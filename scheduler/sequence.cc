@@ -41,17 +41,9 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
   context.dims = dims;
   context.layout.num_tokens = num_tokens;
   context.layout.spans = req.prompt_spans;
+  // A context-scoped policy sees its context only.
   if (req.compression.context_tokens > 0) {
-    // A context-scoped policy sees its context only: the spans after it are the rest of the
-    // prompt (a span past the prompt stays, for the policy's layout check to refuse).
-    const int32_t compressed = std::min(req.compression.context_tokens, num_tokens);
-    context.layout.num_tokens = compressed;
-    std::erase_if(context.layout.spans, [&](const cache::policies::PromptSpan& span) {
-      return span.begin >= compressed && span.end <= num_tokens;
-    });
-    for (cache::policies::PromptSpan& span : context.layout.spans) {
-      if (span.end <= num_tokens) span.end = std::min(span.end, compressed);
-    }
+    context.layout = context.layout.Leading(req.compression.context_tokens);
   }
   return cache::CompressionSession::Create(
       req.compression.policy,

@@ -317,14 +317,10 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   const model::ModelConfig& c = model.config();
   cache::policies::PolicyContext context;
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, limits.block_size};
-  // As the engine builds it: over the context alone when the scope is "context".
-  const int32_t compressed =
-      context_tokens > 0 ? context_tokens : static_cast<int32_t>(prompt.tokens.size());
-  context.layout.num_tokens = compressed;
-  for (const cache::policies::PromptSpan& span : prompt.spans) {
-    if (span.begin >= compressed) continue;
-    context.layout.spans.push_back({span.kind, span.begin, std::min(span.end, compressed)});
-  }
+  context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
+  context.layout.spans = prompt.spans;
+  // As the engine builds it (MakeCompressionSession): over the context alone for "context".
+  if (context_tokens > 0) context.layout = context.layout.Leading(context_tokens);
   WINNOW_RETURN_IF_ERROR(
       cache::policies::CreatePolicy(spec.policy,
                                     cache::policies::PolicyConfig(spec.budget, spec.params),

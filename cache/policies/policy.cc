@@ -48,6 +48,19 @@ std::vector<int32_t> PromptLayout::CompressiblePositions() const {
   return out;
 }
 
+PromptLayout PromptLayout::Leading(int32_t n) const {
+  PromptLayout out;
+  out.num_tokens = std::min(n, num_tokens);
+  for (const PromptSpan& span : spans) {
+    if (span.end > num_tokens) {
+      out.spans.push_back(span);
+    } else if (span.begin < out.num_tokens) {
+      out.spans.push_back({span.kind, span.begin, std::min(span.end, out.num_tokens)});
+    }
+  }
+  return out;
+}
+
 absl::Status PromptLayout::Validate() const {
   int32_t previous_end = 0;
   for (size_t i = 0; i < spans.size(); ++i) {

@@ -78,6 +78,9 @@ struct PromptLayout {
   std::vector<int32_t> CompressiblePositions() const;
   // InvalidArgument when spans are unsorted, overlapping, empty or outside [0, num_tokens).
   absl::Status Validate() const;
+  // The layout of the first n tokens (a context compressed alone): the spans inside the prompt
+  // cut at n, those after it dropped; a span past the prompt stays, for Validate to refuse.
+  PromptLayout Leading(int32_t n) const;
 };
 
 // The observation window every window-based policy uses, so that all of them agree:

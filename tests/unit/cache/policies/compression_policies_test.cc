@@ -195,6 +195,19 @@ TEST(PromptLayoutTest, WindowIsTheTextAfterTheLastCompressibleSpan) {
   EXPECT_FALSE(layout.Validate().ok());  // overlaps
 }
 
+TEST(PromptLayoutTest, LeadingKeepsTheContextsSpansAndRefusesOnesPastThePrompt) {
+  const PromptLayout layout{100, {{SpanKind::kImage, 5, 50}, {SpanKind::kContext, 52, 90}}};
+  const PromptLayout context = layout.Leading(60);
+  EXPECT_EQ(context.num_tokens, 60);
+  ASSERT_EQ(context.spans.size(), 2u);
+  EXPECT_EQ(context.spans[1].end, 60);  // cut at the context's end
+  EXPECT_TRUE(context.Validate().ok());
+  EXPECT_EQ(layout.Leading(50).spans.size(), 1u);  // the context span starts after it
+  EXPECT_EQ(layout.Leading(200).num_tokens, 100);
+  const PromptLayout broken{40, {{SpanKind::kContext, 10, 60}}};  // past the prompt
+  EXPECT_FALSE(broken.Leading(20).Validate().ok());
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(RegistryTest, ValidatesNameBudgetAndParams) {
