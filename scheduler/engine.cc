@@ -92,14 +92,14 @@ absl::Status CheckContract(const GenerationRequest& r, const model::ModelConfig&
 // expect one token a step.
 absl::Status CheckContextScope(const GenerationRequest& r, cache::CompressionSession& c) {
   if (r.compression.context_tokens == 0) return absl::OkStatus();
-  const char* why = c.EvictsDuringDecode()       ? "evicts while decoding"
-                    : c.LookaheadSteps() > 0     ? "plans after a lookahead"
-                    : c.selector() != nullptr    ? "selects per decode token"
-                                                 : nullptr;
+  const char* why = c.EvictsDuringDecode()    ? "evicts while decoding"
+                    : c.LookaheadSteps() > 0  ? "plans after a lookahead"
+                    : c.selector() != nullptr ? "selects per decode token"
+                                              : nullptr;
   if (why == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "compression.context_tokens: policy ", r.compression.policy, " ", why,
-      ", so it cannot compress a context alone; use it on the whole prompt (context_tokens 0), "
+      ", so it cannot compress a context alone; use it on the whole prompt (scope \"prompt\"), "
       "or turn that off in its params"));
 }
 
