@@ -136,6 +136,20 @@ void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
   capture_status_.Update(scoring.CompactToWindowTopK(request));
 }
 
+kernels::ScoreInput CompressionSession::LayerScoreInput(const SequenceKv& kv, int32_t layer,
+                                                       std::span<const int32_t> visible,
+                                                       const float* q) const {
+  kernels::ScoreInput in;
+  in.block_table = kv.block_table(layer).data();
+  in.num_slots = kv.num_slots(layer);
+  in.q = q;
+  in.num_rows = static_cast<int32_t>(visible.size());
+  in.visible = visible.data();
+  in.num_heads = dims_.num_heads;
+  in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  return in;
+}
+
 void CompressionSession::ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv,
                                             ScoringBackend& scoring) {
   ++device_layers_;
@@ -151,13 +165,7 @@ void CompressionSession::ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv,
   if (window > 0) {  // (device_scores_: the policy reads the window rows only as their sum)
     std::vector<int32_t> visible(window);
     for (int32_t r = 0; r < window; ++r) visible[r] = observe_.window_begin + r + 1;
-    kernels::ScoreInput in;
-    in.block_table = kv.block_table(layer).data();
-    in.num_slots = num_tokens_;
-    in.num_rows = window;
-    in.visible = visible.data();
-    in.num_heads = dims_.num_heads;
-    in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+    const kernels::ScoreInput in = LayerScoreInput(kv, layer, visible, /*q=*/nullptr);
     std::vector<float>& sums = device_window_sums_[layer];
     sums.resize(static_cast<size_t>(dims_.num_heads) * num_tokens_);
     capture_status_.Update(scoring.ColumnSumsDeferred(in, sums.data(), rows.Last(window)));
@@ -184,14 +192,8 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
       std::span<const int32_t>(capture_.positions).last(rows);
   std::vector<int32_t> visible(rows);
   for (int32_t r = 0; r < rows; ++r) visible[r] = positions[r] + 1;
-  kernels::ScoreInput in;
-  in.block_table = kv.block_table(layer).data();
-  in.num_slots = kv.num_slots(layer);
-  in.q = on_device ? nullptr : rows_q.data();
-  in.num_rows = rows;
-  in.visible = visible.data();
-  in.num_heads = dims_.num_heads;
-  in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  const kernels::ScoreInput in =
+      LayerScoreInput(kv, layer, visible, on_device ? nullptr : rows_q.data());
   // Complete once the forward returns (a device backend waits once for every layer's), and
   // folded into the sums by AfterPrefillChunk. Called from inside the forward, which has no way
   // to take an error: the first one is kept for AfterPrefillChunk to return.
@@ -315,14 +317,7 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   if (rows > 0 && scored_on_device) {
     attention.window_sums = device_window_sums_[l];
   } else if (rows > 0) {
-    kernels::ScoreInput in;
-    in.block_table = kv.block_table(l).data();
-    in.num_slots = num_tokens_;
-    in.q = window_rows_[l].data();
-    in.num_rows = rows;
-    in.visible = visible.data();
-    in.num_heads = dims_.num_heads;
-    in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+    const kernels::ScoreInput in = LayerScoreInput(kv, l, visible, window_rows_[l].data());
     PhaseClock clock(stats_.time.scoring);
     if (observe_.row_probabilities) {
       // One layer at a time: the transient is num_heads x rows x num_tokens floats.

@@ -26,6 +26,7 @@
 #include "cache/query_capture.h"
 #include "cache/sequence_kv.h"
 #include "cache/scoring_backend.h"
+#include "kernels/cpu/attention_scores.h"
 
 namespace winnow::cache {
 
@@ -139,6 +140,10 @@ class CompressionSession {
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
   // Adds chunk_sums_ into column_sums_ (after the forward that asked for them).
   void FoldChunkSums();
+  // The scoring kernels' input for `visible.size()` rows (`q`: host float rows, or null when
+  // the backend has them) over every slot of `layer`.
+  kernels::ScoreInput LayerScoreInput(const SequenceKv& kv, int32_t layer,
+                                      std::span<const int32_t> visible, const float* q) const;
   // Internal unless every layer's tracked slot positions match the cache's slot count.
   absl::Status CheckTrackedSlots(const SequenceKv& kv) const;
 
