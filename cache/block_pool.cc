@@ -115,6 +115,7 @@ void BlockPool::ClearKey(int32_t block) {
   if (!m.has_key) return;
   index_.erase(m.key);
   m.has_key = false;
+  ++keys_dropped_;
   if (m.refs == 0) --num_cached_free_;
 }
 

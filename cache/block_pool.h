@@ -96,6 +96,13 @@ class BlockPool {
   // Forgets the block's key (its contents are about to change, e.g. compaction in place).
   void ClearKey(int32_t block);
   bool has_key(int32_t block) const { return meta_[block].has_key; }
+  // Whether `block` holds exactly `key` (a cheap check that a block found earlier is still it).
+  bool HoldsKey(int32_t block, uint64_t key) const {
+    return meta_[block].has_key && meta_[block].key == key;
+  }
+  // How many times a block has lost its key (reclaimed, or cleared): when unchanged, every key
+  // set before is still where it was.
+  uint64_t keys_dropped() const { return keys_dropped_; }
 
   // One row (K when `values` is false, else V) in its stored form: row_bytes() bytes. Copying
   // these bytes moves a token's K or V exactly, whatever the dtype.
@@ -162,6 +169,7 @@ class BlockPool {
   int32_t num_free_ = 0;
   int32_t num_cached_free_ = 0;
   int64_t num_references_ = 0;
+  uint64_t keys_dropped_ = 0;
   absl::flat_hash_map<uint64_t, int32_t> index_;  // key -> block
 };
 

@@ -427,6 +427,25 @@ std::vector<std::vector<float>>* CompressionSession::DecodeAttentionBuffer() {
   return &decode_attention_;
 }
 
+absl::Status CompressionSession::AdoptCompressed(const policies::SlotPositions& positions,
+                                                 const SequenceKv& kv) {
+  if (compressed_ || lookahead_left_ > 0 || positions.num_layers() != dims_.num_layers) {
+    return absl::InternalError("compression: a compressed context adopted by the wrong session");
+  }
+  slots_ = positions;
+  WINNOW_RETURN_IF_ERROR(CheckTrackedSlots(kv));
+  compressed_ = true;
+  stats_.prefill_tokens = num_tokens_;
+  stats_.slots_before = int64_t{num_tokens_} * dims_.num_layers;
+  stats_.kept_per_layer.resize(dims_.num_layers);
+  stats_.slots_after = 0;
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    stats_.kept_per_layer[l] = kv.num_slots(l);
+    stats_.slots_after += kv.num_slots(l);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CompressionSession::AfterUncompressedTokens(int32_t start, int32_t count,
                                                          const SequenceKv& kv) {
   if (!compressed_) return absl::InternalError("compression: tokens after the context before it");

@@ -91,6 +91,12 @@ class CompressionSession {
   absl::StatusOr<CompactionStats> Compress(SequenceKv& kv, BlockPool& pool,
                                            ScoringBackend& scoring);
 
+  // Instead of the prefill: the context this session compresses was attached already compressed
+  // (cache/compressed_prefix.h) with these kept slots; the session goes on as if it had
+  // compressed it itself (its stats say so; nothing was freed). Internal unless `positions`
+  // matches the cache and the session has not started.
+  absl::Status AdoptCompressed(const policies::SlotPositions& positions, const SequenceKv& kv);
+
   // --- Decode. ---
   // Where the forward writes the decode token's attention probabilities; null unless the policy
   // wants them.

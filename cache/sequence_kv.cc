@@ -14,7 +14,7 @@ int32_t BlocksFor(int32_t slots, int32_t block_size) {
 }  // namespace
 
 int32_t SequenceKv::num_blocks_held() const {
-  int32_t total = 0;
+  int32_t total = static_cast<int32_t>(pinned_.size());
   for (const Layer& layer : layers_) total += static_cast<int32_t>(layer.blocks.size());
   return total;
 }
@@ -86,6 +86,8 @@ void SequenceKv::Release(BlockPool& pool) {
     layer.blocks.clear();
     layer.num_slots = 0;
   }
+  pool.Free(pinned_);
+  pinned_.clear();
 }
 
 void SequenceKv::AppendSharedBlock(BlockPool& pool, int32_t layer, int32_t block) {
@@ -97,6 +99,16 @@ void SequenceKv::AppendSharedBlock(BlockPool& pool, int32_t layer, int32_t block
   pool.AddReference(block);
   l.blocks.push_back(block);
   l.num_slots += block_size_;
+}
+
+void SequenceKv::AppendBlock(int32_t layer, int32_t block, int32_t slots) {
+  Layer& l = layers_[layer];
+  if (l.num_slots != capacity(layer) || slots < 0 || slots > block_size_) {
+    std::fprintf(stderr, "KV block appended after a partial block (layer %d)\n", layer);
+    std::abort();
+  }
+  l.blocks.push_back(block);
+  l.num_slots += slots;
 }
 
 int32_t SequenceKv::SharedBlocks(const BlockPool& pool) const {

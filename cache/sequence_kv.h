@@ -26,6 +26,7 @@ class SequenceKv {
   int32_t num_slots(int32_t layer) const { return layers_[layer].num_slots; }
   std::span<const int32_t> block_table(int32_t layer) const { return layers_[layer].blocks; }
   int32_t block_size() const { return block_size_; }
+  // Blocks in the layers' tables and pinned ones.
   int32_t num_blocks_held() const;
   // Slots the reserved blocks of `layer` can hold.
   int32_t capacity(int32_t layer) const {
@@ -56,6 +57,14 @@ class SequenceKv {
   // Appends a full block shared with other sequences (a cached prompt block) to `layer`, which
   // must hold whole blocks and no unused reservation. Takes a reference.
   void AppendSharedBlock(BlockPool& pool, int32_t layer, int32_t block);
+  // Appends `block`, which this sequence allocated (one reference) and whose first `slots` slots
+  // hold K/V, to `layer`, which must hold whole blocks and no unused reservation: a private copy
+  // of a compressed context's partial last block (cache/compressed_prefix.h).
+  void AppendBlock(int32_t layer, int32_t block, int32_t slots);
+  // Keeps `block` (one reference, which this sequence now owns) alive until Release, outside
+  // every layer's table: a published compressed context's partial blocks, so that they return to
+  // the free queue with the rest of the context, not before it.
+  void Pin(int32_t block) { pinned_.push_back(block); }
   // Blocks that other sequences also reference.
   int32_t SharedBlocks(const BlockPool& pool) const;
   // Blocks that Release would return to the free queue (those only this sequence references).
@@ -73,6 +82,7 @@ class SequenceKv {
     int32_t num_slots = 0;
   };
   std::vector<Layer> layers_;
+  std::vector<int32_t> pinned_;
 };
 
 }  // namespace winnow::cache

@@ -165,7 +165,9 @@ struct Engine::Impl {
         observer(obs),
         dims(DimsOf(m.config(), l.block_size)),
         pool(std::move(p)),
-        scheduler({l.max_batched_tokens, l.max_seqs}, *pool),
+        contexts(l.prefix_caching ? std::make_unique<cache::CompressedPrefixCache>(*pool)
+                                  : nullptr),
+        scheduler({l.max_batched_tokens, l.max_seqs}, *pool, contexts.get()),
         worker(std::move(w)),
         output(m.tokenizer(), l.context_length, obs) {}
 
@@ -174,6 +176,8 @@ struct Engine::Impl {
   EngineObserver* const observer;
   const cache::policies::ModelDims dims;
   std::unique_ptr<cache::BlockPool> pool;
+  // Published compressed contexts (null without prefix caching).
+  std::unique_ptr<cache::CompressedPrefixCache> contexts;
   Scheduler scheduler;
   std::unique_ptr<Worker> worker;
   OutputProcessor output;
@@ -383,6 +387,9 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
     seq->prefix_keys = cache::PrefixBlockKeys(seq->req.prompt_tokens, seq->req.embeddings,
                                               config.hidden_size, limits_.block_size,
                                               seq->req.cache_salt);
+    if (seq->req.compression.context_tokens > 0) {
+      seq->context_key = CompressedContextKey(seq->req, config.hidden_size);
+    }
   }
   seq->output = std::make_unique<OutputStream>(model_->tokenizer(), seq->req.stop_strings,
                                                std::move(sink));
@@ -575,8 +582,20 @@ void Engine::Impl::ApplyPlan(const IterationPlan& plan) {
   }
   for (const PrefixLookup& lookup : plan.prefix_lookups) {
     // Usage reports the first admission's hit; a recompute after preemption is internal.
-    if (lookup.seq->preemptions == 0) lookup.seq->cached_prompt_tokens = lookup.hit_tokens;
-    if (observer) observer->OnPrefixCacheLookup(lookup.queried_tokens, lookup.hit_tokens);
+    if (lookup.seq->preemptions == 0) {
+      lookup.seq->cached_prompt_tokens =
+          std::max(lookup.seq->cached_prompt_tokens, lookup.hit_tokens);
+    }
+    if (lookup.compressed_context && lookup.hit_tokens > 0) {
+      lookup.seq->compression_kept_per_layer = lookup.seq->compression->stats().kept_per_layer;
+    }
+    if (observer == nullptr) continue;
+    if (lookup.compressed_context) {
+      observer->OnCompressedContextLookup(lookup.queried_tokens, lookup.hit_tokens,
+                                          lookup.hit_kv_bytes);
+    } else {
+      observer->OnPrefixCacheLookup(lookup.queried_tokens, lookup.hit_tokens);
+    }
   }
   for (const ScheduledChunk& c : plan.chunks) {
     c.seq->kv_blocks_peak = std::max(c.seq->kv_blocks_peak, c.seq->kv.num_blocks_held());
@@ -674,6 +693,7 @@ void Engine::Impl::Publish() {
   state.kv_blocks_total = pool->num_blocks();
   state.kv_blocks_free = pool->num_free();
   state.preemptions_total = preemptions_total;
+  state.compressed_contexts = contexts != nullptr ? contexts->resident() : 0;
   // Observer first: once WaitForIdle returns, the gauges already show the idle state.
   if (observer) observer->OnSchedulerState(state);
   base::MutexLock lock(&mu);

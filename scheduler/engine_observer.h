@@ -40,6 +40,7 @@ struct SchedulerState {
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_free = 0;
   int64_t preemptions_total = 0;
+  int32_t compressed_contexts = 0;  // published compressed contexts still resident
 };
 
 // One compaction of a sequence's KV by its compression policy: after its prefill, or a
@@ -90,6 +91,11 @@ class EngineObserver {
   // A request was admitted with prefix caching on: `hit_tokens` of its `queried_tokens` prompt
   // tokens had their K/V in the cache (vLLM's prefix_cache_queries / prefix_cache_hits).
   virtual void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {}
+  // A request that compresses its context alone looked for it published compressed
+  // (cache/compressed_prefix.h) at admission: `queried_tokens` is the context's length, and on a
+  // hit `hit_tokens` the same (their prefill skipped) with `hit_kv_bytes` of K/V attached.
+  virtual void OnCompressedContextLookup(int32_t queried_tokens, int32_t hit_tokens,
+                                         int64_t hit_kv_bytes) {}
   // A forward failed so that none can run again (base::IsFatal: the device's context is
   // lost). Every request has ended with an error and Submit refuses new ones; a server should
   // stop serving and exit so that its supervisor restarts it. Once, on the engine thread.

@@ -50,8 +50,8 @@ int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) {
 class IterationBuilder {
  public:
   IterationBuilder(const SchedulerLimits& limits, cache::BlockPool& pool,
-                   std::span<Sequence* const> live)
-      : limits_(limits), pool_(pool), budget_(limits.max_batched_tokens) {
+                   cache::CompressedPrefixCache* contexts, std::span<Sequence* const> live)
+      : limits_(limits), pool_(pool), contexts_(contexts), budget_(limits.max_batched_tokens) {
     for (Sequence* s : live) (s->running() ? running_ : waiting_).push_back(s);
     std::sort(running_.begin(), running_.end(), ScheduledBefore);
     std::sort(waiting_.begin(), waiting_.end(), ScheduledBefore);
@@ -73,9 +73,11 @@ class IterationBuilder {
  private:
   void ScheduleRunning(Sequence* s);
   void AdmitWaiting();
-  // What admitting a waiting sequence takes: prefix-cache hits (whole blocks per layer), the
-  // tokens left to compute, this iteration's chunk, and the free blocks it consumes.
+  // What admitting a waiting sequence takes: prefix-cache hits (a compressed context, or whole
+  // blocks per layer), the tokens left to compute, this iteration's chunk, and the free blocks
+  // it consumes.
   struct Admission {
+    const cache::CompressedContext* context = nullptr;  // found compressed: attached whole
     int32_t hit_blocks = 0;     // cached prompt blocks found in every layer
     int32_t cached_blocks = 0;  // hit_blocks x layers
     int32_t rest = 0;           // tokens to compute after the hit
@@ -83,9 +85,15 @@ class IterationBuilder {
     int64_t need = 0;           // free blocks it needs now (the peak, when compressing)
   };
   Admission PlanAdmission(const Sequence& s) const;
+  // A sequence whose context was found compressed: attaches it and computes the rest.
+  Admission PlanContextAdmission(const Sequence& s, const cache::CompressedContext& c) const;
   // Attaches the hit, reserves the chunk and marks the sequence running; false (and nothing
-  // changed) when the reservation fails.
+  // changed) when the reservation fails, or when the attach failed (the sequence is rejected).
   bool Admit(Sequence* s, const Admission& a);
+  // Admit for a compressed context found: attaches it, reserves the chunk after it and adopts
+  // it as the sequence's compression; false (kv empty again, the session untouched) when that
+  // fails.
+  bool AdmitWithContext(Sequence* s, const Admission& a);
   // Preempts the last running sequence in scheduling order; returns it (null: none left).
   Sequence* PreemptLowest();
   // Preempts running sequences of lower priority than `s` when that makes room for `need`
@@ -98,10 +106,12 @@ class IterationBuilder {
            need <= pool_.num_free() + freed - (outstanding_ - freed_outstanding);
   }
   // Blocks an admitted compressing sequence still needs to finish its prefill.
-  // (Also the private copies of its attached cached blocks, made before compaction.)
+  // (Also the private copies of its attached cached blocks, made before compaction, and those
+  // of its compressed context's partial blocks, made when it is published.)
   static int64_t Outstanding(const Sequence* s) {
     if (!s->running() || !s->awaits_compression()) return 0;
-    return s->kv.BlocksNeeded(s->num_uncomputed()) + s->attached_cached_blocks;
+    return s->kv.BlocksNeeded(s->num_uncomputed()) + s->attached_cached_blocks +
+           s->ContextPublishBlocks();
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
   int32_t TokensThatFit(const Sequence& s, int32_t want) const;
@@ -109,6 +119,7 @@ class IterationBuilder {
 
   const SchedulerLimits& limits_;
   cache::BlockPool& pool_;
+  cache::CompressedPrefixCache* contexts_;
   std::vector<Sequence*> running_;  // sorted by ScheduledBefore
   std::vector<Sequence*> waiting_;  // sorted by ScheduledBefore
   IterationPlan plan_;
@@ -187,12 +198,20 @@ void IterationBuilder::AdmitWaiting() {
     // prompts.
     if (!Fits(a.need, 0, 0, 0) && !DisplaceLowerPriority(s, a.need)) break;
     if (!Admit(s, a)) break;
-    if (compressing) outstanding_ += s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks;
+    if (s->awaits_compression()) {
+      outstanding_ +=
+          s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks + s->ContextPublishBlocks();
+    }
     ++holding_;
   }
 }
 
 IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) const {
+  if (contexts_ != nullptr && s.MayAttachContext()) {
+    if (const cache::CompressedContext* c = contexts_->Find(s.context_key); c != nullptr) {
+      return PlanContextAdmission(s, *c);
+    }
+  }
   Admission a;
   const int32_t layers = pool_.layout().num_layers;
   const int32_t block_size = pool_.layout().block_size;
@@ -209,7 +228,7 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy
   // of each attached block, made before compaction rewrites the cache in place.
-  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk);
+  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk) + s.ContextPublishBlocks();
   if (a.hit_blocks > 0) {
     a.need += cache::CountFreeCachedBlocks(pool_, s.prefix_keys, layers, a.hit_blocks);
     if (compressing) a.need += a.cached_blocks;
@@ -217,7 +236,40 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   return a;
 }
 
+IterationBuilder::Admission IterationBuilder::PlanContextAdmission(
+    const Sequence& s, const cache::CompressedContext& c) const {
+  Admission a;
+  a.context = &c;
+  a.rest = s.num_uncomputed() - c.num_tokens;
+  a.chunk = std::min(a.rest, budget_);
+  a.need = contexts_->BlocksToAttach(c) + contexts_->BlocksForSuffix(c, a.chunk);
+  return a;
+}
+
+bool IterationBuilder::AdmitWithContext(Sequence* s, const Admission& a) {
+  absl::Status attached = contexts_->Attach(*a.context, s->kv);
+  if (attached.ok() && !s->kv.Reserve(pool_, a.chunk)) {
+    attached = absl::ResourceExhaustedError("no free KV block for the chunk after the context");
+  }
+  if (attached.ok()) attached = s->compression->AdoptCompressed(a.context->positions, s->kv);
+  if (!attached.ok()) {
+    // Short of blocks only when displaced sequences shared the context's blocks (fewer were
+    // freed than counted): wait. Anything else (a device's copy error) fails the request.
+    s->kv.Release(pool_);
+    if (!absl::IsResourceExhausted(attached)) plan_.rejected.push_back({s, attached});
+    return false;
+  }
+  s->num_computed = a.context->num_tokens;
+  s->state = SequenceState::kRunning;
+  plan_.admitted.push_back(s);
+  plan_.prefix_lookups.push_back({s, /*compressed_context=*/true, a.context->num_tokens,
+                                  a.context->num_tokens, contexts_->KvBytes(*a.context)});
+  AddChunk(s, a.chunk);
+  return true;
+}
+
 bool IterationBuilder::Admit(Sequence* s, const Admission& a) {
+  if (a.context != nullptr) return AdmitWithContext(s, a);
   const int32_t block_size = pool_.layout().block_size;
   // Attach before reserving, so the reservation cannot reclaim the blocks being reused.
   if (a.hit_blocks > 0) cache::AttachCachedPrefix(pool_, s->prefix_keys, a.hit_blocks, s->kv);
@@ -232,8 +284,12 @@ bool IterationBuilder::Admit(Sequence* s, const Admission& a) {
   s->attached_cached_blocks = a.cached_blocks;
   s->state = SequenceState::kRunning;
   plan_.admitted.push_back(s);
+  if (contexts_ != nullptr && s->MayAttachContext()) {  // looked up, not found
+    plan_.prefix_lookups.push_back({s, /*compressed_context=*/true, s->compression->num_tokens()});
+  }
   if (!s->prefix_keys.empty()) {
-    plan_.prefix_lookups.push_back({s, s->prompt_len, s->num_computed});
+    plan_.prefix_lookups.push_back(
+        {s, /*compressed_context=*/false, s->prompt_len, s->num_computed});
   }
   AddChunk(s, a.chunk);
   return true;
@@ -289,16 +345,34 @@ int32_t IterationPlan::num_tokens() const {
   return n;
 }
 
-Scheduler::Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool)
-    : limits_(limits), pool_(pool) {}
+Scheduler::Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool,
+                     cache::CompressedPrefixCache* contexts)
+    : limits_(limits), pool_(pool), contexts_(contexts) {}
 
 IterationPlan Scheduler::Schedule(std::span<Sequence* const> live) {
-  return IterationBuilder(limits_, pool_, live).Build();
+  return IterationBuilder(limits_, pool_, contexts_, live).Build();
+}
+
+void Scheduler::PublishContext(Sequence& s) {
+  const cache::CompressionSession& c = *s.compression;
+  absl::StatusOr<bool> published =
+      contexts_->Publish(s.context_key, c.num_tokens(), c.slot_positions(), s.kv);
+  // The sequence's own cache is intact either way; a context whose copy failed is not
+  // published (and a lost device fails the next forward).
+  if (!published.ok()) {
+    spdlog::error("scheduler: request {}'s compressed context not published: {}", s.id,
+                  published.status().ToString());
+  }
 }
 
 void Scheduler::OnChunkComputed(const ScheduledChunk& chunk) {
   Sequence& s = *chunk.seq;
   s.num_computed += chunk.count;
+  if (contexts_ != nullptr && s.context_key != 0 && s.compression != nullptr &&
+      s.compression->compressed() &&
+      chunk.start + chunk.count == s.compression->num_tokens()) {
+    PublishContext(s);
+  }
   if (s.prefix_keys.empty() || s.compression != nullptr) return;
   const int32_t full = std::min(std::min(s.num_computed, s.prompt_len) / pool_.layout().block_size,
                                 static_cast<int32_t>(s.prefix_keys.size()));

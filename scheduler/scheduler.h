@@ -21,7 +21,10 @@
 //      waiting requests at the next iteration;
 //      With prefix caching, an admitted sequence first attaches the cached blocks of its
 //      prompt's leading full blocks (shared, refcounted) and computes only the rest; cached
-//      blocks nobody references count as free (the pool reclaims them LRU on demand);
+//      blocks nobody references count as free (the pool reclaims them LRU on demand). A
+//      sequence that compresses its context alone (CompressionSpec::context_tokens) first looks
+//      for that context published compressed (cache/compressed_prefix.h): on a hit it attaches
+//      it, adopts it as its compression and computes only the rest of its prompt;
 //   3. a waiting sequence that does not fit may displace running sequences of strictly lower
 //      priority (lowest first), but only when displacing all of those makes room, so nothing
 //      is preempted for nothing. Equal priorities never preempt each other.
@@ -33,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "cache/block_pool.h"
+#include "cache/compressed_prefix.h"
 #include "scheduler/sequence.h"
 
 namespace winnow::scheduler {
@@ -42,11 +46,14 @@ struct SchedulerLimits {
   int32_t max_seqs = 64;              // sequences holding KV blocks at once
 };
 
-// A sequence admitted with part of its prompt found in the prefix cache.
+// A lookup in the prefix cache by an admitted sequence.
 struct PrefixLookup {
   Sequence* seq = nullptr;
-  int32_t queried_tokens = 0;  // the prompt's tokens
+  // Of the uncompressed prefix cache (the prompt's full blocks), or of a compressed context.
+  bool compressed_context = false;
+  int32_t queried_tokens = 0;  // the prompt's tokens, or the context's
   int32_t hit_tokens = 0;      // leading tokens whose K/V were attached, not computed
+  int64_t hit_kv_bytes = 0;    // compressed context: the K/V bytes attached
 };
 
 // `count` tokens of one sequence, at positions [start, start + count), fed to this iteration's
@@ -72,14 +79,18 @@ struct IterationPlan {
   std::vector<Sequence*> admitted;     // left the waiting queue this iteration
   std::vector<Sequence*> preempted;    // released their blocks; waiting to recompute
   std::vector<Rejection> rejected;     // can never run again: the engine finishes them
-  std::vector<PrefixLookup> prefix_lookups;  // one per admitted sequence with prefix keys
+  // Per admitted sequence with prefix keys, one of the block cache; with a context key one of
+  // the compressed contexts first (and the block cache's only on a miss).
+  std::vector<PrefixLookup> prefix_lookups;
 
   int32_t num_tokens() const;
 };
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool);
+  // `contexts`: published compressed contexts, attached and published through it (null: off).
+  Scheduler(const SchedulerLimits& limits, cache::BlockPool& pool,
+            cache::CompressedPrefixCache* contexts = nullptr);
 
   // Plans the next iteration over `live`: every unfinished sequence, in any order. Admitted
   // sequences become kRunning; preempted ones release their blocks and become kWaiting with
@@ -88,7 +99,8 @@ class Scheduler {
 
   // After the worker ran `chunk`: its tokens' K/V are in the cache. Advances num_computed and,
   // with prefix caching, keys the full prompt blocks now computed so later prompts reuse them
-  // (not a compressing sequence's: its compaction rewrites them).
+  // (not a compressing sequence's: its compaction rewrites them), or publishes the compressed
+  // context the chunk completed (a sequence with a context key).
   void OnChunkComputed(const ScheduledChunk& chunk);
 
   // Returns every block a sequence holds to the pool and marks it finished.
@@ -97,8 +109,12 @@ class Scheduler {
   const SchedulerLimits& limits() const { return limits_; }
 
  private:
+  // Publishes the compressed context `s` has just compressed.
+  void PublishContext(Sequence& s);
+
   SchedulerLimits limits_;
   cache::BlockPool& pool_;
+  cache::CompressedPrefixCache* contexts_;
 };
 
 }  // namespace winnow::scheduler

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/compressed_prefix.h"
 #include "model/model.h"
 
 namespace winnow::scheduler {
@@ -48,6 +51,40 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
   return cache::CompressionSession::Create(
       req.compression.policy,
       cache::policies::PolicyConfig(req.compression.budget, req.compression.params), context);
+}
+
+uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {
+  const int32_t n = req.compression.context_tokens;
+  const std::span<const int32_t> tokens = std::span<const int32_t>(req.prompt_tokens).first(n);
+  int64_t rows = 0;
+  for (int32_t id : tokens) rows += id == model::kEmbeddingInput ? 1 : 0;
+  // The plan's inputs as text no two different inputs share: numbers in hex-float (exact),
+  // strings length-prefixed, params in name order.
+  std::string inputs = absl::StrFormat("%d:%s|%a|", req.compression.policy.size(),
+                                       req.compression.policy, req.compression.budget);
+  std::vector<std::pair<std::string, cache::policies::PolicyParam>> params(
+      req.compression.params.begin(), req.compression.params.end());
+  std::sort(params.begin(), params.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [name, value] : params) {
+    absl::StrAppendFormat(&inputs, "%d:%s=", name.size(), name);
+    if (const double* number = std::get_if<double>(&value)) {
+      absl::StrAppendFormat(&inputs, "n%a|", *number);
+    } else {
+      const std::string& text = std::get<std::string>(value);
+      absl::StrAppendFormat(&inputs, "s%d:%s|", text.size(), text);
+    }
+  }
+  cache::policies::PromptLayout layout;
+  layout.num_tokens = static_cast<int32_t>(req.prompt_tokens.size());
+  layout.spans = req.prompt_spans;
+  for (const cache::policies::PromptSpan& span : layout.Leading(n).spans) {
+    absl::StrAppendFormat(&inputs, "span%d:%d-%d|", static_cast<int>(span.kind), span.begin,
+                          span.end);
+  }
+  return cache::CompressedPrefixCache::Key(
+      tokens, std::span<const float>(req.embeddings).first(rows * hidden), hidden,
+      req.cache_salt, inputs);
 }
 
 }  // namespace winnow::scheduler

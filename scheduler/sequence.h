@@ -71,6 +71,9 @@ struct Sequence {
   // them this sequence has published (keyed) in the pool.
   std::vector<uint64_t> prefix_keys;
   int32_t published_blocks = 0;
+  // Compressed-context reuse (0 when off): the key of the context this sequence compresses
+  // (cache/compressed_prefix.h), under which it is published once compressed, or attached.
+  uint64_t context_key = 0;
   // Blocks attached from the prefix cache at admission (every layer): a compressing sequence
   // copies those still shared before its compaction, so admission reserves room for them.
   int32_t attached_cached_blocks = 0;
@@ -103,6 +106,17 @@ struct Sequence {
   bool awaits_compression() const {
     return compression != nullptr && !compression->compressed();
   }
+  // Whether the context may be attached compressed instead of computed: a context key, the
+  // compression not yet run, a token left to compute after it, and no prompt rows to score.
+  bool MayAttachContext() const {
+    return context_key != 0 && awaits_compression() && req.prompt_logprobs < 0 &&
+           compression->num_tokens() < num_tokens();
+  }
+  // Free blocks a sequence that will publish its compressed context takes when it does: at
+  // most one per layer (copies of partial blocks).
+  int32_t ContextPublishBlocks() const {
+    return context_key != 0 && awaits_compression() ? kv.num_layers() : 0;
+  }
   // How many leading prompt tokens may come from the prefix cache: whole blocks, never the
   // last token (its logits are needed), and for a compressing sequence none its policy
   // observes (their query rows must be computed).
@@ -123,5 +137,10 @@ bool ScheduledBefore(const Sequence* a, const Sequence* b);
 // only for a spec the server did not validate.
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
+
+// The key under which the compressed context of `req` (req.compression.context_tokens > 0) is
+// published and found: its tokens and embedding rows (`hidden` floats each), the salt, and
+// everything the policy's plan depends on (policy, budget, params, the context's spans).
+uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden);
 
 }  // namespace winnow::scheduler

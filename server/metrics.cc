@@ -139,6 +139,33 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name,
                             .Help("Prompt tokens whose KV came from the prefix cache.")
                             .Register(r)
                             .Add({});
+  compressed_prefix_queries_ =
+      &BuildCounter()
+           .Name("winnow_compressed_prefix_queries_total")
+           .Labels(model)
+           .Help("Context tokens looked up as published compressed contexts at admission.")
+           .Register(r)
+           .Add({});
+  compressed_prefix_hits_ =
+      &BuildCounter()
+           .Name("winnow_compressed_prefix_hits_total")
+           .Labels(model)
+           .Help("Context tokens attached compressed instead of prefilled.")
+           .Register(r)
+           .Add({});
+  compressed_prefix_hit_bytes_ =
+      &BuildCounter()
+           .Name("winnow_compressed_prefix_hit_kv_bytes_total")
+           .Labels(model)
+           .Help("K/V bytes of compressed contexts attached at admission.")
+           .Register(r)
+           .Add({});
+  compressed_contexts_ = &BuildGauge()
+                              .Name("winnow_compressed_prefix_contexts")
+                              .Labels(model)
+                              .Help("Published compressed contexts resident in the KV pool.")
+                              .Register(r)
+                              .Add({});
   finished_ = &BuildCounter()
                    .Name("winnow_requests_finished_total")
                    .Labels(model)
@@ -366,8 +393,16 @@ void Metrics::OnIteration(const scheduler::IterationStats& stats) {
   }
 }
 
+void Metrics::OnCompressedContextLookup(int32_t queried_tokens, int32_t hit_tokens,
+                                        int64_t hit_kv_bytes) {
+  compressed_prefix_queries_->Increment(queried_tokens);
+  compressed_prefix_hits_->Increment(hit_tokens);
+  compressed_prefix_hit_bytes_->Increment(static_cast<double>(hit_kv_bytes));
+}
+
 void Metrics::OnSchedulerState(const scheduler::SchedulerState& state) {
   running_->Set(state.running);
+  compressed_contexts_->Set(state.compressed_contexts);
   waiting_->Set(state.waiting);
   kv_blocks_total_->Set(state.kv_blocks_total);
   int32_t used = state.kv_blocks_total - state.kv_blocks_free;

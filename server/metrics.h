@@ -69,6 +69,8 @@ class Metrics : public scheduler::EngineObserver {
   void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
   void OnPreemption(uint64_t id) override;
   void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) override;
+  void OnCompressedContextLookup(int32_t queried_tokens, int32_t hit_tokens,
+                                 int64_t hit_kv_bytes) override;
   void OnCompression(const scheduler::CompressionEvent& event) override;
   void OnRequestFinished(const scheduler::RequestStats& stats) override;
   void OnIteration(const scheduler::IterationStats& stats) override;
@@ -91,6 +93,10 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Counter* preemptions_;
   prometheus::Counter* prefix_cache_queries_;
   prometheus::Counter* prefix_cache_hits_;
+  prometheus::Counter* compressed_prefix_queries_;
+  prometheus::Counter* compressed_prefix_hits_;
+  prometheus::Counter* compressed_prefix_hit_bytes_;
+  prometheus::Gauge* compressed_contexts_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejected_;
   prometheus::Family<prometheus::Gauge>* cache_config_;

@@ -311,6 +311,39 @@ TEST_F(EngineFaultTest, FailedChunkIsNotOfferedToThePrefixCache) {
   ExpectIdleAndPoolFree(*engine);
 }
 
+TEST_F(EngineFaultTest, AContextWhoseCompressionFailedIsNeverPublished) {
+  // A 100-token context compressed alone (one chunk: the forward and the compression that fail
+  // together), then a question.
+  GenerationRequest r = Requests(4)[3];
+  const std::vector<int32_t> context = Requests(4)[3].prompt_tokens;
+  r.prompt_tokens.insert(r.prompt_tokens.begin(), context.begin(), context.end());
+  r.prompt_tokens.insert(r.prompt_tokens.begin(), context.begin(), context.end());
+  r.compression.policy = "snapkv";
+  r.compression.budget = 0.25;
+  r.compression.context_tokens = 2 * static_cast<int32_t>(context.size());
+  r.request_id = "victim";
+  FaultRecord record;
+  EngineOptions options;
+  options.max_batched_tokens = r.compression.context_tokens;  // the context's chunk ends there
+  std::unique_ptr<Engine> engine =
+      MakeEngine(WithFault(options, {.iteration = 1, .only_request = "victim"}, &record));
+  auto failed = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(engine->Submit(r, failed).ok());
+  ASSERT_TRUE(failed->WaitDone());
+  ASSERT_EQ(failed->finish().reason, FinishReason::kError);
+
+  // The same request again compresses the context itself; once it has, a third attaches it.
+  r.request_id = "again";
+  for (int32_t expected_cached : {0, r.compression.context_tokens}) {
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(engine->Submit(r, sink).ok());
+    ASSERT_TRUE(sink->WaitDone());
+    EXPECT_EQ(sink->finish().reason, FinishReason::kLength);
+    EXPECT_EQ(sink->finish().usage.cached_prompt_tokens, expected_cached);
+  }
+  ExpectIdleAndPoolFree(*engine);
+}
+
 // A forward that fails in the middle of preemption churn: a pool that holds one or two of these
 // requests at a time, so the fault lands on sequences that were preempted and recomputed.
 TEST_F(EngineFaultTest, FailureUnderPreemptionLeaksNoBlock) {

@@ -102,6 +102,11 @@ class CountingObserver : public EngineObserver {
     prefix_queried += queried;
     prefix_hits += hit;
   }
+  void OnCompressedContextLookup(int32_t queried, int32_t hit, int64_t bytes) override {
+    context_queried += queried;
+    context_hits += hit;
+    context_hit_bytes += bytes;
+  }
   void OnIteration(const IterationStats& stats) override {
     ++iterations;
     prefill_tokens += stats.prefill_tokens;
@@ -119,6 +124,8 @@ class CountingObserver : public EngineObserver {
   std::atomic<int> queued{0}, started{0}, tokens{0}, preemptions{0}, finished{0};
   std::atomic<int> completion_tokens{0}, iterations{0}, max_batch_tokens{0};
   std::atomic<int> prefill_tokens{0}, prefix_queried{0}, prefix_hits{0};
+  std::atomic<int> context_queried{0}, context_hits{0};
+  std::atomic<int64_t> context_hit_bytes{0};
 
  private:
   std::mutex mu;
@@ -694,6 +701,109 @@ TEST_F(EngineTest, AContextIsCompressedBeforeTheRestOfThePromptIsComputed) {
   const absl::Status refused = engine->Submit(r, std::make_shared<CollectingSink>()).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("compression.context_tokens"), std::string::npos) << refused;
+}
+
+// Questions over one document whose context is compressed alone: the first request compresses
+// and publishes it, the others attach it and compute only their question.
+TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere) {
+  const std::vector<int32_t> document = Prompt(160, 31);
+  for (const std::string policy : {"snapkv", "winnowkv"}) {
+    SCOPED_TRACE(policy);
+    std::vector<GenerationRequest> questions;
+    for (int q = 0; q < 3; ++q) {
+      GenerationRequest r = Greedy(Concat(document, Prompt(12 + 8 * q, 40 + q)), 10);
+      r.compression.policy = policy;
+      r.compression.budget = 0.25;
+      r.compression.context_tokens = 160;
+      questions.push_back(std::move(r));
+    }
+    CountingObserver stats;
+    std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
+    // Each question compressing the document itself (its own salt: nothing shared), ...
+    std::vector<std::vector<int32_t>> want;
+    for (size_t q = 0; q < questions.size(); ++q) {
+      GenerationRequest alone = questions[q];
+      alone.cache_salt = "alone " + std::to_string(q);
+      auto sink = std::make_shared<CollectingSink>();
+      ASSERT_TRUE(engine->Submit(alone, sink).ok());
+      ASSERT_TRUE(sink->WaitDone());
+      want.push_back(sink->tokens());
+    }
+    // ... then the first publishing it and the other two attaching it, at once.
+    auto first = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(engine->Submit(questions[0], first).ok());
+    ASSERT_TRUE(first->WaitDone());
+    const int prefilled_before = stats.prefill_tokens.load();
+    std::vector<std::shared_ptr<CollectingSink>> sinks = {first};
+    for (size_t q = 1; q < questions.size(); ++q) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE(engine->Submit(questions[q], sinks.back()).ok());
+    }
+    for (size_t q = 0; q < questions.size(); ++q) {
+      ASSERT_TRUE(sinks[q]->WaitDone());
+      EXPECT_EQ(sinks[q]->tokens(), want[q]) << "question " << q;
+      const Usage& usage = sinks[q]->finish().usage;
+      EXPECT_EQ(usage.cached_prompt_tokens, q == 0 ? 0 : 160);
+      EXPECT_EQ(usage.kv_tokens_kept_per_layer, first->finish().usage.kv_tokens_kept_per_layer);
+    }
+    // Only the two questions were prefilled.
+    EXPECT_EQ(stats.prefill_tokens.load() - prefilled_before, 20 + 28);
+    // Four lookups missed (three salts and the publisher), two hit.
+    EXPECT_EQ(stats.context_queried.load(), 6 * 160);
+    EXPECT_EQ(stats.context_hits.load(), 2 * 160);
+    EXPECT_GT(stats.context_hit_bytes.load(), 0);
+
+    // A different budget or salt is another context.
+    GenerationRequest other = questions[1];
+    other.compression.budget = 0.5;
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(engine->Submit(other, sink).ok());
+    ASSERT_TRUE(sink->WaitDone());
+    EXPECT_EQ(sink->finish().usage.cached_prompt_tokens, 0);
+
+    ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+    EXPECT_EQ(stats.state().compressed_contexts, 5);  // 3 salts, the shared one, budget 0.5
+  }
+}
+
+// The pool holds one document's uncompressed prefill at a time: requests that attach the
+// published context keep running beside one that compresses, and preemptions and the reclaiming
+// of published contexts leak nothing.
+TEST_F(EngineTest, CompressedContextsUnderPoolPressureLeakNoBlock) {
+  EngineOptions options;
+  options.kv_blocks = model_->config().num_layers * 14;  // 224 tokens per layer
+  options.max_batched_tokens = 64;
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r = Greedy(Concat(Prompt(160, 50 + i % 3), Prompt(10, i)), 12);
+    r.compression.policy = "snapkv";
+    r.compression.budget = 0.2;
+    r.compression.context_tokens = 160;
+    requests.push_back(std::move(r));
+  }
+  CountingObserver stats;
+  std::unique_ptr<Engine> engine = Engine::Create(model_, options, &stats).value();
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const GenerationRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+  }
+  EngineOptions no_reuse;
+  no_reuse.enable_prefix_caching = false;
+  std::unique_ptr<Engine> reference = MakeEngine(no_reuse);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->WaitDone());
+    EXPECT_TRUE(sinks[i]->finish().status.ok()) << sinks[i]->finish().status;
+    auto alone = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(reference->Submit(requests[i], alone).ok());
+    ASSERT_TRUE(alone->WaitDone());
+    EXPECT_EQ(sinks[i]->tokens(), alone->tokens()) << "request " << i;
+  }
+  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+  EXPECT_GT(stats.context_hits.load(), 0);
+  EXPECT_GT(stats.preemptions.load(), 0);
 }
 
 }  // namespace
