@@ -166,6 +166,10 @@ void FanoutObserver::OnPreemption(uint64_t id) {
 void FanoutObserver::OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) {
   for (auto* o : observers_) o->OnPrefixCacheLookup(queried_tokens, hit_tokens);
 }
+void FanoutObserver::OnCompressedContextLookup(int32_t queried_tokens, int32_t hit_tokens,
+                                               int64_t hit_kv_bytes) {
+  for (auto* o : observers_) o->OnCompressedContextLookup(queried_tokens, hit_tokens, hit_kv_bytes);
+}
 void FanoutObserver::OnCompression(const scheduler::CompressionEvent& event) {
   for (auto* o : observers_) o->OnCompression(event);
 }

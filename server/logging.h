@@ -41,6 +41,8 @@ class FanoutObserver : public scheduler::EngineObserver {
   void OnToken(uint64_t id, absl::Duration inter_token_latency) override;
   void OnPreemption(uint64_t id) override;
   void OnPrefixCacheLookup(int32_t queried_tokens, int32_t hit_tokens) override;
+  void OnCompressedContextLookup(int32_t queried_tokens, int32_t hit_tokens,
+                                 int64_t hit_kv_bytes) override;
   void OnCompression(const scheduler::CompressionEvent& event) override;
   void OnFatalError(const absl::Status& status) override;
   void OnRequestFinished(const scheduler::RequestStats& stats) override;

@@ -183,14 +183,28 @@ def test_kv_compression_of_a_context_alone(daemon, client, model_name):
     # question is computed, under any question.
     document = "Notes: " + " ".join(f"item {i} is blue." for i in range(60))
     scope = {"policy": "snapkv", "budget": 0.3, "scope": "context", "context_messages": 2}
-    for question in ("What colour is item 7?", "How many items are there?"):
-        out = client.chat.completions.create(
-            model=model_name, max_tokens=4, temperature=0,
+    hits = daemon.metric("winnow_compressed_prefix_hits_total")
+
+    def ask(question, salt):
+        return client.chat.completions.create(
+            model=model_name, max_tokens=6, temperature=0,
             messages=[{"role": "system", "content": "Answer from the notes."},
                       {"role": "user", "content": document},
                       {"role": "user", "content": question}],
-            extra_body={"kv_compression": scope})
-        assert out.usage.completion_tokens >= 1
+            extra_body={"kv_compression": scope, "cache_salt": salt})
+
+    # The first question publishes the compressed context; the second attaches it and answers
+    # as it does when it compresses the context itself (under a salt of its own).
+    first = ask("What colour is item 7?", "context test")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    attached = ask("How many items are there?", "context test")
+    alone = ask("How many items are there?", "context test, alone")
+    context_tokens = attached.usage.prompt_tokens_details.cached_tokens
+    assert 0 < context_tokens < attached.usage.prompt_tokens
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert attached.choices[0].message.content == alone.choices[0].message.content
+    assert daemon.metric("winnow_compressed_prefix_hits_total") - hits == context_tokens
+    assert daemon.metric("winnow_compressed_prefix_contexts") >= 2
     with pytest.raises(openai.BadRequestError) as err:  # more messages than the chat has
         client.chat.completions.create(
             model=model_name, max_tokens=2, messages=[{"role": "user", "content": document}],

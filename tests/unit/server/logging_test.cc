@@ -111,6 +111,9 @@ class HookRecorder : public scheduler::EngineObserver {
   void OnToken(uint64_t, absl::Duration) override { hooks.push_back("token"); }
   void OnPreemption(uint64_t) override { hooks.push_back("preemption"); }
   void OnPrefixCacheLookup(int32_t, int32_t) override { hooks.push_back("prefix_lookup"); }
+  void OnCompressedContextLookup(int32_t, int32_t, int64_t) override {
+    hooks.push_back("context_lookup");
+  }
   void OnFatalError(const absl::Status&) override { hooks.push_back("fatal"); }
   void OnCompression(const scheduler::CompressionEvent&) override {
     hooks.push_back("compression");
@@ -132,13 +135,15 @@ TEST(FanoutObserverTest, ForwardsEveryHook) {
   fanout.OnToken(1, absl::ZeroDuration());
   fanout.OnPreemption(1);
   fanout.OnPrefixCacheLookup(32, 16);
+  fanout.OnCompressedContextLookup(64, 64, 1024);
   fanout.OnFatalError(absl::InternalError("x"));
   fanout.OnCompression({});
   fanout.OnRequestFinished({});
   fanout.OnIteration({});
   fanout.OnSchedulerState({});
   const std::vector<std::string> all = {"queued", "started", "first_token", "token",
-                                        "preemption", "prefix_lookup", "fatal", "compression",
+                                        "preemption", "prefix_lookup", "context_lookup", "fatal",
+                                        "compression",
                                         "finished", "iteration", "state"};
   EXPECT_EQ(a.hooks, all);
   EXPECT_EQ(b.hooks, all);
