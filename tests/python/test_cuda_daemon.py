@@ -2,7 +2,8 @@
 CPU worker: the same greedy tokens up to near ties, batching that does not change them (up to
 near ties), the KV pool sized by --gpu-memory-utilization, compression on the GPU (streaming_llm
 like the CPU worker, the scoring policies freeing blocks, TokenSelect's sparse decode attention
-like the CPU worker's), every block back at the end.
+like the CPU worker's, a published compressed context attached with the tokens of compressing it),
+every block back at the end.
 
 Skipped, saying why, when this build has no CUDA or no GPU is visible (CI machines have
 neither). docs/gpu.md says how these ran on a GPU machine.
@@ -185,6 +186,32 @@ def test_lookahead_decodes_on_the_whole_prompt_then_frees_blocks(gpu):
     prompt_tokens = final.usage.prompt_tokens
     for kept in final.usage.kv_tokens_kept_per_layer:
         assert lookahead < kept < prompt_tokens + lookahead
+    gpu.wait_pool_free()
+
+
+def test_an_attached_compressed_context_gives_the_tokens_of_compressing_it(gpu):
+    # The context compressed alone on the GPU and published; a second question attaches it and
+    # computes only itself, token for token what it gets compressing the context itself (under
+    # a salt of its own, so nothing is shared). Blocks shared and copied on the device.
+    compression = {"policy": "snapkv", "budget": 0.25, "scope": "context",
+                   "context_tokens": 240}
+
+    def ask(question: str, salt: str) -> tuple[list[int], object]:
+        ids, final = [], None
+        for msg in gpu.client.generate(LONG_PROMPT + question, max_tokens=MAX_TOKENS,
+                                       ignore_eos=True, compression=compression,
+                                       cache_salt=salt, timeout=120):
+            ids.extend(msg.token_ids)
+            final = msg if msg.finish_reason else final
+        return ids, final.usage
+
+    _, first = ask(" What comes next?", "shared")
+    attached, usage = ask(" And after that?", "shared")
+    alone, alone_usage = ask(" And after that?", "alone")
+    assert first.cached_prompt_tokens == 0 and alone_usage.cached_prompt_tokens == 0
+    assert usage.cached_prompt_tokens == 240
+    assert attached == alone
+    assert list(usage.kv_tokens_kept_per_layer) == list(first.kv_tokens_kept_per_layer)
     gpu.wait_pool_free()
 
 

@@ -139,14 +139,16 @@ class WinnowClient:
         logprobs: bool = False,
         top_logprobs: int = 0,
         compression: Optional[Mapping] = None,
+        cache_salt: str = "",
         request_id: str = "",
     ):
         """A GenerateRequest from keyword arguments: exactly one of prompt, chat (a list of
         (role, content)), token_ids or segments; compression is {"policy", "budget",
         "params": {name: number}, "options": {name: string}, and optionally "scope",
-        "context_tokens", "context_messages"} (docs/compression.md)."""
+        "context_tokens", "context_messages"} (docs/compression.md); cache_salt separates
+        prefix caching between tenants (docs/api.md)."""
         req = pb2.GenerateRequest(request_id=request_id, priority=priority, logprobs=logprobs,
-                                  top_logprobs=top_logprobs)
+                                  top_logprobs=top_logprobs, cache_salt=cache_salt)
         if prompt is not None:
             req.prompt = prompt
         elif chat is not None:
