@@ -108,10 +108,19 @@ class IterationBuilder {
   // Blocks an admitted compressing sequence still needs to finish its prefill.
   // (Also the private copies of its attached cached blocks, made before compaction, and those
   // of its compressed context's partial blocks, made when it is published.)
-  static int64_t Outstanding(const Sequence* s) {
+  int64_t Outstanding(const Sequence* s) const {
     if (!s->running() || !s->awaits_compression()) return 0;
     return s->kv.BlocksNeeded(s->num_uncomputed()) + s->attached_cached_blocks +
-           s->ContextPublishBlocks();
+           PublishReserve(*s);
+  }
+  // The free blocks a sequence that will publish its compressed context takes then (copies of
+  // its partial blocks), counted only when its prefill's peak leaves room for them in the
+  // whole pool: otherwise it could never be admitted, so it runs and publishes only if blocks
+  // happen to be free by then.
+  int64_t PublishReserve(const Sequence& s) const {
+    const int32_t blocks = s.ContextPublishBlocks();
+    const int64_t peak = s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.num_uncomputed());
+    return blocks > 0 && peak + blocks <= pool_.num_blocks() ? blocks : 0;
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
   int32_t TokensThatFit(const Sequence& s, int32_t want) const;
@@ -199,8 +208,7 @@ void IterationBuilder::AdmitWaiting() {
     if (!Fits(a.need, 0, 0, 0) && !DisplaceLowerPriority(s, a.need)) break;
     if (!Admit(s, a)) break;
     if (s->awaits_compression()) {
-      outstanding_ +=
-          s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks + s->ContextPublishBlocks();
+      outstanding_ += s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks + PublishReserve(*s);
     }
     ++holding_;
   }
@@ -228,7 +236,7 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy
   // of each attached block, made before compaction rewrites the cache in place.
-  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk) + s.ContextPublishBlocks();
+  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk) + PublishReserve(s);
   if (a.hit_blocks > 0) {
     a.need += cache::CountFreeCachedBlocks(pool_, s.prefix_keys, layers, a.hit_blocks);
     if (compressing) a.need += a.cached_blocks;

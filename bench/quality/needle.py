@@ -89,7 +89,7 @@ def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
     document = "Read the document below.\n\n" + "\n\n".join(body)
     return {"task": task, "code": values[0], "depth": depths[0],
             "content": document + "\n\n" + question, "document": document,
-            "question": question}
+            "question": question, "keys": list(zip(places, values))}
 
 
 def digits_in(reply: str) -> list[str]:

@@ -47,7 +47,8 @@ class Harness {
       : prefix_caching_(prefix_caching) {
     const cache::KvLayout layout{kLayers, /*num_kv_heads=*/1, /*head_dim=*/4, kBlockSize};
     pool_ = *cache::BlockPool::Create(layout, num_blocks);
-    scheduler_ = std::make_unique<Scheduler>(limits, *pool_);
+    if (prefix_caching) contexts_ = std::make_unique<cache::CompressedPrefixCache>(*pool_);
+    scheduler_ = std::make_unique<Scheduler>(limits, *pool_, contexts_.get());
   }
   ~Harness() {
     for (auto& s : seqs_) s->kv.Release(*pool_);
@@ -113,6 +114,7 @@ class Harness {
 
   Scheduler& scheduler() { return *scheduler_; }
   cache::BlockPool& pool() { return *pool_; }
+  cache::CompressedPrefixCache& contexts() { return *contexts_; }
   Sequence* seq(int i) { return seqs_[i].get(); }
 
  private:
@@ -134,6 +136,7 @@ class Harness {
 
   bool prefix_caching_;
   std::unique_ptr<cache::BlockPool> pool_;
+  std::unique_ptr<cache::CompressedPrefixCache> contexts_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<std::unique_ptr<Sequence>> seqs_;
   kernels::ThreadPool threads_{1};
@@ -367,6 +370,32 @@ TEST(SchedulerTest, AChunkStopsWhereACompressedContextEnds) {
   EXPECT_EQ(plan.chunks[0].count, 20);
   EXPECT_TRUE(plan.chunks[0].samples);
   EXPECT_EQ(s->kv.num_slots(0), context_slots + 20);  // the rest of the prompt stays whole
+}
+
+TEST(SchedulerTest, AContextWhosePrefillFillsThePoolIsAdmittedPublishedAndAttached) {
+  // 40 prompt tokens, 39 of them the context: the prefill's peak is the whole pool, with no
+  // room for the copies publishing takes. It runs anyway, and publishes after its compaction
+  // freed blocks; the same request then attaches the context and computes one token.
+  Harness h(2 * kLayers * 5, {64, 8}, /*prefix_caching=*/true);
+  auto add = [&] {
+    Sequence* s = h.Add({40, 2, 0, "snapkv", 0.5});
+    s->req.compression.context_tokens = 39;
+    s->compression = *MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, s->req, 40);
+    s->context_key = CompressedContextKey(s->req, /*hidden=*/4);
+    return s;
+  };
+  Sequence* first = add();
+  ASSERT_TRUE(h.RunToCompletion(10));
+  EXPECT_EQ(first->num_generated, 2);
+  EXPECT_EQ(h.contexts().resident(), 1);
+  Sequence* second = add();
+  const IterationPlan plan = h.Step();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start, 39);
+  EXPECT_EQ(plan.chunks[0].count, 1);
+  EXPECT_TRUE(second->compression->compressed());
+  ASSERT_TRUE(h.RunToCompletion(10));
+  EXPECT_EQ(h.pool().num_free(), h.pool().num_blocks());
 }
 
 TEST(SchedulerTest, PreemptedCompressingSequenceThatOutgrewThePoolIsRejected) {
