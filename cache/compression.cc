@@ -64,7 +64,8 @@ CompressionSession::CompressionSession(std::string name,
 }
 
 QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
-  if (compressed_) return nullptr;
+  // With a probe, the context's own rows are not observed: the probe's are.
+  if (compressed_ || !probe_.empty()) return nullptr;
   const int32_t first =
       observe_.accumulate_all_rows ? start : std::max(start, observe_.window_begin);
   if (first >= start + count || first >= num_tokens_) return nullptr;
@@ -208,6 +209,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
     ++before_window;
   }
   rows_q.erase(rows_q.begin(), rows_q.begin() + before_window * row_floats);
+  if (probing_) rows_q.clear();  // a probe's rows are only ever summed
 }
 
 void CompressionSession::FoldChunkSums() {
@@ -268,9 +270,80 @@ absl::Status CompressionSession::AfterPrefillChunk() {
   return absl::OkStatus();
 }
 
+absl::Status CheckProbeSupported(const std::string& name,
+                                 const policies::CompressionPolicy& policy, int32_t num_tokens) {
+  const policies::ObservationRequest observe = policy.Observation();
+  if (observe.row_probabilities || observe.accumulate_all_rows ||
+      observe.window_begin >= num_tokens || policy.LookaheadSteps() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression.probe: policy ", name,
+        " does not score the context by its observation window's summed attention, so it "
+        "cannot score it with a probe (snapkv, pyramidkv, xkv and winnowkv can)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompressionSession::SetProbe(std::vector<int32_t> tokens) {
+  if (compressed_ || probing_ || tokens.empty()) {
+    return absl::InternalError("compression: a probe set after the prefill, or empty");
+  }
+  WINNOW_RETURN_IF_ERROR(CheckProbeSupported(name_, *policy_, num_tokens_));
+  probe_ = std::move(tokens);
+  // The probe runs as its own forwards after the context: nothing is planned or scored while
+  // the context's last chunk runs.
+  device_spec_ = nullptr;
+  device_scores_ = false;
+  column_sums_.assign(dims_.num_layers,
+                      std::vector<float>(static_cast<size_t>(dims_.num_heads) * num_tokens_));
+  return absl::OkStatus();
+}
+
+QueryCapture* CompressionSession::ProbeCapture(int32_t start, int32_t count) {
+  capture_.Clear();
+  capture_.first_position = start;
+  capture_.host_from = start + count;  // every row is consumed by layer_done
+  capture_.device_plan = nullptr;
+  device_layers_ = 0;
+  probing_ = true;
+  capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
+    AccumulateLayer(layer, kv, scoring);
+  };
+  return &capture_;
+}
+
+absl::Status CompressionSession::AfterProbeChunk() {
+  capture_.Clear();
+  if (!capture_status_.ok()) {
+    chunk_sums_.clear();
+    return capture_status_;
+  }
+  // The sums span the context and the probe so far; the context's slots are folded.
+  FoldChunkSums();
+  return absl::OkStatus();
+}
+
+absl::Status CompressionSession::FinishProbe(SequenceKv& kv, BlockPool& pool) {
+  const int32_t probed = num_tokens_ + static_cast<int32_t>(probe_.size());
+  for (int32_t l = 0; l < dims_.num_layers; ++l) {
+    if (kv.num_slots(l) != probed) {
+      return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
+                                              kv.num_slots(l), " slots after the probe, not ",
+                                              probed));
+    }
+    kv.Truncate(pool, l, num_tokens_);
+  }
+  probing_ = false;
+  probed_ = true;
+  // The probe's sums stand for the window's: the policy sees the window's rows as observed.
+  window_positions_.clear();
+  for (int32_t p = observe_.window_begin; p < num_tokens_; ++p) window_positions_.push_back(p);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, BlockPool& pool,
                                                              ScoringBackend& scoring) {
   if (compressed_) return absl::InternalError("compression: Compress called twice");
+  if (probe_pending()) return absl::InternalError("compression: Compress before the probe");
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
     if (kv.num_slots(l) != num_tokens_) {
       return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
@@ -314,7 +387,9 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   attention.num_slots = num_tokens_;
   attention.row_positions = window_positions_;
   const bool scored_on_device = device_layers_ > 0;  // every layer (AfterPrefillChunk checked)
-  if (rows > 0 && scored_on_device) {
+  if (!probe_.empty()) {
+    attention.window_sums = column_sums_[l];
+  } else if (rows > 0 && scored_on_device) {
     attention.window_sums = device_window_sums_[l];
   } else if (rows > 0) {
     const kernels::ScoreInput in = LayerScoreInput(kv, l, visible, window_rows_[l].data());
@@ -356,7 +431,7 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
     std::vector<float>().swap(device_window_sums_[l]);
     std::vector<float>().swap(device_value_norms_[l]);
   }
-  if (observe_.accumulate_all_rows) std::vector<float>().swap(column_sums_[l]);
+  if (!column_sums_.empty()) std::vector<float>().swap(column_sums_[l]);
   return absl::OkStatus();
 }
 

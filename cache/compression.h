@@ -41,6 +41,13 @@ struct CompressionStats {
   CompressionPhaseTimes time;          // summed over the session's hooks
 };
 
+// OK when `policy` (named `name`) can score a context of `num_tokens` with a probe
+// (CompressionSession::SetProbe): it reads its observation window only as the window rows'
+// summed attention, plans without a lookahead and needs no other rows. InvalidArgument naming
+// compression.probe otherwise.
+absl::Status CheckProbeSupported(const std::string& name,
+                                 const policies::CompressionPolicy& policy, int32_t num_tokens);
+
 class CompressionSession {
  public:
   // Not copyable or movable: the capture's hook points back at the session.
@@ -96,6 +103,23 @@ class CompressionSession {
   // compressed it itself (its stats say so; nothing was freed). Internal unless `positions`
   // matches the cache and the session has not started.
   absl::Status AdoptCompressed(const policies::SlotPositions& positions, const SequenceKv& kv);
+
+  // --- A probe (a context scored with other rows than its own). ---
+  // Scores the context with `tokens` run after it instead of with its own last rows: their
+  // attention to the context, summed over their rows, stands for the observation window's (the
+  // policy sees it as its window_sums), and their K/V are dropped after. InvalidArgument naming
+  // compression.probe for a policy that reads its window otherwise (row by row, every row, or
+  // on the device). Before the prefill.
+  absl::Status SetProbe(std::vector<int32_t> tokens);
+  // The probe is still to run: after the context's prefill, before Compress.
+  bool probe_pending() const { return !probe_.empty() && !probed_; }
+  std::span<const int32_t> probe_tokens() const { return probe_; }
+  // The capture for the probe's tokens [start, start + count) (positions after the context).
+  QueryCapture* ProbeCapture(int32_t start, int32_t count);
+  // After a forward of probe tokens with ProbeCapture: folds their attention to the context.
+  absl::Status AfterProbeChunk();
+  // After the last probe chunk: drops the probe's K/V (the cache holds the context again).
+  absl::Status FinishProbe(SequenceKv& kv, BlockPool& pool);
 
   // --- Decode. ---
   // Where the forward writes the decode token's attention probabilities; null unless the policy
@@ -160,6 +184,12 @@ class CompressionSession {
   policies::ObservationRequest observe_;
   bool compressed_ = false;
   int32_t lookahead_left_ = 0;  // decode steps before the prompt plan
+
+  // The probe (SetProbe): its tokens, whether it ran, and whether its chunks are running. Its
+  // attention to the context is folded into column_sums_ as the window's sums.
+  std::vector<int32_t> probe_;
+  bool probed_ = false;
+  bool probing_ = false;
 
   QueryCapture capture_;
   absl::Status capture_status_;  // the first error of a layer_done hook

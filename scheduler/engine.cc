@@ -84,6 +84,14 @@ absl::Status CheckContract(const GenerationRequest& r, const model::ModelConfig&
       (r.compression.context_tokens > 0 && !r.compression.enabled())) {
     return BrokenContract("compression.context_tokens outside [0, prompt] or without a policy");
   }
+  if (r.compression.probe != ContextProbe::kNone) {
+    const auto context = std::span<const int32_t>(r.prompt_tokens).first(
+        std::max(r.compression.context_tokens, 0));
+    if (r.compression.context_tokens == 0 ||
+        std::find(context.begin(), context.end(), model::kEmbeddingInput) != context.end()) {
+      return BrokenContract("compression.probe without a context, or over embedding inputs");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -131,7 +139,11 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   // lookahead holds the uncompressed prompt and its first tokens until the plan.
   // With context_tokens the rest of the prompt stays whole, like the tokens generated after.
   const int64_t lookahead = std::min<int64_t>(c->LookaheadSteps(), r.max_tokens - 1);
-  const int64_t peak = layers * CeilDiv(prompt_len + lookahead, limits.block_size);
+  // A probe runs after the context and before the rest of the prompt.
+  const int64_t probed = int64_t{r.compression.context_tokens} +
+                         static_cast<int64_t>(r.compression.probe_tokens.size());
+  const int64_t peak =
+      layers * CeilDiv(std::max(prompt_len + lookahead, probed), limits.block_size);
   const int32_t compressed = c->num_tokens();
   const int64_t steady =
       CeilDiv(c->SteadyStateSlots(compressed, static_cast<int32_t>(prompt_len) - compressed +
@@ -366,6 +378,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   const model::ModelConfig& config = model_->config();
   WINNOW_RETURN_IF_ERROR(CheckContract(request, config, limits_));
   WINNOW_RETURN_IF_ERROR(impl_->worker->Admits(request));
+  if (request.compression.probe == ContextProbe::kRepeat) {
+    request.compression.probe_tokens = RepeatProbeTokens(
+        model_->tokenizer(),
+        std::span<const int32_t>(request.prompt_tokens).first(request.compression.context_tokens));
+  }
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =
       MakeCompressionSession(impl_->dims, request,
                              static_cast<int32_t>(request.prompt_tokens.size()));

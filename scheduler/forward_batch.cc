@@ -62,10 +62,39 @@ absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, siz
 
 namespace {
 
+// Probe tokens per forward: each chunk's rows are summed into the context's scores and
+// dropped, so a long probe never holds more than this many rows.
+constexpr int32_t kProbeChunk = 512;
+
+// Runs the probe of `s`'s context (CompressionSession::SetProbe) after it, in chunks, then
+// drops its K/V.
+absl::Status RunProbe(Sequence& s, cache::BlockPool& pool, const ProbeForward& forward) {
+  cache::CompressionSession& c = *s.compression;
+  const std::span<const int32_t> tokens = c.probe_tokens();
+  if (!s.kv.Reserve(pool, static_cast<int32_t>(tokens.size()))) {
+    return absl::ResourceExhaustedError(
+        "compression.probe: no free KV block for the probe's tokens after the context");
+  }
+  const int32_t n = c.num_tokens();
+  for (int32_t done = 0; done < static_cast<int32_t>(tokens.size()); done += kProbeChunk) {
+    const int32_t count = std::min<int32_t>(kProbeChunk, tokens.size() - done);
+    model::BatchEntry e;
+    e.kv = &s.kv;
+    e.tokens = tokens.subspan(done, count);
+    e.start_position = n + done;
+    e.logits = model::LogitsMode::kNone;
+    e.capture = c.ProbeCapture(n + done, count);
+    WINNOW_RETURN_IF_ERROR(forward(e));
+    WINNOW_RETURN_IF_ERROR(c.AfterProbeChunk());
+  }
+  return c.FinishProbe(s.kv, pool);
+}
+
 // One chunk's compression hooks (see RunCompressions); the event when a compaction ran.
 absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk,
                                                                cache::BlockPool& pool,
-                                                               cache::ScoringBackend& scoring) {
+                                                               cache::ScoringBackend& scoring,
+                                                               const ProbeForward& probe) {
   Sequence& s = *chunk.seq;
   cache::CompressionSession& c = *s.compression;
   if (c.compressed() && chunk.count > 1) {
@@ -95,6 +124,7 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
   WINNOW_RETURN_IF_ERROR(c.AfterPrefillChunk());
   // More of what the policy compresses to come (the scheduler ends a chunk where it ends).
   if (chunk.start + chunk.count < c.num_tokens()) return std::nullopt;
+  if (c.probe_pending()) WINNOW_RETURN_IF_ERROR(RunProbe(s, pool, probe));
   // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
   // first (admission reserved room for the copies), so the others keep their prefix intact.
   WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool));
@@ -107,7 +137,8 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
 }  // namespace
 
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               cache::ScoringBackend& scoring, std::span<ChunkResult> results,
+                               cache::ScoringBackend& scoring, const ProbeForward& probe,
+                               std::span<ChunkResult> results,
                                cache::CompressionPhaseTimes& phases) {
   absl::Duration spent;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -116,7 +147,7 @@ absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::Bl
     const cache::CompressionPhaseTimes before = session.stats().time;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::optional<CompressionEvent>> event =
-        RunCompression(chunks[i], pool, scoring);
+        RunCompression(chunks[i], pool, scoring, probe);
     spent += absl::Now() - start;
     phases += session.stats().time - before;
     if (!event.ok()) {

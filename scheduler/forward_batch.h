@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -25,15 +26,21 @@ namespace winnow::scheduler {
 std::vector<model::BatchEntry> BuildForwardBatch(std::span<const ScheduledChunk> chunks,
                                                  int64_t hidden_size);
 
+// A forward of one more entry outside the plan's batch (a compression probe, which writes K/V
+// and captures rows but returns no logits), through the worker's own forward.
+using ProbeForward = std::function<absl::Status(const model::BatchEntry& entry)>;
+
 // After the forward: each chunk's compression hooks into results[i] (prefill capture
-// bookkeeping, compression once the prompt is complete, or decode-time eviction), scoring
-// through the forward backend's `scoring` (where the K/V are). Before sampling: the first
+// bookkeeping, a context's probe then compression once it is complete, or decode-time
+// eviction), scoring through the forward backend's `scoring` (where the K/V are) and running
+// probes through `probe`. Before sampling: the first
 // token comes from the full cache's logits (already computed), and a sequence that finishes on
 // it must not be compressed after its blocks are gone. A failure fails that chunk's sequence
 // only. Returns the time the hooks took (zero when no chunk's sequence compresses) and adds
 // its split by phase into `phases`.
 absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::BlockPool& pool,
-                               cache::ScoringBackend& scoring, std::span<ChunkResult> results,
+                               cache::ScoringBackend& scoring, const ProbeForward& probe,
+                               std::span<ChunkResult> results,
                                cache::CompressionPhaseTimes& phases);
 
 // Samples chunk `index`'s next token from its logits row in `out`.

@@ -28,8 +28,11 @@ WorkerOutput ModelWorker::Execute(std::span<const ScheduledChunk> chunks) {
   if (!result.status.ok()) return result;
 
   result.chunks.resize(chunks.size());
+  const ProbeForward probe = [this](const model::BatchEntry& entry) {
+    return forward_->Forward({&entry, 1}, pool_, &probe_out_);
+  };
   result.compression_time =
-      RunCompressions(chunks, pool_, forward_->Scoring(pool_), result.chunks,
+      RunCompressions(chunks, pool_, forward_->Scoring(pool_), probe, result.chunks,
                       result.compression_phases);
   const absl::Time t1 = absl::Now();
   SampleChunks(chunks, out_, *threads_, result.chunks);

@@ -40,6 +40,7 @@ class ModelWorker : public Worker {
   // of a 128k vocabulary) would otherwise be allocated and zeroed every step. On a GPU they
   // point into the backend's page-locked buffer.
   model::ForwardOutput out_;
+  model::ForwardOutput probe_out_;  // compression probes' (no logits), apart from the batch's
 };
 
 // The CPU worker: ModelWorker over CpuForward, on threads of its own.

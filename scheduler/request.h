@@ -30,6 +30,12 @@ enum class FinishReason {
 // "stop", "length", "cancelled", "deadline", "error": stable names for logs and metric labels.
 const char* FinishReasonName(FinishReason reason);
 
+// What a context compressed alone is scored with (CompressionSpec::probe).
+enum class ContextProbe {
+  kNone,    // the context's own last rows (the policy's observation window)
+  kRepeat,  // "Repeat the previous context:" and the context again, run after it and dropped
+};
+
 // Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
 // (0, 1], is the fraction of the prompt's KV kept; params are the policy's own, typed (numbers
 // stay doubles; see docs/compression.md).
@@ -43,6 +49,10 @@ struct CompressionSpec {
   // compressed context: the plan depends on the context alone (query-agnostic). Policies that
   // evict while decoding, plan after a lookahead or select per token cannot (the engine refuses).
   int32_t context_tokens = 0;
+  // With context_tokens: what the context is scored with. The engine fills probe_tokens (the
+  // repeat probe's tokens, run at the positions after the context) at Submit.
+  ContextProbe probe = ContextProbe::kNone;
+  std::vector<int32_t> probe_tokens;
 
   bool enabled() const { return !policy.empty() && policy != "none"; }
 };

@@ -110,7 +110,7 @@ class IterationBuilder {
   // of its compressed context's partial blocks, made when it is published.)
   int64_t Outstanding(const Sequence* s) const {
     if (!s->running() || !s->awaits_compression()) return 0;
-    return s->kv.BlocksNeeded(s->num_uncomputed()) + s->attached_cached_blocks +
+    return s->kv.BlocksNeeded(s->UncompressedPeak(s->num_computed)) + s->attached_cached_blocks +
            PublishReserve(*s);
   }
   // The free blocks a sequence that will publish its compressed context takes then (copies of
@@ -119,7 +119,7 @@ class IterationBuilder {
   // happen to be free by then.
   int64_t PublishReserve(const Sequence& s) const {
     const int32_t blocks = s.ContextPublishBlocks();
-    const int64_t peak = s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.num_uncomputed());
+    const int64_t peak = s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.UncompressedPeak(s.num_computed));
     return blocks > 0 && peak + blocks <= pool_.num_blocks() ? blocks : 0;
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
@@ -192,14 +192,14 @@ void IterationBuilder::AdmitWaiting() {
     if (budget_ == 0) break;
     const bool compressing = s->awaits_compression();
     // A compressing sequence must be able to hold its whole prompt before its policy runs.
-    if (compressing && s->kv.BlocksNeeded(s->num_uncomputed()) > pool_.num_blocks()) {
+    const int32_t peak = s->UncompressedPeak(s->num_computed);
+    if (compressing && s->kv.BlocksNeeded(peak) > pool_.num_blocks()) {
       // Only after a preemption: the recomputed prompt + generated tokens outgrew the pool.
       plan_.rejected.push_back(
           {s, absl::ResourceExhaustedError(absl::StrFormat(
                   "preempted request must recompute %d tokens uncompressed before its policy "
                   "can compress them, which needs %d KV blocks; the pool has %d",
-                  s->num_uncomputed(), s->kv.BlocksNeeded(s->num_uncomputed()),
-                  pool_.num_blocks()))});
+                  peak, s->kv.BlocksNeeded(peak), pool_.num_blocks()))});
       continue;
     }
     const Admission a = PlanAdmission(*s);
@@ -207,9 +207,7 @@ void IterationBuilder::AdmitWaiting() {
     // prompts.
     if (!Fits(a.need, 0, 0, 0) && !DisplaceLowerPriority(s, a.need)) break;
     if (!Admit(s, a)) break;
-    if (s->awaits_compression()) {
-      outstanding_ += s->kv.BlocksNeeded(a.rest - a.chunk) + a.cached_blocks + PublishReserve(*s);
-    }
+    outstanding_ += Outstanding(s);
     ++holding_;
   }
 }
@@ -236,7 +234,9 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy
   // of each attached block, made before compaction rewrites the cache in place.
-  a.need = s.kv.BlocksNeeded(compressing ? a.rest : a.chunk) + PublishReserve(s);
+  a.need = s.kv.BlocksNeeded(compressing ? s.UncompressedPeak(a.hit_blocks * block_size)
+                                         : a.chunk) +
+           PublishReserve(s);
   if (a.hit_blocks > 0) {
     a.need += cache::CountFreeCachedBlocks(pool_, s.prefix_keys, layers, a.hit_blocks);
     if (compressing) a.need += a.cached_blocks;

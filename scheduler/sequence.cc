@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "cache/compressed_prefix.h"
 #include "model/model.h"
 
@@ -48,9 +49,24 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
   if (req.compression.context_tokens > 0) {
     context.layout = context.layout.Leading(req.compression.context_tokens);
   }
-  return cache::CompressionSession::Create(
-      req.compression.policy,
-      cache::policies::PolicyConfig(req.compression.budget, req.compression.params), context);
+  WINNOW_ASSIGN_OR_RETURN(
+      std::unique_ptr<cache::CompressionSession> session,
+      cache::CompressionSession::Create(
+          req.compression.policy,
+          cache::policies::PolicyConfig(req.compression.budget, req.compression.params),
+          context));
+  if (session != nullptr && req.compression.probe == ContextProbe::kRepeat) {
+    WINNOW_RETURN_IF_ERROR(session->SetProbe(req.compression.probe_tokens));
+  }
+  return session;
+}
+
+std::vector<int32_t> RepeatProbeTokens(const model::Tokenizer& tokenizer,
+                                       std::span<const int32_t> context) {
+  std::vector<int32_t> probe = tokenizer.Encode("\n\nRepeat the previous context:\n",
+                                                /*add_special=*/false, /*parse_special=*/false);
+  probe.insert(probe.end(), context.begin(), context.end());
+  return probe;
 }
 
 uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {
@@ -75,6 +91,7 @@ uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {
       absl::StrAppendFormat(&inputs, "s%d:%s|", text.size(), text);
     }
   }
+  if (req.compression.probe == ContextProbe::kRepeat) inputs += "probe=repeat|";
   cache::policies::PromptLayout layout;
   layout.num_tokens = static_cast<int32_t>(req.prompt_tokens.size());
   layout.spans = req.prompt_spans;

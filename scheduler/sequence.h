@@ -112,6 +112,17 @@ struct Sequence {
     return context_key != 0 && awaits_compression() && req.prompt_logprobs < 0 &&
            compression->num_tokens() < num_tokens();
   }
+  // Tokens from `computed` on that the sequence holds uncompressed before its policy runs: the
+  // rest of its tokens, or, when a probe runs after the context (CompressionSession::SetProbe),
+  // the context's rest and the probe's tokens if that is more. (The rest while not compressing.)
+  int32_t UncompressedPeak(int32_t computed) const {
+    int32_t peak = num_tokens() - computed;
+    if (awaits_compression() && compression->probe_pending()) {
+      const int32_t probe = static_cast<int32_t>(compression->probe_tokens().size());
+      peak = std::max(peak, compression->num_tokens() + probe - computed);
+    }
+    return peak;
+  }
   // Free blocks a sequence that will publish its compressed context takes when it does: at
   // most one per layer (copies of partial blocks).
   int32_t ContextPublishBlocks() const {
@@ -137,6 +148,11 @@ bool ScheduledBefore(const Sequence* a, const Sequence* b);
 // only for a spec the server did not validate.
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
+
+// The repeat probe of a context (ContextProbe::kRepeat, as KVzip reconstructs it): "Repeat the
+// previous context:" and the context's tokens again.
+std::vector<int32_t> RepeatProbeTokens(const model::Tokenizer& tokenizer,
+                                       std::span<const int32_t> context);
 
 // The key under which the compressed context of `req` (req.compression.context_tokens > 0) is
 // published and found: its tokens and embedding rows (`hidden` floats each), the salt, and

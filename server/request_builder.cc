@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "cache/compression.h"
 #include "nlohmann/json.hpp"
 #include "structured/grammar_cache.h"
 
@@ -242,6 +243,13 @@ absl::Status CheckCompressionScope(const v1::CompressionSpec& comp, bool no_poli
                                              : "compression.context_messages",
                    "must not be negative");
   }
+  if (comp.probe() != "" && comp.probe() != "none" && comp.probe() != "repeat") {
+    return Invalid("compression.probe",
+                   absl::StrCat("must be \"none\" or \"repeat\", got '", comp.probe(), "'"));
+  }
+  if (comp.probe() == "repeat" && comp.scope() != "context") {
+    return Invalid("compression.probe", "applies with scope \"context\" only");
+  }
   const bool extent = comp.context_tokens() > 0 || comp.context_messages() > 0;
   if (comp.scope() != "context") {
     if (extent) {
@@ -308,6 +316,8 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   spec.policy = wire.policy();
   spec.budget = wire.budget();
   spec.context_tokens = context_tokens;
+  spec.probe = wire.probe() == "repeat" ? scheduler::ContextProbe::kRepeat
+                                        : scheduler::ContextProbe::kNone;
   for (const auto& [k, v] : wire.params()) spec.params[std::string(k)] = v;
   for (const auto& [k, v] : wire.options()) spec.params[std::string(k)] = v;
   if (limits.block_size < 1) {
@@ -321,11 +331,22 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   context.layout.spans = prompt.spans;
   // As the engine builds it (MakeCompressionSession): over the context alone for "context".
   if (context_tokens > 0) context.layout = context.layout.Leading(context_tokens);
-  WINNOW_RETURN_IF_ERROR(
+  WINNOW_ASSIGN_OR_RETURN(
+      const std::unique_ptr<cache::policies::CompressionPolicy> policy,
       cache::policies::CreatePolicy(spec.policy,
                                     cache::policies::PolicyConfig(spec.budget, spec.params),
-                                    context)
-          .status());
+                                    context));
+  if (spec.probe != scheduler::ContextProbe::kNone && policy != nullptr) {
+    WINNOW_RETURN_IF_ERROR(
+        cache::CheckProbeSupported(spec.policy, *policy, context.layout.num_tokens));
+    const auto context_ids = std::span<const int32_t>(prompt.tokens).first(context_tokens);
+    if (std::find(context_ids.begin(), context_ids.end(), model::kEmbeddingInput) !=
+        context_ids.end()) {
+      return Invalid("compression.probe",
+                     "\"repeat\" repeats the context's tokens; this context has image "
+                     "embeddings, which cannot be repeated");
+    }
+  }
   return spec;
 }
 

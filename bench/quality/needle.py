@@ -134,18 +134,22 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def compression_for(entry: str, budget: float) -> dict | None:
     """A policy entry, `name` or `name+param=value+...` (as capacity_bench takes them): numeric
-    values go to compression.params, others to compression.options."""
+    values go to compression.params, others to compression.options; `probe=repeat` is the
+    compression's own probe field (with scope "context")."""
     name, *pairs = entry.split("+")
     if name == "none":
         return None
-    params, options = {}, {}
+    params, options, spec = {}, {}, {}
     for pair in pairs:
         key, value = pair.split("=", 1)
+        if key == "probe":
+            spec["probe"] = value
+            continue
         try:
             params[key] = float(value)
         except ValueError:
             options[key] = value
-    return {"policy": name, "budget": budget, "params": params, "options": options}
+    return {"policy": name, "budget": budget, "params": params, "options": options, **spec}
 
 
 def run_cell(client, samples: list[dict], policy: str, budget: float, max_tokens: int,

@@ -382,11 +382,15 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   return ParseLogitBias(body, s);
 }
 
-// kv_compression's scope, context_tokens and context_messages (CompressionSpec's).
+// kv_compression's scope, context_tokens, context_messages and probe (CompressionSpec's).
 absl::Status ParseCompressionScope(const Json& c, v1::CompressionSpec* out) {
   if (const Json* scope = Member(c, "scope"); scope != nullptr) {
     if (!scope->is_string()) return Bad("kv_compression.scope", "must be a string");
     out->set_scope(scope->get<std::string>());
+  }
+  if (const Json* probe = Member(c, "probe"); probe != nullptr) {
+    if (!probe->is_string()) return Bad("kv_compression.probe", "must be a string");
+    out->set_probe(probe->get<std::string>());
   }
   for (const char* key : {"context_tokens", "context_messages"}) {
     const Json* v = Member(c, key);
@@ -446,10 +450,10 @@ absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
   WINNOW_RETURN_IF_ERROR(ParseCompressionScope(*c, out));
   for (const auto& [k, v] : c->items()) {
     if (k != "policy" && k != "budget" && k != "params" && k != "options" && k != "scope" &&
-        k != "context_tokens" && k != "context_messages") {
+        k != "context_tokens" && k != "context_messages" && k != "probe") {
       return Bad(absl::StrCat("kv_compression.", k),
                  "unknown field (known: policy, budget, params, options, scope, context_tokens, "
-                 "context_messages)");
+                 "context_messages, probe)");
     }
   }
   return absl::OkStatus();

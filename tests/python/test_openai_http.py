@@ -219,6 +219,27 @@ def test_kv_compression_of_a_context_alone(daemon, client, model_name):
     daemon.wait_pool_free()
 
 
+def test_kv_compression_probe(daemon, client, model_name):
+    # A context scored with the repeat probe: the request runs; the probe is refused where it
+    # cannot apply, naming the field.
+    document = "Notes: " + " ".join(f"item {i} is green." for i in range(40))
+    chat = [{"role": "user", "content": document}, {"role": "user", "content": "Item 3?"}]
+    probe = {"policy": "snapkv", "budget": 0.3, "scope": "context", "context_messages": 1,
+             "probe": "repeat"}
+    out = client.chat.completions.create(model=model_name, max_tokens=3, temperature=0,
+                                         messages=chat, extra_body={"kv_compression": probe})
+    assert out.usage.completion_tokens >= 1
+    for bad, why in (({**probe, "scope": "prompt", "context_messages": 0}, "scope"),
+                     ({**probe, "probe": "echo"}, "repeat"),
+                     ({**probe, "policy": "vl_cache"}, "cannot score")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=model_name, max_tokens=2, messages=chat,
+                                           extra_body={"kv_compression": bad})
+        assert err.value.body["param"] == "kv_compression.probe", err.value.body
+        assert why in err.value.body["message"]
+    daemon.wait_pool_free()
+
+
 # ------------------------------------------------------------------------------------------
 # The wire: SSE framing, concurrency, disconnects
 
