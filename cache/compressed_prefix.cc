@@ -55,7 +55,8 @@ bool CompressedPrefixCache::Whole(uint64_t key, const CompressedContext& context
 
 void CompressedPrefixCache::Prune() {
   if (pool_.keys_dropped() == pruned_at_drops_) return;
-  absl::erase_if(contexts_, [this](const auto& entry) { return !Whole(entry.first, entry.second); });
+  absl::erase_if(contexts_,
+                 [this](const auto& entry) { return !Whole(entry.first, entry.second); });
   pruned_at_drops_ = pool_.keys_dropped();
 }
 

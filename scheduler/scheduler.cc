@@ -39,6 +39,17 @@ int32_t CutPrefillChunk(const Sequence& s, int32_t start, int32_t count) {
   return KeepWindowWhole(s, start, StopWhereCompressionRuns(s, start, count));
 }
 
+// Slots a chunk of `count` tokens from `start` reserves beyond its own: those of the probe that
+// the worker runs right after it when it completes a context whose probe is pending
+// (CompressionSession::SetProbe), so that the probe finds them.
+int32_t ProbeAfter(const Sequence& s, int32_t start, int32_t count) {
+  if (!s.awaits_compression() || !s.compression->probe_pending() ||
+      start + count != s.compression->num_tokens()) {
+    return 0;
+  }
+  return static_cast<int32_t>(s.compression->probe_tokens().size());
+}
+
 // A chunk whose logits are all kept (prompt_logprobs) is at most kPromptLogprobsChunk tokens.
 int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) {
   return s.ScoresPrompt(start) ? std::min(count, kPromptLogprobsChunk) : count;
@@ -119,7 +130,8 @@ class IterationBuilder {
   // happen to be free by then.
   int64_t PublishReserve(const Sequence& s) const {
     const int32_t blocks = s.ContextPublishBlocks();
-    const int64_t peak = s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.UncompressedPeak(s.num_computed));
+    const int64_t peak =
+        s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.UncompressedPeak(s.num_computed));
     return blocks > 0 && peak + blocks <= pool_.num_blocks() ? blocks : 0;
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
@@ -153,8 +165,16 @@ void IterationBuilder::ScheduleRunning(Sequence* s) {
     Sequence* victim = PreemptLowest();
     if (victim == nullptr || victim == s) return;
   }
-  if (!s->kv.Reserve(pool_, n)) {
-    spdlog::critical("scheduler: KV reservation failed after fitting {} tokens", n);
+  int32_t probe = ProbeAfter(*s, s->num_computed, n);
+  if (probe > 0 && s->kv.BlocksNeeded(n + probe) > pool_.num_free()) {
+    // The context's last chunk waits for room for its probe (admission counted it; decodes
+    // of others may hold it for a while): stop short of the context's end until then.
+    if (n == 1) return;
+    n -= 1;
+    probe = 0;
+  }
+  if (!s->kv.Reserve(pool_, n + probe)) {
+    spdlog::critical("scheduler: KV reservation failed after fitting {} tokens", n + probe);
     std::abort();
   }
   AddChunk(s, n);
@@ -282,7 +302,7 @@ bool IterationBuilder::Admit(Sequence* s, const Admission& a) {
   // Attach before reserving, so the reservation cannot reclaim the blocks being reused.
   if (a.hit_blocks > 0) cache::AttachCachedPrefix(pool_, s->prefix_keys, a.hit_blocks, s->kv);
   s->num_computed = a.hit_blocks * block_size;
-  if (!s->kv.Reserve(pool_, a.chunk)) {
+  if (!s->kv.Reserve(pool_, a.chunk + ProbeAfter(*s, s->num_computed, a.chunk))) {
     // Only when displaced sequences shared the reused blocks, so fewer were freed than
     // counted: undo and wait.
     s->kv.Release(pool_);

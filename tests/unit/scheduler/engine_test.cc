@@ -807,39 +807,45 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
 // published context keep running beside one that compresses, and preemptions and the reclaiming
 // of published contexts leak nothing.
 TEST_F(EngineTest, CompressedContextsUnderPoolPressureLeakNoBlock) {
-  EngineOptions options;
-  options.kv_blocks = model_->config().num_layers * 14;  // 224 tokens per layer
-  options.max_batched_tokens = 64;
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 8; ++i) {
-    GenerationRequest r = Greedy(Concat(Prompt(160, 50 + i % 3), Prompt(10, i)), 12);
-    r.compression.policy = "snapkv";
-    r.compression.budget = 0.2;
-    r.compression.context_tokens = 160;
-    requests.push_back(std::move(r));
+  // With the repeat probe the prefill's peak is the context twice over: a pool that holds it
+  // and the three published contexts, one compressing request at a time.
+  for (const ContextProbe probe : {ContextProbe::kNone, ContextProbe::kRepeat}) {
+    SCOPED_TRACE(probe == ContextProbe::kNone ? "no probe" : "repeat probe");
+    EngineOptions options;
+    options.kv_blocks = model_->config().num_layers * (probe == ContextProbe::kNone ? 14 : 32);
+    options.max_batched_tokens = 64;
+    std::vector<GenerationRequest> requests;
+    for (int i = 0; i < (probe == ContextProbe::kNone ? 8 : 6); ++i) {
+      GenerationRequest r = Greedy(Concat(Prompt(160, 50 + i % 3), Prompt(10, i)), 12);
+      r.compression.policy = "snapkv";
+      r.compression.budget = 0.2;
+      r.compression.context_tokens = 160;
+      r.compression.probe = probe;
+      requests.push_back(std::move(r));
+    }
+    CountingObserver stats;
+    std::unique_ptr<Engine> engine = Engine::Create(model_, options, &stats).value();
+    std::vector<std::shared_ptr<CollectingSink>> sinks;
+    for (const GenerationRequest& r : requests) {
+      sinks.push_back(std::make_shared<CollectingSink>());
+      ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+    }
+    EngineOptions no_reuse;
+    no_reuse.enable_prefix_caching = false;
+    std::unique_ptr<Engine> reference = MakeEngine(no_reuse);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->WaitDone());
+      EXPECT_TRUE(sinks[i]->finish().status.ok()) << sinks[i]->finish().status;
+      auto alone = std::make_shared<CollectingSink>();
+      ASSERT_TRUE(reference->Submit(requests[i], alone).ok());
+      ASSERT_TRUE(alone->WaitDone());
+      EXPECT_EQ(sinks[i]->tokens(), alone->tokens()) << "request " << i;
+    }
+    ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+    EXPECT_GT(stats.context_hits.load(), 0);
+    if (probe == ContextProbe::kNone) EXPECT_GT(stats.preemptions.load(), 0);
   }
-  CountingObserver stats;
-  std::unique_ptr<Engine> engine = Engine::Create(model_, options, &stats).value();
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (const GenerationRequest& r : requests) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
-  }
-  EngineOptions no_reuse;
-  no_reuse.enable_prefix_caching = false;
-  std::unique_ptr<Engine> reference = MakeEngine(no_reuse);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ASSERT_TRUE(sinks[i]->WaitDone());
-    EXPECT_TRUE(sinks[i]->finish().status.ok()) << sinks[i]->finish().status;
-    auto alone = std::make_shared<CollectingSink>();
-    ASSERT_TRUE(reference->Submit(requests[i], alone).ok());
-    ASSERT_TRUE(alone->WaitDone());
-    EXPECT_EQ(sinks[i]->tokens(), alone->tokens()) << "request " << i;
-  }
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
-  EXPECT_GT(stats.context_hits.load(), 0);
-  EXPECT_GT(stats.preemptions.load(), 0);
 }
 
 }  // namespace
