@@ -198,7 +198,7 @@ TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
   EXPECT_EQ(ParseError(Endpoint::kCompletions,
                        R"({"prompt": "x", "kv_compression": {"policy": "h2o", "budgit": 1}})"),
             "kv_compression.budgit: unknown field (known: policy, budget, params, options, scope, "
-            "context_tokens, context_messages)");
+            "context_tokens, context_messages, probe)");
   EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [{"content": "x"}]})"),
             "messages[0].role: must be a string");
   EXPECT_EQ(ParseError(Endpoint::kChat,
