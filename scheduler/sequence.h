@@ -156,7 +156,8 @@ std::vector<int32_t> RepeatProbeTokens(const model::Tokenizer& tokenizer,
 
 // The key under which the compressed context of `req` (req.compression.context_tokens > 0) is
 // published and found: its tokens and embedding rows (`hidden` floats each), the salt, and
-// everything the policy's plan depends on (policy, budget, params, the context's spans).
+// everything the policy's plan depends on (policy, budget, params, the context's spans, the
+// probe).
 uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden);
 
 }  // namespace winnow::scheduler
