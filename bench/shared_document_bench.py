@@ -15,9 +15,10 @@ and the question. Each configuration gets a fresh daemon with the same fixed KV 
             attach it (docs/api.md, "Prefix caching").
 
 Reports per configuration: TTFT p50/p99 (all questions, and those that hit a cached document),
-output tokens/s, the share of prompt tokens from a cache, the documents resident in the pool at
-the end (compressed: the daemon's winnow_compressed_prefix_contexts; uncompressed: the pool's
-blocks over one document's), and answer accuracy with a 95% Wilson interval. Never asserts.
+output tokens/s, the share of prompt tokens from a cache, the documents the pool keeps
+(compressed: measured, the daemon's winnow_compressed_prefix_contexts at the end; uncompressed
+prefix caching: computed, the pool's blocks over one document's, marked "≤"), and answer
+accuracy with a 95% Wilson interval. Never asserts.
 
     .venv/bin/python bench/shared_document_bench.py --documents 8 --questions 4 \\
         --tokens 2000 --kv-blocks 9600 --configs none,prefix,winnowkv@0.1,winnowkv@0.2
@@ -110,10 +111,12 @@ def run_config(args, entry: str, docs: list[dict], qs: list[dict], log: pathlib.
                               args.max_tokens), qs))
         wall = time.monotonic() - start
         resident = metric(metrics_port, "winnow_compressed_prefix_contexts")
+        info = daemon.client.model_info()
     finally:
         daemon.stop()
     return {"config": label, "wall": wall, "results": results,
-            "resident_compressed": resident if compression else None}
+            "resident_compressed": resident if compression else None,
+            "num_layers": info.num_layers, "block_size": info.block_size}
 
 
 def metric(port: int, name: str) -> float:
@@ -132,7 +135,19 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
-def summarize(run: dict, doc_blocks: int, kv_blocks: int) -> dict:
+def documents_kept(run: dict, kv_blocks: int) -> str:
+    """Measured for compressed contexts; for uncompressed prefix caching the most the pool can
+    hold (its blocks over one document's); none for no caching."""
+    if run["resident_compressed"] is not None:
+        return f"{run['resident_compressed']:g}"
+    if run["config"] != "prefix":
+        return "0"
+    tokens = statistics.mean(r["prompt_tokens"] for r in run["results"])
+    blocks = math.ceil(tokens / run["block_size"]) * run["num_layers"]
+    return f"≤ {kv_blocks // blocks}"
+
+
+def summarize(run: dict, kv_blocks: int) -> dict:
     rs = run["results"]
     ttfts = [r["ttft"] for r in rs]
     hits = [r["ttft"] for r in rs if r["cached"] > 0]
@@ -145,21 +160,20 @@ def summarize(run: dict, doc_blocks: int, kv_blocks: int) -> dict:
         "hit_ttft_p50": pct(hits, 50) if hits else math.nan,
         "output_tok_s": sum(r["completion_tokens"] for r in rs) / run["wall"],
         "cached_share": sum(r["cached"] for r in rs) / max(1, prompt),
-        "resident": (run["resident_compressed"] if run["resident_compressed"] is not None
-                     else (kv_blocks // doc_blocks if run["config"] == "prefix" else 0)),
+        "resident": documents_kept(run, kv_blocks),
         "correct": k, "n": len(rs), "ci": (lo, hi), "wall": run["wall"],
     }
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| config | TTFT p50 (ms) | TTFT p99 (ms) | TTFT p50, cached doc (ms) | out tok/s "
-             "| prompt tokens from a cache | documents resident | correct | 95% CI |",
+             "| prompt tokens from a cache | documents kept | correct | 95% CI |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         hit = "-" if math.isnan(r["hit_ttft_p50"]) else f"{r['hit_ttft_p50'] * 1e3:.0f}"
         lines.append(
             f"| {r['config']} | {r['ttft_p50'] * 1e3:.0f} | {r['ttft_p99'] * 1e3:.0f} | {hit} "
-            f"| {r['output_tok_s']:.1f} | {r['cached_share']:.0%} | {r['resident']:g} "
+            f"| {r['output_tok_s']:.1f} | {r['cached_share']:.0%} | {r['resident']} "
             f"| {r['correct']}/{r['n']} | {r['ci'][0]:.0%}-{r['ci'][1]:.0%} |")
     return "\n".join(lines)
 
@@ -183,16 +197,14 @@ def main(argv=None) -> int:
 
     docs = make_documents(args.documents, args.tokens, args.seed)
     qs = questions(docs, args.questions)
-    rows, runs = [], []
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for entry in args.configs.split(","):
             run = run_config(args, entry, docs, qs, pathlib.Path(tmp) / f"{entry}.log")
             runs.append(run)
             print(f"shared_document_bench: {entry} done in {run['wall']:.0f} s", file=sys.stderr)
     doc_tokens = statistics.mean(r["prompt_tokens"] for r in runs[0]["results"])
-    layers = 30  # SmolLM2-135M; the pool's blocks are per layer
-    doc_blocks = math.ceil(doc_tokens / 16) * layers
-    rows = [summarize(run, doc_blocks, args.kv_blocks) for run in runs]
+    rows = [summarize(run, args.kv_blocks) for run in runs]
     print(f"{args.documents} documents x {args.questions} questions, prompts ~{doc_tokens:.0f} "
           f"tokens, pool {args.kv_blocks} blocks, {args.concurrency} clients\n")
     print(table(rows))

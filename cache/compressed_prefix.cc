@@ -1,9 +1,8 @@
 #include "cache/compressed_prefix.h"
 
-#include <cstring>
-
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
+#include "cache/prefix_cache.h"
 
 namespace winnow::cache {
 namespace {
@@ -28,12 +27,7 @@ uint64_t CompressedPrefixCache::Key(std::span<const int32_t> tokens,
                               absl::MakeConstSpan(tokens.data(), tokens.size()));
   size_t next_row = 0;
   for (int32_t id : tokens) {
-    if (id >= 0) continue;
-    // The row's bits: equal floats (and -0.0 vs 0.0 told apart) give equal K/V.
-    const std::span<const float> row = embeddings.subspan(next_row++ * hidden, hidden);
-    std::vector<uint32_t> bits(row.size());
-    std::memcpy(bits.data(), row.data(), row.size_bytes());
-    key = absl::HashOf(key, bits);
+    if (id < 0) key = HashEmbeddingRow(key, embeddings.subspan(next_row++ * hidden, hidden));
   }
   return key;
 }

@@ -19,17 +19,17 @@ std::vector<uint64_t> PrefixBlockKeys(std::span<const int32_t> tokens,
     const std::span<const int32_t> ids = tokens.subspan(b * block_size, block_size);
     chain = absl::HashOf(chain, absl::MakeConstSpan(ids.data(), ids.size()));
     for (int32_t id : ids) {
-      if (id >= 0) continue;
-      // Hash the row's bits: equal floats (and -0.0 vs 0.0 told apart) give equal K/V.
-      const std::span<const float> row = embeddings.subspan(next_row * hidden, hidden);
-      std::vector<uint32_t> bits(row.size());
-      std::memcpy(bits.data(), row.data(), row.size_bytes());
-      chain = absl::HashOf(chain, bits);
-      ++next_row;
+      if (id < 0) chain = HashEmbeddingRow(chain, embeddings.subspan(next_row++ * hidden, hidden));
     }
     keys.push_back(chain);
   }
   return keys;
+}
+
+uint64_t HashEmbeddingRow(uint64_t chain, std::span<const float> row) {
+  std::vector<uint32_t> bits(row.size());
+  std::memcpy(bits.data(), row.data(), row.size_bytes());
+  return absl::HashOf(chain, bits);
 }
 
 uint64_t LayerBlockKey(uint64_t block_key, int32_t layer) {

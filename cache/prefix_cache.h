@@ -26,6 +26,10 @@ std::vector<uint64_t> PrefixBlockKeys(std::span<const int32_t> tokens,
                                       std::span<const float> embeddings, int32_t hidden,
                                       int32_t block_size, std::string_view salt);
 
+// `chain` extended by one embedding row (an input position that is not a token id), hashed by
+// its bits: equal floats give equal K/V, and -0.0 vs 0.0 are told apart.
+uint64_t HashEmbeddingRow(uint64_t chain, std::span<const float> row);
+
 // The key of one layer's block of a prompt block.
 uint64_t LayerBlockKey(uint64_t block_key, int32_t layer);
 
