@@ -166,7 +166,8 @@ void CompressionSession::ScoreLayerOnDevice(int32_t layer, const SequenceKv& kv,
   if (window > 0) {  // (device_scores_: the policy reads the window rows only as their sum)
     std::vector<int32_t> visible(window);
     for (int32_t r = 0; r < window; ++r) visible[r] = observe_.window_begin + r + 1;
-    const kernels::ScoreInput in = LayerScoreInput(kv, layer, visible, /*q=*/nullptr);
+    kernels::ScoreInput in = LayerScoreInput(kv, layer, visible, /*q=*/nullptr);
+    in.reduce = observe_.window_reduce;
     std::vector<float>& sums = device_window_sums_[layer];
     sums.resize(static_cast<size_t>(dims_.num_heads) * num_tokens_);
     capture_status_.Update(scoring.ColumnSumsDeferred(in, sums.data(), rows.Last(window)));
@@ -193,13 +194,16 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
       std::span<const int32_t>(capture_.positions).last(rows);
   std::vector<int32_t> visible(rows);
   for (int32_t r = 0; r < rows; ++r) visible[r] = positions[r] + 1;
-  const kernels::ScoreInput in =
+  kernels::ScoreInput in =
       LayerScoreInput(kv, layer, visible, on_device ? nullptr : rows_q.data());
+  // Every prompt row's attention is summed (accumulate_all_rows); a probe's rows stand for the
+  // window's and fold as the policy asked.
+  if (probing_) in.reduce = observe_.window_reduce;
   // Complete once the forward returns (a device backend waits once for every layer's), and
   // folded into the sums by AfterPrefillChunk. Called from inside the forward, which has no way
   // to take an error: the first one is kept for AfterPrefillChunk to return.
-  chunk_sums_.push_back(
-      {layer, in.num_slots, std::vector<float>(static_cast<size_t>(dims_.num_heads) * in.num_slots)});
+  chunk_sums_.push_back({layer, in.num_slots, in.reduce,
+                         std::vector<float>(static_cast<size_t>(dims_.num_heads) * in.num_slots)});
   capture_status_.Update(
       scoring.ColumnSumsDeferred(in, chunk_sums_.back().sums.data(), capture_.device_rows));
   if (on_device) return;  // the host got the window rows only
@@ -220,7 +224,11 @@ void CompressionSession::FoldChunkSums() {
     for (int32_t h = 0; h < dims_.num_heads; ++h) {
       const float* from = chunk.sums.data() + int64_t{h} * chunk.num_slots;
       float* to = sums.data() + int64_t{h} * num_tokens_;
-      for (int32_t j = 0; j < n; ++j) to[j] += from[j];
+      if (chunk.reduce == kernels::ColumnReduce::kMax) {
+        for (int32_t j = 0; j < n; ++j) to[j] = std::max(to[j], from[j]);
+      } else {
+        for (int32_t j = 0; j < n; ++j) to[j] += from[j];
+      }
     }
   }
   chunk_sums_.clear();
@@ -277,8 +285,8 @@ absl::Status CheckProbeSupported(const std::string& name,
       observe.window_begin >= num_tokens || policy.LookaheadSteps() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "compression.probe: policy ", name,
-        " does not score the context by its observation window's summed attention, so it "
-        "cannot score it with a probe (snapkv, pyramidkv, xkv and winnowkv can)"));
+        " does not score the context by its observation window's folded attention, so it "
+        "cannot score it with a probe (kvzip, snapkv, pyramidkv, xkv and winnowkv can)"));
   }
   return absl::OkStatus();
 }
@@ -387,12 +395,17 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   attention.num_slots = num_tokens_;
   attention.row_positions = window_positions_;
   const bool scored_on_device = device_layers_ > 0;  // every layer (AfterPrefillChunk checked)
+  // The window rows folded on each key, as the policy asked (window_sums or window_max).
+  std::span<const float>& window_scores =
+      observe_.window_reduce == kernels::ColumnReduce::kMax ? attention.window_max
+                                                            : attention.window_sums;
   if (!probe_.empty()) {
-    attention.window_sums = column_sums_[l];
+    window_scores = column_sums_[l];
   } else if (rows > 0 && scored_on_device) {
-    attention.window_sums = device_window_sums_[l];
+    window_scores = device_window_sums_[l];
   } else if (rows > 0) {
-    const kernels::ScoreInput in = LayerScoreInput(kv, l, visible, window_rows_[l].data());
+    kernels::ScoreInput in = LayerScoreInput(kv, l, visible, window_rows_[l].data());
+    in.reduce = observe_.window_reduce;
     PhaseClock clock(stats_.time.scoring);
     if (observe_.row_probabilities) {
       // One layer at a time: the transient is num_heads x rows x num_tokens floats.
@@ -403,11 +416,11 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
       attention.probs = scores.probs;
       attention.log_normalizer = scores.log_normalizer;
     } else {
-      // Only the rows' sum: num_heads x num_tokens floats, never the rows themselves.
+      // Only the rows' sum (or maximum): num_heads x num_tokens floats, never the rows.
       scores.window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
       WINNOW_RETURN_IF_ERROR(scoring.AccumulateAttentionColumns(in, scores.window_sums.data(),
                                                                 DeviceRows{}));
-      attention.window_sums = scores.window_sums;
+      window_scores = scores.window_sums;
     }
   }
   if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];

@@ -43,7 +43,7 @@ struct CompressionStats {
 
 // OK when `policy` (named `name`) can score a context of `num_tokens` with a probe
 // (CompressionSession::SetProbe): it reads its observation window only as the window rows'
-// summed attention, plans without a lookahead and needs no other rows. InvalidArgument naming
+// folded attention (summed or maximum), plans without a lookahead and needs no other rows. InvalidArgument naming
 // compression.probe otherwise.
 absl::Status CheckProbeSupported(const std::string& name,
                                  const policies::CompressionPolicy& policy, int32_t num_tokens);
@@ -106,8 +106,9 @@ class CompressionSession {
 
   // --- A probe (a context scored with other rows than its own). ---
   // Scores the context with `tokens` run after it instead of with its own last rows: their
-  // attention to the context, summed over their rows, stands for the observation window's (the
-  // policy sees it as its window_sums), and their K/V are dropped after. InvalidArgument naming
+  // attention to the context, folded over their rows as the policy's window_reduce asks, stands
+  // for the observation window's (the policy sees it as its window_sums or window_max), and
+  // their K/V are dropped after. InvalidArgument naming
   // compression.probe for a policy that reads its window otherwise (row by row, every row, or
   // on the device). Before the prefill.
   absl::Status SetProbe(std::vector<int32_t> tokens);
@@ -168,7 +169,8 @@ class CompressionSession {
                                                    ScoringBackend& scoring);
   // The capture's per-layer hook: asks for the column sums of `layer`'s captured rows.
   void AccumulateLayer(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring);
-  // Adds chunk_sums_ into column_sums_ (after the forward that asked for them).
+  // Adds chunk_sums_ into column_sums_, or takes the maximum (after the forward that asked for
+  // them).
   void FoldChunkSums();
   // The scoring kernels' input for `visible.size()` rows (`q`: host float rows, or null when
   // the backend has them) over every slot of `layer`.
@@ -186,7 +188,7 @@ class CompressionSession {
   int32_t lookahead_left_ = 0;  // decode steps before the prompt plan
 
   // The probe (SetProbe): its tokens, whether it ran, and whether its chunks are running. Its
-  // attention to the context is folded into column_sums_ as the window's sums.
+  // attention to the context is folded into column_sums_ as the window's scores.
   std::vector<int32_t> probe_;
   bool probed_ = false;
   bool probing_ = false;
@@ -201,6 +203,7 @@ class CompressionSession {
   struct ChunkSums {
     int32_t layer = 0;
     int32_t num_slots = 0;
+    kernels::ColumnReduce reduce = kernels::ColumnReduce::kSum;  // how it folds in
     std::vector<float> sums;  // num_heads x num_slots
   };
   std::vector<ChunkSums> chunk_sums_;

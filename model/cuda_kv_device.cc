@@ -39,6 +39,10 @@ absl::Status Download(const float* device, int64_t count, float* host, cudaStrea
                         "cudaMemcpyAsync device->host");
 }
 
+bool ColumnMax(const kernels::ScoreInput& in) {
+  return in.reduce == kernels::ColumnReduce::kMax;
+}
+
 }  // namespace
 
 absl::Status CudaKvDevice::Sync() {
@@ -101,8 +105,9 @@ absl::StatusOr<kc::DeviceScoreInput<float>> CudaKvDevice::UploadHostQuery(
   // Pageable: the copy returns once `in.q` has been read (the caller waits for results anyway).
   WINNOW_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(q_.data(), in.q, q_floats * sizeof(float),
                                               cudaMemcpyHostToDevice, stream_));
-  return kc::DeviceScoreInput<float>{table_.data(), in.num_slots, q_.data(), in.num_rows,
-                                     visible_.data(), in.num_heads, in.scale};
+  return kc::DeviceScoreInput<float>{table_.data(), in.num_slots,  q_.data(),
+                                     in.num_rows,   visible_.data(), in.num_heads,
+                                     in.scale,      ColumnMax(in)};
 }
 
 absl::Status CudaKvDevice::AttentionProbabilities(const kernels::ScoreInput& in, float* probs,
@@ -131,9 +136,11 @@ absl::Status CudaKvDevice::ColumnSumsOnDevice(const kernels::ScoreInput& in,
     return kc::AccumulateAttentionColumns(kv_, d, sums_.data(), lse_.data(), stream_);
   }
   // The forward's own rows: bf16, the CUDA worker's activation and KV dtype.
-  kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(), in.num_slots,
+  kc::DeviceScoreInput<__nv_bfloat16> d{table_.data(),   in.num_slots,
                                         static_cast<const __nv_bfloat16*>(device.q),
-                                        in.num_rows, visible_.data(), in.num_heads, in.scale};
+                                        in.num_rows,     visible_.data(),
+                                        in.num_heads,    in.scale,
+                                        ColumnMax(in)};
   if (device.lse_log2 != nullptr && kv_.dtype == kernels::KvDtype::kBF16 &&
       (kv_.head_dim == 64 || kv_.head_dim == 128)) {
     return kc::ColumnSumsFromLse(kv_, d, device.lse_log2, sums_.data(), stream_);
@@ -203,7 +210,11 @@ absl::Status CudaKvDevice::AccumulateAttentionColumns(const kernels::ScoreInput&
   std::vector<float> chunk(sums);
   WINNOW_RETURN_IF_ERROR(Download(sums_.data(), sums, chunk.data(), stream_));
   WINNOW_RETURN_IF_ERROR(Sync());
-  for (int64_t i = 0; i < sums; ++i) column_sums[i] += chunk[i];
+  if (ColumnMax(in)) {
+    for (int64_t i = 0; i < sums; ++i) column_sums[i] = std::max(column_sums[i], chunk[i]);
+  } else {
+    for (int64_t i = 0; i < sums; ++i) column_sums[i] += chunk[i];
+  }
   return absl::OkStatus();
 }
 

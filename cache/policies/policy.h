@@ -207,6 +207,9 @@ struct ObservationRequest {
   // the rows' probabilities (num_heads x rows x num_tokens floats; on a GPU worker they would
   // cross to the host) and leaves probs and log_normalizer empty.
   bool row_probabilities = true;
+  // Without row_probabilities: how the window rows fold on each key, into window_sums (kSum)
+  // or window_max (kMax). A probe's rows (CompressionSession::SetProbe) fold the same way.
+  kernels::ColumnReduce window_reduce = kernels::ColumnReduce::kSum;
 };
 
 // One layer's observation, handed to ObserveLayer after the last prefill chunk. At that point
@@ -230,6 +233,9 @@ struct ObservationAttention {
   // Without row_probabilities: [h * num_slots + j] = sum over the observed rows of Prob(h, r,
   // j), computed without the rows (probs is then empty). Empty otherwise.
   std::span<const float> window_sums;
+  // Without row_probabilities, with window_reduce kMax: [h * num_slots + j] = the largest
+  // Prob(h, r, j) over the observed rows. Empty otherwise.
+  std::span<const float> window_max;
   // With value_norms: [kv_head * num_slots + j] = ||v_j||. Empty otherwise.
   std::span<const float> value_norms;
 

@@ -9,6 +9,7 @@
 #include "cache/policies/composite.h"
 #include "cache/policies/elastic_cache.h"
 #include "cache/policies/h2o.h"
+#include "cache/policies/kvzip.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/pyramidkv.h"
 #include "cache/policies/snapkv.h"
@@ -31,6 +32,7 @@ const std::vector<Entry>& Table() {
       {"h2o", CreateH2oPolicy},
       {"snapkv", CreateSnapKvPolicy},
       {"pyramidkv", CreatePyramidKvPolicy},
+      {"kvzip", CreateKvzipPolicy},
       {"vl_cache", CreateVlCachePolicy},
       {"aircache", CreateAirCachePolicy},
       {"xkv", CreateXkvPolicy},

@@ -108,7 +108,11 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
           // One block's logits, then one vectorised exp over them.
           ScaledDots(q, keys, limit, d, in.scale, block_probs.data());
           vec::ExpShifted(block_probs.data(), limit, row_lse);
-          for (int32_t j = 0; j < limit; ++j) col[j] += block_probs[j];
+          if (in.reduce == ColumnReduce::kMax) {
+            for (int32_t j = 0; j < limit; ++j) col[j] = std::max(col[j], block_probs[j]);
+          } else {
+            for (int32_t j = 0; j < limit; ++j) col[j] += block_probs[j];
+          }
         }
       }
     }

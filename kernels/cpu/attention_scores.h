@@ -12,6 +12,12 @@
 
 namespace winnow::kernels {
 
+// How AccumulateAttentionColumns folds the rows' probabilities on a key: their sum (what a
+// window of the prompt's own last rows gives SnapKV and H2O), or their maximum (KVzip's
+// reconstruction scoring: a key that one probe row needs scores what that row gives it, however
+// many other rows ignore it).
+enum class ColumnReduce { kSum, kMax };
+
 // One sequence's keys in one layer and the query rows to score against them.
 struct ScoreInput {
   const int32_t* block_table = nullptr;
@@ -22,6 +28,7 @@ struct ScoreInput {
   const int32_t* visible = nullptr;
   int32_t num_heads = 0;      // query head h reads KV head h / (num_heads / num_kv_heads)
   float scale = 1.0f;         // 1/sqrt(head_dim) for the model's own attention
+  ColumnReduce reduce = ColumnReduce::kSum;  // AccumulateAttentionColumns only
 };
 
 // probs[(h * num_rows + r) * num_slots + j] = softmax over j < visible[r] of scale * q.k_j, and
@@ -31,8 +38,9 @@ struct ScoreInput {
 void AttentionProbabilities(const PagedKvView& kv, const ScoreInput& in, float* probs,
                             float* log_normalizer, ThreadPool& pool);
 
-// column_sums[h * num_slots + j] += sum over rows r with j < visible[r] of probs(h, r, j),
-// without materialising probs: pass 1 computes each row's log-normaliser, pass 2 recomputes the
+// column_sums[h * num_slots + j] += sum over rows r with j < visible[r] of probs(h, r, j)
+// (with in.reduce kMax: column_sums[...] = max(column_sums[...], max over those rows), the
+// buffer holding maxima, or zeros, already), without materialising probs: pass 1 computes each row's log-normaliser, pass 2 recomputes the
 // logits per key block (threads own disjoint key ranges, so no atomics and a fixed summation
 // order). Costs two QK passes over the visible keys.
 void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,

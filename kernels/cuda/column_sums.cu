@@ -119,15 +119,21 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kRowsPerThread = kRowTile / kRowHalves;
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int row = half * kRowsPerThread + i;
-      if (key < t.visible[row]) sum += exp2f(t.logits[row][column] * scale_log2 - t.lse[row]);
+      if (key >= t.visible[row]) continue;
+      const float p = exp2f(t.logits[row][column] * scale_log2 - t.lse[row]);
+      sum = in.column_max ? fmaxf(sum, p) : sum + p;
     }
   }
   t.partial[tid] = sum;
   __syncthreads();
   if (tid < kKeyTile && key0 + tid < in.num_slots) {
     float total = 0.0f;
-    for (int i = 0; i < kRowHalves; ++i) total += t.partial[i * kKeyTile + tid];
-    column_sums[int64_t{h} * in.num_slots + key0 + tid] += total;
+    for (int i = 0; i < kRowHalves; ++i) {
+      const float part = t.partial[i * kKeyTile + tid];
+      total = in.column_max ? fmaxf(total, part) : total + part;
+    }
+    float& column = column_sums[int64_t{h} * in.num_slots + key0 + tid];
+    column = in.column_max ? fmaxf(column, total) : column + total;
   }
 }
 

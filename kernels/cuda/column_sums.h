@@ -30,6 +30,7 @@ namespace winnow::kernels::cuda {
 // softmax_j(scale * q_r.k_j) when lse_log2 is the rows' log2-sum-exp2 of scaled logits
 // (FlashInfer's convention: log2 of sum_j 2^(scale * log2(e) * q.k_j)). All pointers are
 // device memory; the arena must be bf16, head_dim 64 or 128. Queued on `stream`, no scratch.
+// With in.column_max the rows fold by their maximum: column_sums = max(column_sums, max over r).
 absl::Status ColumnSumsFromLse(const DevicePagedKv& kv, const DeviceScoreInput<__nv_bfloat16>& in,
                                const float* lse_log2, float* column_sums, cudaStream_t stream);
 

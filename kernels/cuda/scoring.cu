@@ -159,9 +159,11 @@ __global__ void ColumnSumsKernel(DevicePagedKv kv, DeviceScoreInput<Q> in, const
         if (c < d) partial += k[i] * ToFloat(q[c]);
       }
       const float logit = detail::WarpSum(partial) * in.scale;
-      sum += expf(logit - lse[int64_t{h} * in.num_rows + r]);
+      const float p = expf(logit - lse[int64_t{h} * in.num_rows + r]);
+      sum = in.column_max ? fmaxf(sum, p) : sum + p;
     }
-    if (lane == 0) column_sums[int64_t{h} * in.num_slots + j] += sum;
+    float& column = column_sums[int64_t{h} * in.num_slots + j];
+    if (lane == 0) column = in.column_max ? fmaxf(column, sum) : column + sum;
   }
 }
 

@@ -32,6 +32,9 @@ struct DeviceScoreInput {
   const int32_t* visible = nullptr;
   int32_t num_heads = 0;   // query head h reads KV head h / (num_heads / num_kv_heads)
   float scale = 1.0f;
+  // AccumulateAttentionColumns and ColumnSumsFromLse: fold the rows by their maximum, not their
+  // sum (kernels::ColumnReduce::kMax).
+  bool column_max = false;
 };
 
 // probs[(h * num_rows + r) * num_slots + j] = softmax over j < visible[r] of scale * q.k_j, 0 for
@@ -42,8 +45,9 @@ template <typename Q>
 absl::Status AttentionProbabilities(const DevicePagedKv& kv, const DeviceScoreInput<Q>& in,
                                     float* probs, float* log_normalizer, cudaStream_t stream);
 
-// column_sums[h * num_slots + j] += sum over rows r with j < visible[r] of probs(h, r, j),
-// without materialising probs: pass 1 computes each (head, row)'s log-normaliser online into
+// column_sums[h * num_slots + j] += sum over rows r with j < visible[r] of probs(h, r, j)
+// (with in.column_max: = max of itself and those rows' probabilities), without materialising
+// probs: pass 1 computes each (head, row)'s log-normaliser online into
 // log_normalizer (num_heads x num_rows floats, required: the caller's scratch), pass 2 recomputes
 // the logits per (KV head, key block); each column has one writer, so no atomics. As
 // kernels::AccumulateAttentionColumns.

@@ -144,6 +144,22 @@ TYPED_TEST(ScoringTest, ProbabilitiesAndColumnSumsMatchTheCpu) {
     ExpectClose(Download(d_lse), want_lse, 0, 1e-4, "log-normalisers");
     ExpectClose(Download(d_scratch), want_lse, 0, 1e-4, "online log-normalisers");
     ExpectClose(Download(d_sums), want_sums, kRel, kAbs, "column sums");
+
+    // The maximum over the rows instead (KVzip's reconstruction scores), folded into maxima
+    // already held.
+    ScoreInput cpu_max = cpu_in;
+    cpu_max.reduce = kernels::ColumnReduce::kMax;
+    std::vector<float> want_max = initial_sums;
+    for (float& x : want_max) x = std::min(x, 0.2f);
+    auto d_max = Upload(want_max);
+    kernels::AccumulateAttentionColumns(f.pool->View(), cpu_max, want_max.data(), threads);
+    DeviceScoreInput<Q> in_max = in;
+    in_max.column_max = true;
+    ASSERT_TRUE(
+        AccumulateAttentionColumns<Q>(f.Device(), in_max, d_max.data(), d_scratch.data(), nullptr)
+            .ok());
+    ASSERT_TRUE(Synchronize().ok());
+    ExpectClose(Download(d_max), want_max, kRel, kAbs, "column maxima");
   }
 }
 
@@ -241,6 +257,18 @@ TEST_P(ColumnSumsFromLseTest, MatchesTheCpu) {
   ASSERT_TRUE(ColumnSumsFromLse(device, in, d_lse.data(), d_sums.data(), nullptr).ok());
   ASSERT_TRUE(Synchronize().ok());
   ExpectClose(Download(d_sums), want, kRel, kAbs, "column sums");
+
+  // The maximum over the rows instead, folded into maxima already held.
+  ScoreInput cpu_max = cpu_in;
+  cpu_max.reduce = kernels::ColumnReduce::kMax;
+  std::vector<float> want_max(int64_t{kHeads} * kKeys, 0.01f);
+  auto d_max = Upload(want_max);
+  kernels::AccumulateAttentionColumns((*pool)->View(), cpu_max, want_max.data(), threads);
+  DeviceScoreInput<__nv_bfloat16> in_max = in;
+  in_max.column_max = true;
+  ASSERT_TRUE(ColumnSumsFromLse(device, in_max, d_lse.data(), d_max.data(), nullptr).ok());
+  ASSERT_TRUE(Synchronize().ok());
+  ExpectClose(Download(d_max), want_max, kRel, kAbs, "column maxima");
   kv.Release(**pool);
 
   Fixture f16(KvDtype::kF16);

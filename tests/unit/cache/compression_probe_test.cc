@@ -1,7 +1,8 @@
 // A context scored with a probe (CompressionSession::SetProbe): the policy must plan from the
-// probe rows' attention to the context, summed, as if those were its window's sums, and the
-// probe's K/V must be gone afterwards. The reference computes those sums by hand with the host
-// scoring kernel and hands them to a fresh policy of the same name.
+// probe rows' attention to the context, folded (summed, or the maximum for kvzip), as if those
+// were its window's, and the probe's K/V must be gone afterwards. The reference computes the
+// folded scores by hand with the host scoring kernel and hands them to a fresh policy of the
+// same name.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -74,7 +75,7 @@ class CompressionProbeTest : public ::testing::TestWithParam<std::string> {
   std::vector<float> kv_rows_;
 };
 
-TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsSummedOverTheContext) {
+TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsFoldedOverTheContext) {
   HostScoring scoring(*pool_, threads_);
   const policies::PolicyConfig config(0.25, {});
 
@@ -105,8 +106,8 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsSummedOverTheContext)
   EXPECT_FALSE(session->probe_pending());
   ASSERT_TRUE(session->Compress(kv, *pool_, scoring).ok());
 
-  // The reference: the probe rows' attention over the context and probe, summed over rows,
-  // its context columns as the policy's window sums.
+  // The reference: the probe rows' attention over the context and probe, folded over rows as
+  // the policy asks (summed, or kvzip's maximum), its context columns as the window's scores.
   std::unique_ptr<policies::CompressionPolicy> policy =
       *policies::CreatePolicy(GetParam(), config, Context());
   policy->UseScoring(&scoring);
@@ -126,6 +127,7 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsSummedOverTheContext)
     in.visible = visible.data();
     in.num_heads = kHeads;
     in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    in.reduce = observe.window_reduce;
     std::vector<float> all(int64_t{kHeads} * kTotal, 0.0f);
     ASSERT_TRUE(scoring.AccumulateAttentionColumns(in, all.data(), DeviceRows{}).ok());
     std::vector<float> sums;
@@ -140,7 +142,8 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsSummedOverTheContext)
     attention.num_rows = static_cast<int32_t>(window.size());
     attention.num_slots = kContext;
     attention.row_positions = window;
-    attention.window_sums = sums;
+    (observe.window_reduce == kernels::ColumnReduce::kMax ? attention.window_max
+                                                          : attention.window_sums) = sums;
     if (observe.value_norms) {
       norms.resize(int64_t{kKvHeads} * kContext);
       ASSERT_TRUE(scoring.ValueNorms(whole.block_table(l), kContext, norms.data()).ok());
@@ -167,7 +170,7 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsSummedOverTheContext)
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, CompressionProbeTest,
-                         ::testing::Values("snapkv", "pyramidkv", "xkv", "winnowkv"));
+                         ::testing::Values("kvzip", "snapkv", "pyramidkv", "xkv", "winnowkv"));
 
 TEST(CompressionProbeSupportTest, PoliciesThatReadRowsOtherwiseRefuseAProbe) {
   policies::PolicyContext context;

@@ -59,7 +59,7 @@ class CompressionModelTest : public testing_util::ModelSessionTest {
 TEST_F(CompressionModelTest, BudgetOneGivesIdenticalLogits) {
   const std::vector<int32_t> prompt = CountingPrompt();
   const Run full = Generate(prompt, 6, nullptr);
-  for (const char* policy : {"streaming_llm", "h2o", "snapkv", "pyramidkv"}) {
+  for (const char* policy : {"streaming_llm", "h2o", "snapkv", "pyramidkv", "kvzip"}) {
     std::unique_ptr<CompressionSession> session =
         Session(policy, 1.0, static_cast<int32_t>(prompt.size()));
     const Run run = Generate(prompt, 6, session.get());
@@ -110,7 +110,7 @@ TEST_F(CompressionModelTest, CompressedCacheKeepsGeneratingTheSameContinuation) 
   const int32_t n = static_cast<int32_t>(prompt.size());
   const int steps = 8;
   const Run full = Generate(prompt, steps, nullptr);
-  for (const char* policy : {"snapkv", "pyramidkv", "h2o", "streaming_llm"}) {
+  for (const char* policy : {"snapkv", "pyramidkv", "kvzip", "h2o", "streaming_llm"}) {
     const bool evicts = std::string(policy) == "h2o" || std::string(policy) == "streaming_llm";
     std::unique_ptr<CompressionSession> session =
         evicts ? Session(policy, 0.5, n, {{"evict_every", 4.0}})

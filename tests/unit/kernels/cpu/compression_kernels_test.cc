@@ -2,6 +2,7 @@
 // double-precision reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -127,6 +128,34 @@ TEST(AttentionScoresTest, ColumnSumsEqualSummedProbabilitiesAndIgnoreThreadCount
   // Accumulates: a second call doubles.
   AccumulateAttentionColumns(f.View(), in, one.data(), t1);
   for (int32_t i = 0; i < kHeads * kSlots; ++i) EXPECT_FLOAT_EQ(one[i], 2 * four[i]);
+}
+
+TEST(AttentionScoresTest, ColumnMaximaAreTheLargestRowProbabilityAndIgnoreThreadCount) {
+  const int32_t rows = 6;
+  Fixture f(rows);
+  std::vector<int32_t> visible = {3, 8, 12, 17, 22, 23};
+  ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), rows, visible.data(), kHeads,
+                1.0f / std::sqrt(float{kDim})};
+  in.reduce = ColumnReduce::kMax;
+  std::vector<float> one(kHeads * kSlots, 0.0f), four(kHeads * kSlots, 0.0f);
+  ThreadPool t1(1), t4(4);
+  AccumulateAttentionColumns(f.View(), in, one.data(), t1);
+  AccumulateAttentionColumns(f.View(), in, four.data(), t4);
+  EXPECT_EQ(one, four);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    std::vector<double> ref(kSlots, 0.0);
+    for (int32_t r = 0; r < rows; ++r) {
+      const std::vector<double> p = f.Reference(r, h, visible[r], in.scale);
+      for (int32_t j = 0; j < visible[r]; ++j) ref[j] = std::max(ref[j], p[j]);
+    }
+    for (int32_t j = 0; j < kSlots; ++j) EXPECT_NEAR(one[h * kSlots + j], ref[j], 1e-6);
+  }
+  // Folds into what the buffer holds: the maximum of the two, not a sum.
+  std::vector<float> seeded(kHeads * kSlots, 0.5f);
+  AccumulateAttentionColumns(f.View(), in, seeded.data(), t1);
+  for (int32_t i = 0; i < kHeads * kSlots; ++i) {
+    EXPECT_FLOAT_EQ(seeded[i], std::max(0.5f, one[i])) << i;
+  }
 }
 
 TEST(AttentionScoresTest, ValueNormsAreTheL2NormOfEachValueRow) {

@@ -1,0 +1,153 @@
+// kvzip (cache/policies/kvzip.h): keys ranked by the largest single-row attention, folded over
+// the GQA group by its maximum, one ranking over every layer for the layers' counts.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "cache/policies/policy.h"
+#include "cache/policies/scoring_helpers.h"
+#include "policy_test_util.h"
+
+namespace winnow::cache::policies {
+namespace {
+
+using policy_testing::Context;
+using policy_testing::Contains;
+
+constexpr int32_t kHeads = 4;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kTokens = 100;
+
+// One layer's observation carrying only the window's maxima, as the machinery hands it.
+struct MaxLayer {
+  std::vector<int32_t> positions;
+  std::vector<float> window_max;  // num_heads x n
+
+  ObservationAttention View(int32_t layer, int32_t n) const {
+    ObservationAttention a;
+    a.layer = layer;
+    a.num_heads = kHeads;
+    a.num_kv_heads = kKvHeads;
+    a.num_rows = static_cast<int32_t>(positions.size());
+    a.num_slots = n;
+    a.row_positions = positions;
+    a.window_max = window_max;
+    return a;
+  }
+};
+
+// Every key scores `base(j)` in every head; `peaks` (head, slot, value) override.
+MaxLayer Layer(const ObservationRequest& observe, int32_t n, float base,
+               std::vector<std::tuple<int32_t, int32_t, float>> peaks = {}) {
+  MaxLayer m;
+  for (int32_t p = observe.window_begin; p < n; ++p) m.positions.push_back(p);
+  m.window_max.assign(static_cast<size_t>(kHeads) * n, 0.0f);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    for (int32_t j = 0; j < n; ++j) m.window_max[h * n + j] = base * (1.0f + 0.001f * (j % 7));
+  }
+  for (auto [h, j, v] : peaks) m.window_max[h * n + j] = v;
+  return m;
+}
+
+std::unique_ptr<CompressionPolicy> Kvzip(int32_t layers, double budget, PolicyParams params = {}) {
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy = CreatePolicy(
+      "kvzip", PolicyConfig(budget, std::move(params)), Context(layers, kHeads, kKvHeads, kTokens, {}));
+  EXPECT_TRUE(policy.ok()) << policy.status();
+  return *std::move(policy);
+}
+
+TEST(KvzipPolicyTest, AsksForTheWindowsMaximumWithoutRowProbabilities) {
+  const ObservationRequest observe = Kvzip(2, 0.2)->Observation();
+  EXPECT_FALSE(observe.row_probabilities);
+  EXPECT_FALSE(observe.accumulate_all_rows);
+  EXPECT_EQ(observe.window_reduce, kernels::ColumnReduce::kMax);
+  EXPECT_EQ(observe.window_begin, kTokens - 8);  // the default window
+}
+
+TEST(KvzipPolicyTest, OneQueryHeadsPeakKeepsItsKeyInThatKvHead) {
+  // Budget 0.2: 20 slots per head, 8 of them the window. Query head 1 (KV head 0) gives keys
+  // 30 and 31 a peak; head 2 (KV head 1) gives key 60 one. Everything else is flat.
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(1, 0.2, {{"allocation", "uniform"}});
+  const MaxLayer layer =
+      Layer(policy->Observation(), kTokens, 0.01f, {{1, 30, 0.9f}, {1, 31, 0.8f}, {2, 60, 0.7f}});
+  ASSERT_TRUE(policy->ObserveLayer(layer.View(0, kTokens)).ok());
+  const KeepPlan plan = *policy->Plan();
+  ASSERT_EQ(plan.layers.size(), 1u);
+  for (int32_t g = 0; g < kKvHeads; ++g) {
+    const std::vector<int32_t>& kept = plan.layers[0].heads[g];
+    EXPECT_EQ(kept.size(), 20u);
+    for (int32_t p = kTokens - 8; p < kTokens; ++p) EXPECT_TRUE(Contains(kept, p)) << p;
+  }
+  EXPECT_TRUE(Contains(plan.layers[0].heads[0], 30));
+  EXPECT_TRUE(Contains(plan.layers[0].heads[0], 31));
+  EXPECT_TRUE(Contains(plan.layers[0].heads[1], 60));
+}
+
+TEST(KvzipPolicyTest, GlobalAllocationGivesTheLayerTheRowsNeedMoreSlots) {
+  // Three layers at budget 0.2 (20 slots each on average, 60 in all): layer 1's keys all score
+  // ten times layer 0's and layer 2's, so it takes the slots the others give up, down to their
+  // window.
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(3, 0.2);
+  const ObservationRequest observe = policy->Observation();
+  const std::vector<float> base = {0.01f, 0.1f, 0.01f};
+  for (int32_t l = 0; l < 3; ++l) {
+    const MaxLayer layer = Layer(observe, kTokens, base[l]);
+    ASSERT_TRUE(policy->ObserveLayer(layer.View(l, kTokens)).ok());
+  }
+  const KeepPlan plan = *policy->Plan();
+  ASSERT_EQ(plan.layers.size(), 3u);
+  int64_t total = 0;
+  for (int32_t l = 0; l < 3; ++l) total += plan.layers[l].kept();
+  EXPECT_LE(total, 3 * 20);
+  EXPECT_EQ(plan.layers[0].heads[0].size(), 8u);
+  EXPECT_EQ(plan.layers[2].heads[0].size(), 8u);
+  EXPECT_EQ(plan.layers[1].heads[0].size(), 44u);
+  EXPECT_LE(total, policy->SteadyStateSlots(kTokens, 0));
+}
+
+TEST(KvzipPolicyTest, UniformAllocationKeepsTheBudgetInEveryLayer) {
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(3, 0.2, {{"allocation", "uniform"}});
+  const ObservationRequest observe = policy->Observation();
+  for (int32_t l = 0; l < 3; ++l) {
+    const MaxLayer layer = Layer(observe, kTokens, l == 1 ? 0.1f : 0.01f);
+    ASSERT_TRUE(policy->ObserveLayer(layer.View(l, kTokens)).ok());
+  }
+  const KeepPlan plan = *policy->Plan();
+  for (int32_t l = 0; l < 3; ++l) EXPECT_EQ(plan.layers[l].heads[0].size(), 20u) << l;
+}
+
+TEST(KvzipPolicyTest, RefusesBadParametersAndAPlanBeforeEveryLayer) {
+  const PolicyContext c = Context(2, kHeads, kKvHeads, kTokens, {});
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> bad =
+      CreatePolicy("kvzip", PolicyConfig(0.2, {{"allocation", "pyramid"}}), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("compression.options.allocation"), std::string::npos)
+      << bad.status();
+  bad = CreatePolicy("kvzip", PolicyConfig(0.2, {{"kernel", 5.0}}), c);
+  EXPECT_FALSE(bad.ok());
+
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(2, 0.2);
+  const MaxLayer layer = Layer(policy->Observation(), kTokens, 0.01f);
+  ASSERT_TRUE(policy->ObserveLayer(layer.View(0, kTokens)).ok());
+  EXPECT_EQ(policy->Plan().status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // An observation without the maxima (a machinery bug) is an internal error, not a plan.
+  std::unique_ptr<CompressionPolicy> other = Kvzip(1, 0.2);
+  ObservationAttention empty = layer.View(0, kTokens);
+  empty.window_max = {};
+  EXPECT_EQ(other->ObserveLayer(empty).code(), absl::StatusCode::kInternal);
+}
+
+TEST(KvzipPolicyTest, BudgetOneKeepsEverything) {
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(2, 1.0);
+  for (int32_t l = 0; l < 2; ++l) {
+    const MaxLayer layer = Layer(policy->Observation(), kTokens, 0.01f);
+    ASSERT_TRUE(policy->ObserveLayer(layer.View(l, kTokens)).ok());
+  }
+  EXPECT_TRUE(policy->Plan()->empty());
+}
+
+}  // namespace
+}  // namespace winnow::cache::policies
