@@ -189,13 +189,15 @@ def test_lookahead_decodes_on_the_whole_prompt_then_frees_blocks(gpu):
     gpu.wait_pool_free()
 
 
-@pytest.mark.parametrize("probe", ["none", "repeat"])
-def test_an_attached_compressed_context_gives_the_tokens_of_compressing_it(gpu, probe):
+@pytest.mark.parametrize("policy,probe",
+                         [("snapkv", "none"), ("snapkv", "repeat"), ("kvzip", "repeat")])
+def test_an_attached_compressed_context_gives_the_tokens_of_compressing_it(gpu, policy, probe):
     # The context compressed alone on the GPU (scored by its own last rows, or by the repeat
-    # probe's forwards) and published; a second question attaches it and computes only itself,
-    # token for token what it gets compressing the context itself (under a salt of its own, so
-    # nothing is shared). Blocks shared and copied on the device.
-    compression = {"policy": "snapkv", "budget": 0.25, "scope": "context",
+    # probe's forwards: summed for snapkv, their maximum for kvzip) and published; a second
+    # question attaches it and computes only itself, token for token what it gets compressing the
+    # context itself (under a salt of its own, so nothing is shared). Blocks shared and copied on
+    # the device.
+    compression = {"policy": policy, "budget": 0.25, "scope": "context",
                    "context_tokens": 240, "probe": probe}
 
     def ask(question: str, salt: str) -> tuple[list[int], object]:

@@ -772,35 +772,39 @@ TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere
 // a context compressed without the probe is another context.
 TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOther) {
   const std::vector<int32_t> document = Prompt(120, 71);
-  auto question = [&](int q, ContextProbe probe, std::string salt) {
-    GenerationRequest r = Greedy(Concat(document, Prompt(16, 80 + q)), 8);
-    r.compression.policy = "snapkv";
-    r.compression.budget = 0.25;
-    r.compression.context_tokens = 120;
-    r.compression.probe = probe;
-    r.cache_salt = std::move(salt);
-    return r;
-  };
-  CountingObserver stats;
-  std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
-  auto run = [&](const GenerationRequest& r) {
-    auto sink = std::make_shared<CollectingSink>();
-    EXPECT_TRUE(engine->Submit(r, sink).ok());
-    EXPECT_TRUE(sink->WaitDone());
-    EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
-    return std::make_pair(sink->tokens(), sink->finish().usage);
-  };
-  const auto alone = run(question(1, ContextProbe::kRepeat, "alone"));
-  const auto first = run(question(0, ContextProbe::kRepeat, ""));
-  const auto attached = run(question(1, ContextProbe::kRepeat, ""));
-  const auto unprobed = run(question(1, ContextProbe::kNone, ""));
-  EXPECT_EQ(first.second.cached_prompt_tokens, 0);
-  EXPECT_EQ(attached.second.cached_prompt_tokens, 120);
-  EXPECT_EQ(attached.first, alone.first);
-  EXPECT_EQ(unprobed.second.cached_prompt_tokens, 0);
-  EXPECT_GT(alone.second.kv_blocks_freed_by_compression, 0);
-  ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
-  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+  // snapkv sums the probe's rows; kvzip takes their maximum and ranks across layers.
+  for (const char* policy : {"snapkv", "kvzip"}) {
+    SCOPED_TRACE(policy);
+    auto question = [&](int q, ContextProbe probe, std::string salt) {
+      GenerationRequest r = Greedy(Concat(document, Prompt(16, 80 + q)), 8);
+      r.compression.policy = policy;
+      r.compression.budget = 0.25;
+      r.compression.context_tokens = 120;
+      r.compression.probe = probe;
+      r.cache_salt = std::move(salt);
+      return r;
+    };
+    CountingObserver stats;
+    std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
+    auto run = [&](const GenerationRequest& r) {
+      auto sink = std::make_shared<CollectingSink>();
+      EXPECT_TRUE(engine->Submit(r, sink).ok());
+      EXPECT_TRUE(sink->WaitDone());
+      EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
+      return std::make_pair(sink->tokens(), sink->finish().usage);
+    };
+    const auto alone = run(question(1, ContextProbe::kRepeat, "alone"));
+    const auto first = run(question(0, ContextProbe::kRepeat, ""));
+    const auto attached = run(question(1, ContextProbe::kRepeat, ""));
+    const auto unprobed = run(question(1, ContextProbe::kNone, ""));
+    EXPECT_EQ(first.second.cached_prompt_tokens, 0);
+    EXPECT_EQ(attached.second.cached_prompt_tokens, 120);
+    EXPECT_EQ(attached.first, alone.first);
+    EXPECT_EQ(unprobed.second.cached_prompt_tokens, 0);
+    EXPECT_GT(alone.second.kv_blocks_freed_by_compression, 0);
+    ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+  }
 }
 
 // The pool holds one document's uncompressed prefill at a time: requests that attach the
@@ -844,7 +848,9 @@ TEST_F(EngineTest, CompressedContextsUnderPoolPressureLeakNoBlock) {
     ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
     EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
     EXPECT_GT(stats.context_hits.load(), 0);
-    if (probe == ContextProbe::kNone) EXPECT_GT(stats.preemptions.load(), 0);
+    if (probe == ContextProbe::kNone) {
+      EXPECT_GT(stats.preemptions.load(), 0);
+    }
   }
 }
 
