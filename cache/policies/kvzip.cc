@@ -1,8 +1,12 @@
 #include "cache/policies/kvzip.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
+#include <span>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "cache/policies/layer_budget_split.h"
 #include "cache/policies/scoring_helpers.h"
@@ -47,7 +51,8 @@ std::vector<int32_t> GlobalLayerBudgets(const std::vector<std::vector<float>>& s
   all.reserve(static_cast<size_t>(layers) * num_kv_heads * prefix);
   for (const std::vector<float>& layer : scores) {
     for (int32_t g = 0; g < num_kv_heads; ++g) {
-      all.insert(all.end(), layer.begin() + int64_t{g} * n, layer.begin() + int64_t{g} * n + prefix);
+      const auto row = layer.begin() + int64_t{g} * n;
+      all.insert(all.end(), row, row + prefix);
     }
   }
   std::vector<double> targets(layers, window);

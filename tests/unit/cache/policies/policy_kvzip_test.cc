@@ -3,7 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <numeric>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cache/policies/policy.h"
@@ -52,8 +53,9 @@ MaxLayer Layer(const ObservationRequest& observe, int32_t n, float base,
 }
 
 std::unique_ptr<CompressionPolicy> Kvzip(int32_t layers, double budget, PolicyParams params = {}) {
-  absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy = CreatePolicy(
-      "kvzip", PolicyConfig(budget, std::move(params)), Context(layers, kHeads, kKvHeads, kTokens, {}));
+  const PolicyContext c = Context(layers, kHeads, kKvHeads, kTokens, {});
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> policy =
+      CreatePolicy("kvzip", PolicyConfig(budget, std::move(params)), c);
   EXPECT_TRUE(policy.ok()) << policy.status();
   return *std::move(policy);
 }
