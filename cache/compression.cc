@@ -291,12 +291,14 @@ absl::Status CheckProbeSupported(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::Status CompressionSession::SetProbe(std::vector<int32_t> tokens) {
-  if (compressed_ || probing_ || tokens.empty()) {
+absl::Status CompressionSession::SetProbe(std::vector<std::vector<int32_t>> segments) {
+  const bool empty_segment = std::any_of(segments.begin(), segments.end(),
+                                         [](const std::vector<int32_t>& s) { return s.empty(); });
+  if (compressed_ || probing_ || segments.empty() || empty_segment) {
     return absl::InternalError("compression: a probe set after the prefill, or empty");
   }
   WINNOW_RETURN_IF_ERROR(CheckProbeSupported(name_, *policy_, num_tokens_));
-  probe_ = std::move(tokens);
+  probe_ = std::move(segments);
   // The probe runs as its own forwards after the context: nothing is planned or scored while
   // the context's last chunk runs.
   device_spec_ = nullptr;
@@ -304,6 +306,12 @@ absl::Status CompressionSession::SetProbe(std::vector<int32_t> tokens) {
   column_sums_.assign(dims_.num_layers,
                       std::vector<float>(static_cast<size_t>(dims_.num_heads) * num_tokens_));
   return absl::OkStatus();
+}
+
+int32_t CompressionSession::ProbeFootprint() const {
+  size_t longest = 0;
+  for (const std::vector<int32_t>& segment : probe_) longest = std::max(longest, segment.size());
+  return static_cast<int32_t>(longest);
 }
 
 QueryCapture* CompressionSession::ProbeCapture(int32_t start, int32_t count) {
@@ -330,19 +338,21 @@ absl::Status CompressionSession::AfterProbeChunk() {
   return absl::OkStatus();
 }
 
-absl::Status CompressionSession::FinishProbe(SequenceKv& kv, BlockPool& pool) {
-  const int32_t probed = num_tokens_ + static_cast<int32_t>(probe_.size());
+absl::Status CompressionSession::EndProbeSegment(SequenceKv& kv, BlockPool& pool) {
+  if (!probe_pending()) return absl::InternalError("compression: no probe segment to end");
+  const int32_t segment = static_cast<int32_t>(probe_[probe_segments_done_].size());
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
-    if (kv.num_slots(l) != probed) {
+    if (kv.num_slots(l) != num_tokens_ + segment) {
       return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
-                                              kv.num_slots(l), " slots after the probe, not ",
-                                              probed));
+                                              kv.num_slots(l), " slots after a probe segment, not ",
+                                              num_tokens_ + segment));
     }
     kv.Truncate(pool, l, num_tokens_);
   }
   probing_ = false;
+  if (++probe_segments_done_ < probe_.size()) return absl::OkStatus();
   probed_ = true;
-  // The probe's sums stand for the window's: the policy sees the window's rows as observed.
+  // The probe's scores stand for the window's: the policy sees the window's rows as observed.
   window_positions_.clear();
   for (int32_t p = observe_.window_begin; p < num_tokens_; ++p) window_positions_.push_back(p);
   return absl::OkStatus();

@@ -105,22 +105,26 @@ class CompressionSession {
   absl::Status AdoptCompressed(const policies::SlotPositions& positions, const SequenceKv& kv);
 
   // --- A probe (a context scored with other rows than its own). ---
-  // Scores the context with `tokens` run after it instead of with its own last rows: their
-  // attention to the context, folded over their rows as the policy's window_reduce asks, stands
-  // for the observation window's (the policy sees it as its window_sums or window_max), and
-  // their K/V are dropped after. InvalidArgument naming
+  // Scores the context with `segments` of tokens run after it instead of with its own last rows:
+  // each segment alone, at the positions right after the context (it attends to the context and
+  // to itself), its K/V dropped before the next. Their rows' attention to the context, folded
+  // over every segment's rows as the policy's window_reduce asks, stands for the observation
+  // window's (the policy sees it as its window_sums or window_max). InvalidArgument naming
   // compression.probe for a policy that reads its window otherwise (row by row, every row, or
   // on the device). Before the prefill.
-  absl::Status SetProbe(std::vector<int32_t> tokens);
+  absl::Status SetProbe(std::vector<std::vector<int32_t>> segments);
   // The probe is still to run: after the context's prefill, before Compress.
   bool probe_pending() const { return !probe_.empty() && !probed_; }
-  std::span<const int32_t> probe_tokens() const { return probe_; }
-  // The capture for the probe's tokens [start, start + count) (positions after the context).
+  const std::vector<std::vector<int32_t>>& probe_segments() const { return probe_; }
+  // The most slots the probe adds to the context at once: its longest segment.
+  int32_t ProbeFootprint() const;
+  // The capture for a segment's tokens [start, start + count) (positions after the context).
   QueryCapture* ProbeCapture(int32_t start, int32_t count);
   // After a forward of probe tokens with ProbeCapture: folds their attention to the context.
   absl::Status AfterProbeChunk();
-  // After the last probe chunk: drops the probe's K/V (the cache holds the context again).
-  absl::Status FinishProbe(SequenceKv& kv, BlockPool& pool);
+  // After a segment's last forward: drops its K/V (the cache holds the context again); after
+  // the last segment the probe is done.
+  absl::Status EndProbeSegment(SequenceKv& kv, BlockPool& pool);
 
   // --- Decode. ---
   // Where the forward writes the decode token's attention probabilities; null unless the policy
@@ -187,9 +191,11 @@ class CompressionSession {
   bool compressed_ = false;
   int32_t lookahead_left_ = 0;  // decode steps before the prompt plan
 
-  // The probe (SetProbe): its tokens, whether it ran, and whether its chunks are running. Its
-  // attention to the context is folded into column_sums_ as the window's scores.
-  std::vector<int32_t> probe_;
+  // The probe (SetProbe): its segments, how many have run, whether it is done, and whether its
+  // chunks are running. Its attention to the context is folded into column_sums_ as the
+  // window's scores.
+  std::vector<std::vector<int32_t>> probe_;
+  size_t probe_segments_done_ = 0;
   bool probed_ = false;
   bool probing_ = false;
 

@@ -62,32 +62,35 @@ absl::StatusOr<model::SampledToken> SampleChunk(const ScheduledChunk& chunk, siz
 
 namespace {
 
-// Probe tokens per forward: each chunk's rows are summed into the context's scores and
-// dropped, so a long probe never holds more than this many rows.
+// Probe tokens per forward: each chunk's rows are folded into the context's scores and
+// dropped, so a long segment never holds more than this many rows.
 constexpr int32_t kProbeChunk = 512;
 
-// Runs the probe of `s`'s context (CompressionSession::SetProbe) after it, in chunks, then
-// drops its K/V.
+// Runs the probe of `s`'s context (CompressionSession::SetProbe) after it, segment by segment,
+// each in chunks, each segment's K/V dropped before the next.
 absl::Status RunProbe(Sequence& s, cache::BlockPool& pool, const ProbeForward& forward) {
   cache::CompressionSession& c = *s.compression;
-  const std::span<const int32_t> tokens = c.probe_tokens();
-  if (!s.kv.Reserve(pool, static_cast<int32_t>(tokens.size()))) {
-    return absl::ResourceExhaustedError(
-        "compression.probe: no free KV block for the probe's tokens after the context");
-  }
   const int32_t n = c.num_tokens();
-  for (int32_t done = 0; done < static_cast<int32_t>(tokens.size()); done += kProbeChunk) {
-    const int32_t count = std::min<int32_t>(kProbeChunk, tokens.size() - done);
-    model::BatchEntry e;
-    e.kv = &s.kv;
-    e.tokens = tokens.subspan(done, count);
-    e.start_position = n + done;
-    e.logits = model::LogitsMode::kNone;
-    e.capture = c.ProbeCapture(n + done, count);
-    WINNOW_RETURN_IF_ERROR(forward(e));
-    WINNOW_RETURN_IF_ERROR(c.AfterProbeChunk());
+  for (const std::vector<int32_t>& segment : c.probe_segments()) {
+    const int32_t size = static_cast<int32_t>(segment.size());
+    if (!s.kv.Reserve(pool, size)) {
+      return absl::ResourceExhaustedError(
+          "compression.probe: no free KV block for the probe's tokens after the context");
+    }
+    for (int32_t done = 0; done < size; done += kProbeChunk) {
+      const int32_t count = std::min(kProbeChunk, size - done);
+      model::BatchEntry e;
+      e.kv = &s.kv;
+      e.tokens = std::span<const int32_t>(segment).subspan(done, count);
+      e.start_position = n + done;
+      e.logits = model::LogitsMode::kNone;
+      e.capture = c.ProbeCapture(n + done, count);
+      WINNOW_RETURN_IF_ERROR(forward(e));
+      WINNOW_RETURN_IF_ERROR(c.AfterProbeChunk());
+    }
+    WINNOW_RETURN_IF_ERROR(c.EndProbeSegment(s.kv, pool));
   }
-  return c.FinishProbe(s.kv, pool);
+  return absl::OkStatus();
 }
 
 // One chunk's compression hooks (see RunCompressions); the event when a compaction ran.

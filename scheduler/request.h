@@ -49,10 +49,10 @@ struct CompressionSpec {
   // compressed context: the plan depends on the context alone (query-agnostic). Policies that
   // evict while decoding, plan after a lookahead or select per token cannot (the engine refuses).
   int32_t context_tokens = 0;
-  // With context_tokens: what the context is scored with. The engine fills probe_tokens (the
-  // repeat probe's tokens, run at the positions after the context) at Submit.
+  // With context_tokens: what the context is scored with. The engine fills probe_segments (the
+  // repeat probe's segments, each run alone at the positions after the context) at Submit.
   ContextProbe probe = ContextProbe::kNone;
-  std::vector<int32_t> probe_tokens;
+  std::vector<std::vector<int32_t>> probe_segments;
 
   bool enabled() const { return !policy.empty() && policy != "none"; }
 };

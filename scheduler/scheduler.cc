@@ -39,7 +39,8 @@ int32_t CutPrefillChunk(const Sequence& s, int32_t start, int32_t count) {
   return KeepWindowWhole(s, start, StopWhereCompressionRuns(s, start, count));
 }
 
-// Slots a chunk of `count` tokens from `start` reserves beyond its own: those of the probe that
+// Slots a chunk of `count` tokens from `start` reserves beyond its own: those of the probe
+// segments that
 // the worker runs right after it when it completes a context whose probe is pending
 // (CompressionSession::SetProbe), so that the probe finds them.
 int32_t ProbeAfter(const Sequence& s, int32_t start, int32_t count) {
@@ -47,7 +48,7 @@ int32_t ProbeAfter(const Sequence& s, int32_t start, int32_t count) {
       start + count != s.compression->num_tokens()) {
     return 0;
   }
-  return static_cast<int32_t>(s.compression->probe_tokens().size());
+  return s.compression->ProbeFootprint();
 }
 
 // A chunk whose logits are all kept (prompt_logprobs) is at most kPromptLogprobsChunk tokens.

@@ -56,17 +56,23 @@ absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSessio
           cache::policies::PolicyConfig(req.compression.budget, req.compression.params),
           context));
   if (session != nullptr && req.compression.probe == ContextProbe::kRepeat) {
-    WINNOW_RETURN_IF_ERROR(session->SetProbe(req.compression.probe_tokens));
+    WINNOW_RETURN_IF_ERROR(session->SetProbe(req.compression.probe_segments));
   }
   return session;
 }
 
-std::vector<int32_t> RepeatProbeTokens(const model::Tokenizer& tokenizer,
-                                       std::span<const int32_t> context) {
-  std::vector<int32_t> probe = tokenizer.Encode("\n\nRepeat the previous context:\n",
-                                                /*add_special=*/false, /*parse_special=*/false);
-  probe.insert(probe.end(), context.begin(), context.end());
-  return probe;
+std::vector<std::vector<int32_t>> RepeatProbeSegments(const model::Tokenizer& tokenizer,
+                                                      std::span<const int32_t> context) {
+  const std::vector<int32_t> instruction = tokenizer.Encode(
+      "\n\nRepeat the previous context:\n", /*add_special=*/false, /*parse_special=*/false);
+  const size_t piece = std::max<size_t>(1, kRepeatProbeSegment - instruction.size());
+  std::vector<std::vector<int32_t>> segments;
+  for (size_t at = 0; at < context.size(); at += piece) {
+    std::vector<int32_t>& segment = segments.emplace_back(instruction);
+    const std::span<const int32_t> part = context.subspan(at, std::min(piece, context.size() - at));
+    segment.insert(segment.end(), part.begin(), part.end());
+  }
+  return segments;
 }
 
 uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {

@@ -114,11 +114,11 @@ struct Sequence {
   }
   // Tokens from `computed` on that the sequence holds uncompressed before its policy runs: the
   // rest of its tokens, or, when a probe runs after the context (CompressionSession::SetProbe),
-  // the context's rest and the probe's tokens if that is more. (The rest while not compressing.)
+  // the context's rest and the probe's longest segment if that is more. (The rest while not compressing.)
   int32_t UncompressedPeak(int32_t computed) const {
     int32_t peak = num_tokens() - computed;
     if (awaits_compression() && compression->probe_pending()) {
-      const int32_t probe = static_cast<int32_t>(compression->probe_tokens().size());
+      const int32_t probe = compression->ProbeFootprint();
       peak = std::max(peak, compression->num_tokens() + probe - computed);
     }
     return peak;
@@ -149,10 +149,15 @@ bool ScheduledBefore(const Sequence* a, const Sequence* b);
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
 
-// The repeat probe of a context (ContextProbe::kRepeat, as KVzip reconstructs it): "Repeat the
-// previous context:" and the context's tokens again.
-std::vector<int32_t> RepeatProbeTokens(const model::Tokenizer& tokenizer,
-                                       std::span<const int32_t> context);
+// Tokens in one segment of the repeat probe, its instruction included.
+inline constexpr int32_t kRepeatProbeSegment = 512;
+
+// The repeat probe of a context (ContextProbe::kRepeat, as KVzip reconstructs it), in segments
+// of at most kRepeatProbeSegment tokens: "Repeat the previous context:" and the next piece of
+// the context. Each runs alone after the context (CompressionSession::SetProbe), so the probe
+// adds one segment to the context's KV, not a second context.
+std::vector<std::vector<int32_t>> RepeatProbeSegments(const model::Tokenizer& tokenizer,
+                                                      std::span<const int32_t> context);
 
 // The key under which the compressed context of `req` (req.compression.context_tokens > 0) is
 // published and found: its tokens and embedding rows (`hidden` floats each), the salt, and
