@@ -771,7 +771,8 @@ TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere
 // requests that attach the published context get the tokens of compressing it themselves, and
 // a context compressed without the probe is another context.
 TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOther) {
-  const std::vector<int32_t> document = Prompt(120, 71);
+  // Longer than one probe segment (kRepeatProbeSegment): scored in two.
+  const std::vector<int32_t> document = Prompt(600, 71);
   // snapkv sums the probe's rows; kvzip takes their maximum and ranks across layers.
   for (const char* policy : {"snapkv", "kvzip"}) {
     SCOPED_TRACE(policy);
@@ -779,7 +780,7 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
       GenerationRequest r = Greedy(Concat(document, Prompt(16, 80 + q)), 8);
       r.compression.policy = policy;
       r.compression.budget = 0.25;
-      r.compression.context_tokens = 120;
+      r.compression.context_tokens = 600;
       r.compression.probe = probe;
       r.cache_salt = std::move(salt);
       return r;
@@ -798,7 +799,7 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
     const auto attached = run(question(1, ContextProbe::kRepeat, ""));
     const auto unprobed = run(question(1, ContextProbe::kNone, ""));
     EXPECT_EQ(first.second.cached_prompt_tokens, 0);
-    EXPECT_EQ(attached.second.cached_prompt_tokens, 120);
+    EXPECT_EQ(attached.second.cached_prompt_tokens, 600);
     EXPECT_EQ(attached.first, alone.first);
     EXPECT_EQ(unprobed.second.cached_prompt_tokens, 0);
     EXPECT_GT(alone.second.kv_blocks_freed_by_compression, 0);
