@@ -43,8 +43,8 @@ struct CompressionStats {
 
 // OK when `policy` (named `name`) can score a context of `num_tokens` with a probe
 // (CompressionSession::SetProbe): it reads its observation window only as the window rows'
-// folded attention (summed or maximum), plans without a lookahead and needs no other rows. InvalidArgument naming
-// compression.probe otherwise.
+// folded attention (summed or maximum), plans without a lookahead and needs no other rows.
+// InvalidArgument naming compression.probe otherwise.
 absl::Status CheckProbeSupported(const std::string& name,
                                  const policies::CompressionPolicy& policy, int32_t num_tokens);
 

@@ -140,12 +140,7 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   // With context_tokens the rest of the prompt stays whole, like the tokens generated after.
   const int64_t lookahead = std::min<int64_t>(c->LookaheadSteps(), r.max_tokens - 1);
   // A probe runs after the context, one segment at a time, before the rest of the prompt.
-  size_t longest_segment = 0;
-  for (const std::vector<int32_t>& segment : r.compression.probe_segments) {
-    longest_segment = std::max(longest_segment, segment.size());
-  }
-  const int64_t probed =
-      int64_t{r.compression.context_tokens} + static_cast<int64_t>(longest_segment);
+  const int64_t probed = int64_t{r.compression.context_tokens} + c->ProbeFootprint();
   const int64_t peak =
       layers * CeilDiv(std::max(prompt_len + lookahead, probed), limits.block_size);
   const int32_t compressed = c->num_tokens();

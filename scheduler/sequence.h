@@ -114,7 +114,8 @@ struct Sequence {
   }
   // Tokens from `computed` on that the sequence holds uncompressed before its policy runs: the
   // rest of its tokens, or, when a probe runs after the context (CompressionSession::SetProbe),
-  // the context's rest and the probe's longest segment if that is more. (The rest while not compressing.)
+  // the context's rest and the probe's longest segment if that is more. (The rest while not
+  // compressing.)
   int32_t UncompressedPeak(int32_t computed) const {
     int32_t peak = num_tokens() - computed;
     if (awaits_compression() && compression->probe_pending()) {
