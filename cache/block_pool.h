@@ -96,6 +96,8 @@ class BlockPool {
   // Forgets the block's key (its contents are about to change, e.g. compaction in place).
   void ClearKey(int32_t block);
   bool has_key(int32_t block) const { return meta_[block].has_key; }
+  // The key a block holds (meaningful when has_key).
+  uint64_t key(int32_t block) const { return meta_[block].key; }
   // Whether `block` holds exactly `key` (a cheap check that a block found earlier is still it).
   bool HoldsKey(int32_t block, uint64_t key) const {
     return meta_[block].has_key && meta_[block].key == key;

@@ -36,12 +36,10 @@ uint64_t CompressedPrefixCache::BlockKey(uint64_t key, int32_t layer, int32_t in
   return absl::HashOf(key, layer, index);
 }
 
-bool CompressedPrefixCache::Whole(uint64_t key, const CompressedContext& context) const {
+bool CompressedPrefixCache::Whole(const CompressedContext& context) const {
   for (size_t l = 0; l < context.blocks.size(); ++l) {
     for (size_t i = 0; i < context.blocks[l].size(); ++i) {
-      const uint64_t block_key =
-          BlockKey(key, static_cast<int32_t>(l), static_cast<int32_t>(i));
-      if (!pool_.HoldsKey(context.blocks[l][i], block_key)) return false;
+      if (!pool_.HoldsKey(context.blocks[l][i], context.block_keys[l][i])) return false;
     }
   }
   return true;
@@ -50,7 +48,7 @@ bool CompressedPrefixCache::Whole(uint64_t key, const CompressedContext& context
 void CompressedPrefixCache::Prune() {
   if (pool_.keys_dropped() == pruned_at_drops_) return;
   absl::erase_if(contexts_,
-                 [this](const auto& entry) { return !Whole(entry.first, entry.second); });
+                 [this](const auto& entry) { return !Whole(entry.second); });
   pruned_at_drops_ = pool_.keys_dropped();
 }
 
@@ -157,13 +155,19 @@ absl::StatusOr<bool> CompressedPrefixCache::Publish(uint64_t key, int32_t num_to
   }
   // Pinned even on a failed copy, so every block is still returned; never published then.
   if (!status.ok()) return status;
+  context.block_keys.resize(kv.num_layers());
   for (int32_t l = 0; l < kv.num_layers(); ++l) {
     for (size_t i = 0; i < context.blocks[l].size(); ++i) {
+      const int32_t block = context.blocks[l][i];
+      if (pool_.has_key(block)) {  // an earlier stage's (the only keyed blocks a publisher holds)
+        context.block_keys[l].push_back(pool_.key(block));
+        continue;
+      }
       const uint64_t block_key = BlockKey(key, l, static_cast<int32_t>(i));
       // A block of an earlier context under this key, which lost another block since.
       if (const int32_t stale = pool_.FindCached(block_key); stale >= 0) pool_.ClearKey(stale);
-      pool_.ClearKey(context.blocks[l][i]);
-      pool_.SetKey(context.blocks[l][i], block_key);
+      pool_.SetKey(block, block_key);
+      context.block_keys[l].push_back(block_key);
     }
   }
   contexts_[key] = std::move(context);

@@ -11,8 +11,11 @@
 //
 // Storage reuses the pool's content index, so reclamation is the uncompressed prefix cache's
 // LRU: each block of a published context carries a key derived from the context's key, layer and
-// index. Whole blocks are keyed where they are (the publisher's own table; it never rewrites them,
-// as context-scoped policies do not compact again). A layer's partial last block is copied: the
+// index, or, for the blocks of an earlier stage of the same context (published before, left as
+// they were by the later stage's compression), that stage's key: a block holds one key, and the
+// stages share it. Whole blocks are keyed where they are (the publisher's own table; it never
+// rewrites them: context-scoped policies do not compact again, and a later stage's compaction
+// leaves the earlier slots where they are). A layer's partial last block is copied: the
 // publisher keeps writing its suffix into its own, and the copy is pinned to the publisher so the
 // context's blocks go back to the free queue together. An attaching sequence shares the whole
 // blocks and copies the partial ones (copy on attach), since it writes its suffix after them.
@@ -38,7 +41,8 @@ struct CompressedContext {
   int32_t num_tokens = 0;             // the context's tokens; the suffix starts at this position
   std::vector<int32_t> slots;         // kept slots per layer
   policies::SlotPositions positions;  // the position each kept slot holds
-  std::vector<std::vector<int32_t>> blocks;  // per layer, as published (checked against keys)
+  std::vector<std::vector<int32_t>> blocks;  // per layer, as published
+  std::vector<std::vector<uint64_t>> block_keys;  // the key each of them holds while resident
 
   // Slots summed over layers.
   int64_t total_slots() const;
@@ -77,7 +81,8 @@ class CompressedPrefixCache {
   absl::Status Attach(const CompressedContext& context, SequenceKv& kv);
 
   // Publishes the compressed context `kv` holds (exactly its `positions`, nothing after them)
-  // under `key`, pinning the copies of its partial blocks to `kv`. False, with nothing
+  // under `key`, pinning the copies of its partial blocks to `kv`. Blocks that hold a key
+  // already are an earlier stage's, published before: they keep it. False, with nothing
   // changed, when a context is already published under `key` or the pool has fewer free blocks
   // than Publish takes (PublishBlocks).
   absl::StatusOr<bool> Publish(uint64_t key, int32_t num_tokens,
@@ -90,7 +95,7 @@ class CompressedPrefixCache {
 
  private:
   uint64_t BlockKey(uint64_t key, int32_t layer, int32_t index) const;
-  bool Whole(uint64_t key, const CompressedContext& context) const;
+  bool Whole(const CompressedContext& context) const;
   // Forgets contexts that lost a block, when any block lost its key since the last look.
   void Prune();
 

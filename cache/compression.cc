@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,21 +29,23 @@ class PhaseClock {
 
 absl::StatusOr<std::unique_ptr<CompressionSession>> CompressionSession::Create(
     const std::string& policy, const policies::PolicyConfig& config,
-    const policies::PolicyContext& context) {
+    const policies::PolicyContext& context, int32_t first_position) {
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<policies::CompressionPolicy> created,
                           policies::CreatePolicy(policy, config, context));
   if (created == nullptr) return std::unique_ptr<CompressionSession>();
   return std::unique_ptr<CompressionSession>(
-      new CompressionSession(policy, std::move(created), context));
+      new CompressionSession(policy, std::move(created), context, first_position));
 }
 
 CompressionSession::CompressionSession(std::string name,
                                        std::unique_ptr<policies::CompressionPolicy> policy,
-                                       const policies::PolicyContext& context)
+                                       const policies::PolicyContext& context,
+                                       int32_t first_position)
     : name_(std::move(name)),
       policy_(std::move(policy)),
       dims_(context.dims),
       num_tokens_(context.layout.num_tokens),
+      base_position_(first_position),
       slots_(context.dims.num_layers, context.dims.num_kv_heads) {
   observe_ = policy_->Observation();
   observe_.window_begin = std::clamp(observe_.window_begin, 0, num_tokens_);
@@ -66,12 +69,12 @@ CompressionSession::CompressionSession(std::string name,
 QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   // With a probe, the context's own rows are not observed: the probe's are.
   if (compressed_ || !probe_.empty()) return nullptr;
-  const int32_t first =
-      observe_.accumulate_all_rows ? start : std::max(start, observe_.window_begin);
-  if (first >= start + count || first >= num_tokens_) return nullptr;
+  const int32_t window_begin = base_position_ + observe_.window_begin;
+  const int32_t first = observe_.accumulate_all_rows ? start : std::max(start, window_begin);
+  if (first >= start + count || first >= num_tokens()) return nullptr;
   capture_.Clear();
   capture_.first_position = first;
-  capture_.host_from = std::max(first, observe_.window_begin);
+  capture_.host_from = std::max(first, window_begin);
   if (observe_.accumulate_all_rows) {
     // Fold each layer's rows into the column sums as soon as the forward has them, so a long
     // chunk never holds every layer's query rows at once; only window rows stay.
@@ -85,7 +88,7 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
   // completes the prompt (every layer then holds every key when its attention is done).
   capture_.device_plan = nullptr;
   device_layers_ = 0;
-  if (start <= observe_.window_begin && start + count == num_tokens_) {
+  if (start <= window_begin && start + count == num_tokens()) {
     if (device_spec_ != nullptr) {
       device_kept_.assign(dims_.num_layers, {});
       capture_.device_plan = [this](int32_t layer, const SequenceKv& kv,
@@ -193,7 +196,7 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   const std::span<const int32_t> positions =
       std::span<const int32_t>(capture_.positions).last(rows);
   std::vector<int32_t> visible(rows);
-  for (int32_t r = 0; r < rows; ++r) visible[r] = positions[r] + 1;
+  for (int32_t r = 0; r < rows; ++r) visible[r] = VisibleSlots(layer, positions[r]);
   kernels::ScoreInput in =
       LayerScoreInput(kv, layer, visible, on_device ? nullptr : rows_q.data());
   // Every prompt row's attention is summed (accumulate_all_rows); a probe's rows stand for the
@@ -202,14 +205,15 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   // Complete once the forward returns (a device backend waits once for every layer's), and
   // folded into the sums by AfterPrefillChunk. Called from inside the forward, which has no way
   // to take an error: the first one is kept for AfterPrefillChunk to return.
-  chunk_sums_.push_back({layer, in.num_slots, in.reduce,
+  chunk_sums_.push_back({layer, in.num_slots, BaseSlots(layer), in.reduce,
                          std::vector<float>(static_cast<size_t>(dims_.num_heads) * in.num_slots)});
   capture_status_.Update(
       scoring.ColumnSumsDeferred(in, chunk_sums_.back().sums.data(), capture_.device_rows));
   if (on_device) return;  // the host got the window rows only
   // Keep only the observation-window rows of this layer.
   int32_t before_window = 0;
-  while (before_window < rows && positions[before_window] < observe_.window_begin) {
+  while (before_window < rows &&
+         positions[before_window] < base_position_ + observe_.window_begin) {
     ++before_window;
   }
   rows_q.erase(rows_q.begin(), rows_q.begin() + before_window * row_floats);
@@ -217,17 +221,23 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
 }
 
 void CompressionSession::FoldChunkSums() {
+  // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched, and a
+  // probe segment's rows score only its range.
+  int32_t begin = 0, end = num_tokens_;
+  if (probing_) {
+    begin = probe_[probe_segments_done_].scored_begin;
+    end = probe_[probe_segments_done_].scored_end;
+  }
   for (const ChunkSums& chunk : chunk_sums_) {
-    // The sums are laid out over the whole prompt; keys beyond this chunk stay untouched.
     std::vector<float>& sums = column_sums_[chunk.layer];
-    const int32_t n = std::min(chunk.num_slots, num_tokens_);
+    const int32_t n = std::min(chunk.num_slots - chunk.first_slot, end);
     for (int32_t h = 0; h < dims_.num_heads; ++h) {
-      const float* from = chunk.sums.data() + int64_t{h} * chunk.num_slots;
+      const float* from = chunk.sums.data() + int64_t{h} * chunk.num_slots + chunk.first_slot;
       float* to = sums.data() + int64_t{h} * num_tokens_;
       if (chunk.reduce == kernels::ColumnReduce::kMax) {
-        for (int32_t j = 0; j < n; ++j) to[j] = std::max(to[j], from[j]);
+        for (int32_t j = begin; j < n; ++j) to[j] = std::max(to[j], from[j]);
       } else {
-        for (int32_t j = 0; j < n; ++j) to[j] += from[j];
+        for (int32_t j = begin; j < n; ++j) to[j] += from[j];
       }
     }
   }
@@ -249,7 +259,7 @@ absl::Status CompressionSession::AfterPrefillChunk() {
       return absl::InternalError("compression: the device saw some layers, not all");
     }
     for (int32_t position : capture_.positions) {
-      if (position >= observe_.window_begin) window_positions_.push_back(position);
+      if (position >= observe_.window_begin) window_positions_.push_back(position);  // unstaged
     }
     capture_.Clear();
     return absl::OkStatus();
@@ -259,11 +269,12 @@ absl::Status CompressionSession::AfterPrefillChunk() {
   }
   const int64_t row_floats = int64_t{dims_.num_heads} * dims_.head_dim;
   int32_t first_window_row = 0;
-  while (first_window_row < rows && capture_.positions[first_window_row] < observe_.window_begin) {
+  while (first_window_row < rows &&
+         capture_.positions[first_window_row] < base_position_ + observe_.window_begin) {
     ++first_window_row;
   }
   for (int32_t r = first_window_row; r < rows; ++r) {
-    window_positions_.push_back(capture_.positions[r]);
+    window_positions_.push_back(capture_.positions[r] - base_position_);
   }
   // Accumulating captures already dropped the rows before the window, layer by layer.
   const int64_t skip = observe_.accumulate_all_rows ? 0 : first_window_row * row_floats;
@@ -291,11 +302,54 @@ absl::Status CheckProbeSupported(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::Status CompressionSession::SetProbe(std::vector<std::vector<int32_t>> segments) {
-  const bool empty_segment = std::any_of(segments.begin(), segments.end(),
-                                         [](const std::vector<int32_t>& s) { return s.empty(); });
-  if (compressed_ || probing_ || segments.empty() || empty_segment) {
-    return absl::InternalError("compression: a probe set after the prefill, or empty");
+std::span<const float> CompressionSession::StageColumns(std::vector<float>& scores,
+                                                        int32_t rows, int32_t layer) const {
+  const int64_t base = BaseSlots(layer);
+  if (base == 0) return scores;
+  const int64_t slots = base + num_tokens_;
+  for (int64_t r = 0; r < rows; ++r) {  // each row moves down, never over one not yet moved
+    std::copy_n(scores.begin() + r * slots + base, num_tokens_, scores.begin() + r * num_tokens_);
+  }
+  scores.resize(static_cast<size_t>(rows) * num_tokens_);
+  return scores;
+}
+
+absl::Status CompressionSession::CheckStaged() const {
+  if (observe_.row_probabilities || observe_.accumulate_all_rows ||
+      policy_->LookaheadSteps() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression.scope: policy ", name_,
+        " cannot compress a context in stages (kvzip, snapkv, pyramidkv, xkv and winnowkv can)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompressionSession::StartAfter(const policies::SlotPositions& history,
+                                            const SequenceKv& kv) {
+  if (compressed_ || probing_ || staged() || base_position_ <= 0 ||
+      history.num_layers() != dims_.num_layers) {
+    return absl::InternalError(
+        "compression: a stage started after the prefill, twice, or at the prompt's start");
+  }
+  WINNOW_RETURN_IF_ERROR(CheckStaged());
+  base_slots_.resize(dims_.num_layers);
+  for (int32_t l = 0; l < dims_.num_layers; ++l) base_slots_[l] = history.num_slots(l);
+  slots_ = history;
+  // The device paths plan and score a whole prompt's slots; a stage's are scored on the host.
+  device_spec_ = nullptr;
+  device_scores_ = false;
+  return CheckTrackedSlots(kv);
+}
+
+absl::Status CompressionSession::SetProbe(std::vector<ProbeSegment> segments) {
+  const bool bad_segment =
+      std::any_of(segments.begin(), segments.end(), [this](const ProbeSegment& s) {
+        return s.tokens.empty() || s.scored_begin < 0 || s.scored_begin > s.scored_end ||
+               s.scored_end > num_tokens_;
+      });
+  if (compressed_ || probing_ || segments.empty() || bad_segment) {
+    return absl::InternalError(
+        "compression: a probe set after the prefill, empty, or scoring outside the context");
   }
   WINNOW_RETURN_IF_ERROR(CheckProbeSupported(name_, *policy_, num_tokens_));
   probe_ = std::move(segments);
@@ -310,7 +364,7 @@ absl::Status CompressionSession::SetProbe(std::vector<std::vector<int32_t>> segm
 
 int32_t CompressionSession::ProbeFootprint() const {
   size_t longest = 0;
-  for (const std::vector<int32_t>& segment : probe_) longest = std::max(longest, segment.size());
+  for (const ProbeSegment& segment : probe_) longest = std::max(longest, segment.tokens.size());
   return static_cast<int32_t>(longest);
 }
 
@@ -340,14 +394,15 @@ absl::Status CompressionSession::AfterProbeChunk() {
 
 absl::Status CompressionSession::EndProbeSegment(SequenceKv& kv, BlockPool& pool) {
   if (!probe_pending()) return absl::InternalError("compression: no probe segment to end");
-  const int32_t segment = static_cast<int32_t>(probe_[probe_segments_done_].size());
+  const int32_t segment = static_cast<int32_t>(probe_[probe_segments_done_].tokens.size());
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
-    if (kv.num_slots(l) != num_tokens_ + segment) {
+    const int32_t context = BaseSlots(l) + num_tokens_;
+    if (kv.num_slots(l) != context + segment) {
       return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
                                               kv.num_slots(l), " slots after a probe segment, not ",
-                                              num_tokens_ + segment));
+                                              context + segment));
     }
-    kv.Truncate(pool, l, num_tokens_);
+    kv.Truncate(pool, l, context);
   }
   probing_ = false;
   if (++probe_segments_done_ < probe_.size()) return absl::OkStatus();
@@ -363,24 +418,22 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
   if (compressed_) return absl::InternalError("compression: Compress called twice");
   if (probe_pending()) return absl::InternalError("compression: Compress before the probe");
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
-    if (kv.num_slots(l) != num_tokens_) {
+    if (kv.num_slots(l) != BaseSlots(l) + num_tokens_) {
       return absl::InternalError(absl::StrCat("compression: layer ", l, " holds ",
-                                              kv.num_slots(l), " slots, the prompt has ",
-                                              num_tokens_, " tokens"));
+                                              kv.num_slots(l), " slots, not ", BaseSlots(l),
+                                              " before the context and its ", num_tokens_,
+                                              " tokens"));
     }
   }
   compressed_ = true;
-  slots_.Clear();
-  slots_.AppendRange(0, num_tokens_);
+  if (!staged()) slots_.Clear();  // (a stage's holds the earlier stages' kept slots)
+  slots_.AppendRange(base_position_, num_tokens_);
   if (device_layers_ > 0 && device_spec_ != nullptr) return FinishDevicePlan(kv, pool, scoring);
 
-  const int32_t rows = static_cast<int32_t>(window_positions_.size());
-  std::vector<int32_t> visible(rows);
-  for (int32_t r = 0; r < rows; ++r) visible[r] = window_positions_[r] + 1;
   LayerScores scores;
   policy_->UseScoring(&scoring);
   for (int32_t l = 0; l < dims_.num_layers; ++l) {
-    WINNOW_RETURN_IF_ERROR(ObserveLayer(l, kv, scoring, visible, scores));
+    WINNOW_RETURN_IF_ERROR(ObserveLayer(l, kv, scoring, scores));
   }
 
   stats_.prefill_tokens = num_tokens_;
@@ -393,10 +446,12 @@ absl::StatusOr<CompactionStats> CompressionSession::Compress(SequenceKv& kv, Blo
 }
 
 absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
-                                              ScoringBackend& scoring,
-                                              std::span<const int32_t> visible,
-                                              LayerScores& scores) {
-  const int32_t rows = static_cast<int32_t>(visible.size());
+                                              ScoringBackend& scoring, LayerScores& scores) {
+  const int32_t rows = static_cast<int32_t>(window_positions_.size());
+  std::vector<int32_t> visible(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    visible[r] = VisibleSlots(l, base_position_ + window_positions_[r]);
+  }
   policies::ObservationAttention attention;
   attention.layer = l;
   attention.num_heads = dims_.num_heads;
@@ -426,11 +481,12 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
       attention.probs = scores.probs;
       attention.log_normalizer = scores.log_normalizer;
     } else {
-      // Only the rows' sum (or maximum): num_heads x num_tokens floats, never the rows.
-      scores.window_sums.assign(static_cast<size_t>(dims_.num_heads) * num_tokens_, 0.0f);
+      // Only the rows' sum (or maximum): num_heads x slots floats, never the rows; a stage's
+      // policy sees its own tokens' columns.
+      scores.window_sums.assign(static_cast<size_t>(dims_.num_heads) * in.num_slots, 0.0f);
       WINNOW_RETURN_IF_ERROR(scoring.AccumulateAttentionColumns(in, scores.window_sums.data(),
                                                                 DeviceRows{}));
-      window_scores = scores.window_sums;
+      window_scores = StageColumns(scores.window_sums, dims_.num_heads, l);
     }
   }
   if (observe_.accumulate_all_rows) attention.column_sums = column_sums_[l];
@@ -438,11 +494,11 @@ absl::Status CompressionSession::ObserveLayer(int32_t l, const SequenceKv& kv,
   if (observe_.value_norms && scored_on_device) {
     attention.value_norms = device_value_norms_[l];
   } else if (observe_.value_norms) {
-    value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * num_tokens_);
+    const int32_t slots = BaseSlots(l) + num_tokens_;
+    value_norms.resize(static_cast<size_t>(dims_.num_kv_heads) * slots);
     PhaseClock clock(stats_.time.scoring);
-    WINNOW_RETURN_IF_ERROR(
-        scoring.ValueNorms(kv.block_table(l), num_tokens_, value_norms.data()));
-    attention.value_norms = value_norms;
+    WINNOW_RETURN_IF_ERROR(scoring.ValueNorms(kv.block_table(l), slots, value_norms.data()));
+    attention.value_norms = StageColumns(value_norms, dims_.num_kv_heads, l);
   }
   {
     PhaseClock clock(stats_.time.planning);
@@ -490,6 +546,17 @@ absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& 
     planned = policy_->Plan();
   }
   WINNOW_RETURN_IF_ERROR(planned.status());
+  if (staged()) {
+    // The policy planned the stage's own slots: shift them past the earlier stages', all kept.
+    for (int32_t l = 0; l < static_cast<int32_t>(planned->layers.size()); ++l) {
+      for (std::vector<int32_t>& kept : planned->layers[l].heads) {
+        for (int32_t& slot : kept) slot += base_slots_[l];
+        std::vector<int32_t> earlier(base_slots_[l]);
+        std::iota(earlier.begin(), earlier.end(), 0);
+        kept.insert(kept.begin(), earlier.begin(), earlier.end());
+      }
+    }
+  }
   return ApplyPlan(*planned, kv, pool, /*data_moved=*/false);
 }
 
@@ -533,8 +600,8 @@ absl::Status CompressionSession::AdoptCompressed(const policies::SlotPositions& 
   slots_ = positions;
   WINNOW_RETURN_IF_ERROR(CheckTrackedSlots(kv));
   compressed_ = true;
-  stats_.prefill_tokens = num_tokens_;
-  stats_.slots_before = int64_t{num_tokens_} * dims_.num_layers;
+  stats_.prefill_tokens = num_tokens();
+  stats_.slots_before = int64_t{num_tokens()} * dims_.num_layers;
   stats_.kept_per_layer.resize(dims_.num_layers);
   stats_.slots_after = 0;
   for (int32_t l = 0; l < dims_.num_layers; ++l) {

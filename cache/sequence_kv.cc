@@ -111,10 +111,13 @@ void SequenceKv::AppendBlock(int32_t layer, int32_t block, int32_t slots) {
   l.num_slots += slots;
 }
 
-int32_t SequenceKv::SharedBlocks(const BlockPool& pool) const {
+int32_t SequenceKv::SharedBlocks(const BlockPool& pool,
+                                 std::span<const int32_t> first_slots) const {
   int32_t shared = 0;
-  for (const Layer& layer : layers_) {
-    for (int32_t b : layer.blocks) shared += pool.references(b) > 1 ? 1 : 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::vector<int32_t>& blocks = layers_[l].blocks;
+    const size_t first = first_slots.empty() ? 0 : first_slots[l] / block_size_;
+    for (size_t i = first; i < blocks.size(); ++i) shared += pool.references(blocks[i]) > 1;
   }
   return shared;
 }
@@ -123,16 +126,19 @@ int32_t SequenceKv::BlocksFreedByRelease(const BlockPool& pool) const {
   return num_blocks_held() - SharedBlocks(pool);
 }
 
-absl::Status SequenceKv::MakePrivate(BlockPool& pool) {
+absl::Status SequenceKv::MakePrivate(BlockPool& pool, std::span<const int32_t> first_slots) {
   std::vector<int32_t> copies;
-  if (!pool.Allocate(SharedBlocks(pool), &copies)) {
+  if (!pool.Allocate(SharedBlocks(pool, first_slots), &copies)) {
     return absl::ResourceExhaustedError(
         "no free KV block to copy the shared prompt prefix before compression");
   }
   size_t next = 0;
   absl::Status status;
-  for (Layer& layer : layers_) {
-    for (int32_t& b : layer.blocks) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    std::vector<int32_t>& blocks = layers_[l].blocks;
+    const size_t first = first_slots.empty() ? 0 : first_slots[l] / block_size_;
+    for (auto it = blocks.begin() + std::min(first, blocks.size()); it != blocks.end(); ++it) {
+      int32_t& b = *it;
       if (pool.references(b) > 1) {
         // The table takes the copy even if it failed, so that every block is still returned.
         status.Update(pool.CopyBlock(b, copies[next]));

@@ -65,15 +65,18 @@ class SequenceKv {
   // every layer's table: a published compressed context's partial blocks, so that they return to
   // the free queue with the rest of the context, not before it.
   void Pin(int32_t block) { pinned_.push_back(block); }
-  // Blocks that other sequences also reference.
-  int32_t SharedBlocks(const BlockPool& pool) const;
+  // Blocks that other sequences also reference (from each layer's block holding slot
+  // first_slots[layer] on; every block when empty).
+  int32_t SharedBlocks(const BlockPool& pool, std::span<const int32_t> first_slots = {}) const;
   // Blocks that Release would return to the free queue (those only this sequence references).
   int32_t BlocksFreedByRelease(const BlockPool& pool) const;
   // Before the cache is rewritten in place (compaction): copies every shared block into a block
   // of its own and forgets the content key of the blocks it owns alone, so the cached prefix
-  // stays intact for others. ResourceExhausted (nothing changed) when the pool has too few free
-  // blocks; a device's error when a copy fails (the cache is then unusable).
-  absl::Status MakePrivate(BlockPool& pool);
+  // stays intact for others. With `first_slots`, only each layer's blocks from the one holding
+  // slot first_slots[layer] on (a stage's compaction leaves the earlier slots where they are).
+  // ResourceExhausted (nothing changed) when the pool has too few free blocks; a device's error
+  // when a copy fails (the cache is then unusable).
+  absl::Status MakePrivate(BlockPool& pool, std::span<const int32_t> first_slots = {});
 
  private:
   int32_t block_size_;

@@ -1,6 +1,7 @@
 #include "scheduler/engine.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
@@ -84,6 +85,12 @@ absl::Status CheckContract(const GenerationRequest& r, const model::ModelConfig&
       (r.compression.context_tokens > 0 && !r.compression.enabled())) {
     return BrokenContract("compression.context_tokens outside [0, prompt] or without a policy");
   }
+  const std::vector<int32_t>& ends = r.compression.stage_ends;
+  if (!ends.empty() && (ends.front() <= 0 || ends.back() != r.compression.context_tokens ||
+                        std::adjacent_find(ends.begin(), ends.end(), std::greater_equal<>()) !=
+                            ends.end())) {
+    return BrokenContract("compression.stage_ends not ascending up to context_tokens");
+  }
   if (r.compression.probe != ContextProbe::kNone) {
     const auto context = std::span<const int32_t>(r.prompt_tokens).first(
         std::max(r.compression.context_tokens, 0));
@@ -140,7 +147,13 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   // With context_tokens the rest of the prompt stays whole, like the tokens generated after.
   const int64_t lookahead = std::min<int64_t>(c->LookaheadSteps(), r.max_tokens - 1);
   // A probe runs after the context, one segment at a time, before the rest of the prompt.
-  const int64_t probed = int64_t{r.compression.context_tokens} + c->ProbeFootprint();
+  int64_t probe = 0;  // the longest segment of any stage's probe
+  for (const std::vector<cache::ProbeSegment>& segments : r.compression.stage_probes) {
+    for (const cache::ProbeSegment& s : segments) {
+      probe = std::max<int64_t>(probe, static_cast<int64_t>(s.tokens.size()));
+    }
+  }
+  const int64_t probed = int64_t{r.compression.context_tokens} + probe;
   const int64_t peak =
       layers * CeilDiv(std::max(prompt_len + lookahead, probed), limits.block_size);
   const int32_t compressed = c->num_tokens();
@@ -296,6 +309,7 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
   limits.kv_blocks_total = num_blocks;
   limits.max_tokens_in_pool = int64_t{num_blocks / config.num_layers} * options.block_size;
   limits.prefix_caching = options.enable_prefix_caching;
+  limits.probe_segment_tokens = options.probe_segment_tokens;
   limits.kv_cache_dtype = layout.dtype;
   limits.kv_bytes_per_token = layout.kv_bytes_per_token();
   limits.device = DescribeDevice(options.device);
@@ -378,9 +392,14 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
   WINNOW_RETURN_IF_ERROR(CheckContract(request, config, limits_));
   WINNOW_RETURN_IF_ERROR(impl_->worker->Admits(request));
   if (request.compression.probe == ContextProbe::kRepeat) {
-    request.compression.probe_segments = RepeatProbeSegments(
-        model_->tokenizer(),
-        std::span<const int32_t>(request.prompt_tokens).first(request.compression.context_tokens));
+    CompressionSpec& spec = request.compression;
+    for (int32_t i = 0; i < spec.num_stages(); ++i) {
+      const std::span<const int32_t> stage = std::span<const int32_t>(request.prompt_tokens)
+                                                 .first(spec.StageEnd(i))
+                                                 .subspan(spec.StageBegin(i));
+      spec.stage_probes.push_back(
+          RepeatProbeSegments(model_->tokenizer(), stage, limits_.probe_segment_tokens));
+    }
   }
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =
       MakeCompressionSession(impl_->dims, request,
@@ -390,11 +409,18 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
     WINNOW_RETURN_IF_ERROR(CheckContextScope(request, **compression));
   }
   WINNOW_RETURN_IF_ERROR(CheckCapacity(request, compression->get(), config, limits_));
+  absl::StatusOr<std::vector<std::unique_ptr<cache::CompressionSession>>> stages =
+      MakeStageSessions(impl_->dims, request, static_cast<int32_t>(request.prompt_tokens.size()));
+  if (!stages.ok()) {
+    if (absl::IsInvalidArgument(stages.status())) return stages.status();
+    return BrokenContract(std::string(stages.status().message()));
+  }
 
   // Build the sequence outside the lock: it copies the prompt and seeds the sampler.
   auto seq = std::make_unique<Sequence>(std::move(request), config.num_layers,
                                         limits_.block_size);
   seq->compression = *std::move(compression);
+  seq->stage_sessions = *std::move(stages);
   if (seq->req.grammar != nullptr) {
     seq->constraint =
         std::make_unique<structured::Constraint>(seq->req.grammar, impl_->Vocabulary());
@@ -403,8 +429,8 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
     seq->prefix_keys = cache::PrefixBlockKeys(seq->req.prompt_tokens, seq->req.embeddings,
                                               config.hidden_size, limits_.block_size,
                                               seq->req.cache_salt);
-    if (seq->req.compression.context_tokens > 0) {
-      seq->context_key = CompressedContextKey(seq->req, config.hidden_size);
+    for (int32_t i = 0; seq->req.compression.context_tokens > 0 && i < seq->num_stages(); ++i) {
+      seq->context_keys.push_back(CompressedContextKey(seq->req, config.hidden_size, i));
     }
   }
   seq->output = std::make_unique<OutputStream>(model_->tokenizer(), seq->req.stop_strings,
@@ -626,10 +652,18 @@ void Engine::Impl::RestartCompression(Sequence* s) {
   s->compression_slots_evicted += s->compression->stats().slots_evicted;
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> fresh =
       MakeCompressionSession(dims, s->req, s->num_tokens());
+  absl::StatusOr<std::vector<std::unique_ptr<cache::CompressionSession>>> stages =
+      MakeStageSessions(dims, s->req, s->num_tokens());
   // The spec was accepted at Submit and the layout only grew, so this cannot fail; if it did,
   // the sequence would recompute uncompressed rather than fail.
-  if (!fresh.ok()) spdlog::error("engine: recreating compression: {}", fresh.status().ToString());
-  s->compression = fresh.ok() ? *std::move(fresh) : nullptr;
+  if (!fresh.ok() || !stages.ok()) {
+    spdlog::error("engine: recreating compression: {}",
+                  (fresh.ok() ? stages.status() : fresh.status()).ToString());
+  }
+  s->compression = fresh.ok() && stages.ok() ? *std::move(fresh) : nullptr;
+  s->stage_sessions = stages.ok() ? *std::move(stages)
+                                  : std::vector<std::unique_ptr<cache::CompressionSession>>();
+  s->stage = 0;
 }
 
 void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& out) {

@@ -62,6 +62,9 @@ struct EngineOptions {
   int32_t max_tokens_limit = 0;   // upper bound on GenerationRequest::max_tokens; 0: none
   // Share the KV of full prompt blocks between requests with the same prefix (and salt).
   bool enable_prefix_caching = true;
+  // The repeat probe's segment length (RepeatProbeSegments): longer segments score a context
+  // more like one whole repeat (better on the needle benchmark) and hold more KV while it runs.
+  int32_t probe_segment_tokens = kDefaultProbeSegment;
   // How K/V rows are stored: f16 halves f32's bytes (llama.cpp's default cache type too), so
   // the same kv_cache_bytes holds twice the tokens; q8_0 about 3.8x. Attention converts rows
   // to float32 as it reads them.
@@ -97,6 +100,7 @@ struct EngineLimits {
   int32_t context_length = 0;
   int32_t kv_blocks_total = 0;
   bool prefix_caching = false;
+  int32_t probe_segment_tokens = 0;
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF32;
   int64_t kv_bytes_per_token = 0;  // K and V of one token over all layers, in the pool's dtype
   // Tokens one sequence could hold if it had the whole pool (kv_blocks_total / layers * size).

@@ -71,8 +71,8 @@ constexpr int32_t kProbeChunk = 512;
 absl::Status RunProbe(Sequence& s, cache::BlockPool& pool, const ProbeForward& forward) {
   cache::CompressionSession& c = *s.compression;
   const int32_t n = c.num_tokens();
-  for (const std::vector<int32_t>& segment : c.probe_segments()) {
-    const int32_t size = static_cast<int32_t>(segment.size());
+  for (const cache::ProbeSegment& segment : c.probe_segments()) {
+    const int32_t size = static_cast<int32_t>(segment.tokens.size());
     if (!s.kv.Reserve(pool, size)) {
       return absl::ResourceExhaustedError(
           "compression.probe: no free KV block for the probe's tokens after the context");
@@ -81,7 +81,7 @@ absl::Status RunProbe(Sequence& s, cache::BlockPool& pool, const ProbeForward& f
       const int32_t count = std::min(kProbeChunk, size - done);
       model::BatchEntry e;
       e.kv = &s.kv;
-      e.tokens = std::span<const int32_t>(segment).subspan(done, count);
+      e.tokens = std::span<const int32_t>(segment.tokens).subspan(done, count);
       e.start_position = n + done;
       e.logits = model::LogitsMode::kNone;
       e.capture = c.ProbeCapture(n + done, count);
@@ -130,7 +130,7 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
   if (c.probe_pending()) WINNOW_RETURN_IF_ERROR(RunProbe(s, pool, probe));
   // Compaction rewrites the cache in place: blocks shared through the prefix cache are copied
   // first (admission reserved room for the copies), so the others keep their prefix intact.
-  WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool));
+  WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool, c.FirstRewrittenSlots()));
   WINNOW_ASSIGN_OR_RETURN(const cache::CompactionStats st, c.Compress(s.kv, pool, scoring));
   if (c.prompt_plan_pending()) return std::nullopt;  // a lookahead: the plan comes later
   return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,

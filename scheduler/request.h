@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cache/policies/policy.h"
+#include "cache/probe_segment.h"
 #include "model/sampler.h"
 #include "structured/constraint.h"
 
@@ -33,8 +34,14 @@ const char* FinishReasonName(FinishReason reason);
 // What a context compressed alone is scored with (CompressionSpec::probe).
 enum class ContextProbe {
   kNone,    // the context's own last rows (the policy's observation window)
-  kRepeat,  // "Repeat the previous context:" and the context again, run after it and dropped
+  kRepeat,  // "Repeat the previous context exactly." and the context again, run after it and
+            // dropped, in segments (RepeatProbeSegments)
 };
+
+// The repeat probe's segment length unless the engine is told otherwise
+// (EngineOptions::probe_segment_tokens): a context up to about this long is scored by one
+// whole repeat.
+inline constexpr int32_t kDefaultProbeSegment = 2048;
 
 // Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
 // (0, 1], is the fraction of the prompt's KV kept; params are the policy's own, typed (numbers
@@ -49,12 +56,25 @@ struct CompressionSpec {
   // compressed context: the plan depends on the context alone (query-agnostic). Policies that
   // evict while decoding, plan after a lookahead or select per token cannot (the engine refuses).
   int32_t context_tokens = 0;
-  // With context_tokens: what the context is scored with. The engine fills probe_segments (the
-  // repeat probe's segments, each run alone at the positions after the context) at Submit.
+  // With context_tokens: where the context's stages end, ascending, the last at context_tokens
+  // (empty: one stage, the whole context). Each stage is compressed after the ones before it,
+  // which stay as they are (CompressionSession::StartAfter), and published on its own, so that
+  // a chat's next turn attaches its history's stages and compresses only what is new.
+  std::vector<int32_t> stage_ends;
+  // With context_tokens: what the context is scored with. The engine fills stage_probes (per
+  // stage, the repeat probe's segments, each run alone at the positions after the stage) at
+  // Submit.
   ContextProbe probe = ContextProbe::kNone;
-  std::vector<std::vector<int32_t>> probe_segments;
+  std::vector<std::vector<cache::ProbeSegment>> stage_probes;
 
   bool enabled() const { return !policy.empty() && policy != "none"; }
+  int32_t num_stages() const {
+    return stage_ends.empty() ? 1 : static_cast<int32_t>(stage_ends.size());
+  }
+  int32_t StageBegin(int32_t stage) const { return stage == 0 ? 0 : stage_ends[stage - 1]; }
+  int32_t StageEnd(int32_t stage) const {
+    return stage_ends.empty() ? context_tokens : stage_ends[stage];
+  }
 };
 
 // A request as the engine takes it. The server builds it from the wire request and validates

@@ -90,6 +90,7 @@ class IterationBuilder {
   // it consumes.
   struct Admission {
     const cache::CompressedContext* context = nullptr;  // found compressed: attached whole
+    int32_t stage = 0;          // the context's stage it ends (the last of those attached)
     int32_t hit_blocks = 0;     // cached prompt blocks found in every layer
     int32_t cached_blocks = 0;  // hit_blocks x layers
     int32_t rest = 0;           // tokens to compute after the hit
@@ -97,14 +98,16 @@ class IterationBuilder {
     int64_t need = 0;           // free blocks it needs now (the peak, when compressing)
   };
   Admission PlanAdmission(const Sequence& s) const;
-  // A sequence whose context was found compressed: attaches it and computes the rest.
-  Admission PlanContextAdmission(const Sequence& s, const cache::CompressedContext& c) const;
+  // A sequence whose context was found compressed up to the end of `stage`: attaches it and
+  // computes the rest (compressing the later stages).
+  Admission PlanContextAdmission(const Sequence& s, const cache::CompressedContext& c,
+                                 int32_t stage) const;
   // Attaches the hit, reserves the chunk and marks the sequence running; false (and nothing
   // changed) when the reservation fails, or when the attach failed (the sequence is rejected).
   bool Admit(Sequence* s, const Admission& a);
-  // Admit for a compressed context found: attaches it, reserves the chunk after it and adopts
-  // it as the sequence's compression; false (kv empty again, the session untouched) when that
-  // fails.
+  // Admit for a compressed context found: attaches it, reserves the chunk after it, and either
+  // adopts it as the sequence's compression or starts the next stage's after it; false (kv
+  // empty again, the sessions untouched) when the reservation fails.
   bool AdmitWithContext(Sequence* s, const Admission& a);
   // Preempts the last running sequence in scheduling order; returns it (null: none left).
   Sequence* PreemptLowest();
@@ -235,8 +238,11 @@ void IterationBuilder::AdmitWaiting() {
 
 IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) const {
   if (contexts_ != nullptr && s.MayAttachContext()) {
-    if (const cache::CompressedContext* c = contexts_->Find(s.context_key); c != nullptr) {
-      return PlanContextAdmission(s, *c);
+    // The longest of the context's stages published (a chat's history up to an earlier turn).
+    for (int32_t i = s.num_stages() - 1; i >= 0; --i) {
+      if (const cache::CompressedContext* c = contexts_->Find(s.context_keys[i]); c != nullptr) {
+        return PlanContextAdmission(s, *c, i);
+      }
     }
   }
   Admission a;
@@ -266,21 +272,45 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
 }
 
 IterationBuilder::Admission IterationBuilder::PlanContextAdmission(
-    const Sequence& s, const cache::CompressedContext& c) const {
+    const Sequence& s, const cache::CompressedContext& c, int32_t stage) const {
   Admission a;
   a.context = &c;
+  a.stage = stage;
   a.rest = s.num_uncomputed() - c.num_tokens;
   a.chunk = std::min(a.rest, budget_);
-  a.need = contexts_->BlocksToAttach(c) + contexts_->BlocksForSuffix(c, a.chunk);
+  a.need = contexts_->BlocksToAttach(c);
+  if (stage + 1 == s.num_stages()) {
+    a.need += contexts_->BlocksForSuffix(c, a.chunk);
+    return a;
+  }
+  // Later stages to compress: the first chunk stops where the next one's compression runs,
+  // and the peak is the rest uncompressed, or a stage's probe after it, and a publish's copies.
+  const cache::CompressionSession& next = s.StageSession(stage + 1);
+  a.chunk = std::min(a.chunk, next.num_tokens() - c.num_tokens);
+  int32_t peak = a.rest;
+  for (int32_t i = stage + 1; i < s.num_stages(); ++i) {
+    const cache::CompressionSession& later = s.StageSession(i);
+    peak = std::max(peak, later.num_tokens() + later.ProbeFootprint() - c.num_tokens);
+  }
+  a.need += contexts_->BlocksForSuffix(c, peak) + s.kv.num_layers();
   return a;
 }
 
 bool IterationBuilder::AdmitWithContext(Sequence* s, const Admission& a) {
+  const bool more = a.stage + 1 < s->num_stages();
+  // A chunk that completes the next stage reserves its probe too.
+  const cache::CompressionSession* next = more ? &s->StageSession(a.stage + 1) : nullptr;
+  const bool completes = next != nullptr && a.context->num_tokens + a.chunk == next->num_tokens();
+  const int32_t probe = completes && next->probe_pending() ? next->ProbeFootprint() : 0;
   absl::Status attached = contexts_->Attach(*a.context, s->kv);
-  if (attached.ok() && !s->kv.Reserve(pool_, a.chunk)) {
+  if (attached.ok() && !s->kv.Reserve(pool_, a.chunk + probe)) {
     attached = absl::ResourceExhaustedError("no free KV block for the chunk after the context");
   }
-  if (attached.ok()) attached = s->compression->AdoptCompressed(a.context->positions, s->kv);
+  if (attached.ok()) {
+    attached = more ? s->StartStage(a.stage + 1, a.context->positions)
+                    : s->AdoptStages(a.stage, a.context->positions);
+    if (absl::IsResourceExhausted(attached)) attached = absl::InternalError(attached.message());
+  }
   if (!attached.ok()) {
     // Short of blocks only when displaced sequences shared the context's blocks (fewer were
     // freed than counted): wait. Anything else (a device's copy error) fails the request.
@@ -385,7 +415,7 @@ IterationPlan Scheduler::Schedule(std::span<Sequence* const> live) {
 void Scheduler::PublishContext(Sequence& s) {
   const cache::CompressionSession& c = *s.compression;
   absl::StatusOr<bool> published =
-      contexts_->Publish(s.context_key, c.num_tokens(), c.slot_positions(), s.kv);
+      contexts_->Publish(s.context_key(), c.num_tokens(), c.slot_positions(), s.kv);
   // The sequence's own cache is intact either way; a context whose copy failed is not
   // published (and a lost device fails the next forward).
   if (!published.ok()) {
@@ -397,10 +427,16 @@ void Scheduler::PublishContext(Sequence& s) {
 void Scheduler::OnChunkComputed(const ScheduledChunk& chunk) {
   Sequence& s = *chunk.seq;
   s.num_computed += chunk.count;
-  if (contexts_ != nullptr && s.context_key != 0 && s.compression != nullptr &&
-      s.compression->compressed() &&
-      chunk.start + chunk.count == s.compression->num_tokens()) {
-    PublishContext(s);
+  const bool stage_done = s.compression != nullptr && s.compression->compressed() &&
+                          chunk.start + chunk.count == s.compression->num_tokens();
+  if (stage_done && contexts_ != nullptr && s.context_key() != 0) PublishContext(s);
+  if (stage_done && s.stage + 1 < s.num_stages()) {
+    // The next stage of the context compresses after this one. Should it fail to start (it
+    // cannot: its policy was checked at Submit), the rest stays whole, as after a context.
+    absl::Status started = s.StartStage(s.stage + 1, s.compression->slot_positions());
+    if (!started.ok()) {
+      spdlog::error("scheduler: request {}'s next context stage: {}", s.id, started.ToString());
+    }
   }
   if (s.prefix_keys.empty() || s.compression != nullptr) return;
   const int32_t full = std::min(std::min(s.num_computed, s.prompt_len) / pool_.layout().block_size,

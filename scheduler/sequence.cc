@@ -40,43 +40,108 @@ bool ScheduledBefore(const Sequence* a, const Sequence* b) {
 }
 
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
-    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens) {
+    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens,
+    int32_t stage) {
   cache::policies::PolicyContext context;
   context.dims = dims;
   context.layout.num_tokens = num_tokens;
   context.layout.spans = req.prompt_spans;
-  // A context-scoped policy sees its context only.
+  int32_t begin = 0;
+  // A context-scoped policy sees its context only, a stage's its own tokens.
   if (req.compression.context_tokens > 0) {
-    context.layout = context.layout.Leading(req.compression.context_tokens);
+    begin = req.compression.StageBegin(stage);
+    context.layout = context.layout.Leading(req.compression.StageEnd(stage));
+    if (begin > 0) {
+      cache::policies::PromptLayout own;
+      own.num_tokens = context.layout.num_tokens - begin;
+      for (const cache::policies::PromptSpan& span : context.layout.spans) {
+        if (span.end <= begin) continue;
+        own.spans.push_back({span.kind, std::max(span.begin, begin) - begin, span.end - begin});
+      }
+      context.layout = std::move(own);
+    }
   }
   WINNOW_ASSIGN_OR_RETURN(
       std::unique_ptr<cache::CompressionSession> session,
       cache::CompressionSession::Create(
           req.compression.policy,
           cache::policies::PolicyConfig(req.compression.budget, req.compression.params),
-          context));
+          context, begin));
   if (session != nullptr && req.compression.probe == ContextProbe::kRepeat) {
-    WINNOW_RETURN_IF_ERROR(session->SetProbe(req.compression.probe_segments));
+    WINNOW_RETURN_IF_ERROR(session->SetProbe(req.compression.stage_probes.at(stage)));
   }
   return session;
 }
 
-std::vector<std::vector<int32_t>> RepeatProbeSegments(const model::Tokenizer& tokenizer,
-                                                      std::span<const int32_t> context) {
-  const std::vector<int32_t> instruction = tokenizer.Encode(
-      "\n\nRepeat the previous context:\n", /*add_special=*/false, /*parse_special=*/false);
-  const size_t piece = std::max<size_t>(1, kRepeatProbeSegment - instruction.size());
-  std::vector<std::vector<int32_t>> segments;
+absl::StatusOr<std::vector<std::unique_ptr<cache::CompressionSession>>> MakeStageSessions(
+    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens) {
+  std::vector<std::unique_ptr<cache::CompressionSession>> sessions(req.compression.num_stages());
+  for (int32_t i = 1; i < req.compression.num_stages(); ++i) {
+    WINNOW_ASSIGN_OR_RETURN(sessions[i], MakeCompressionSession(dims, req, num_tokens, i));
+    if (sessions[i] == nullptr) return absl::InternalError("compression: stages without a policy");
+    WINNOW_RETURN_IF_ERROR(sessions[i]->CheckStaged());
+  }
+  return sessions;
+}
+
+absl::Status Sequence::StartStage(int32_t next, const cache::policies::SlotPositions& history) {
+  std::unique_ptr<cache::CompressionSession>& session = stage_sessions.at(next);
+  if (session == nullptr) return absl::InternalError("compression: a stage started twice");
+  WINNOW_RETURN_IF_ERROR(session->StartAfter(history, kv));
+  if (compression != nullptr) {
+    compression_blocks_freed += compression->stats().blocks_freed;
+    compression_slots_evicted += compression->stats().slots_evicted;
+  }
+  compression = std::move(session);
+  stage = next;
+  return absl::OkStatus();
+}
+
+absl::Status Sequence::AdoptStages(int32_t last, const cache::policies::SlotPositions& positions) {
+  if (last == stage) return compression->AdoptCompressed(positions, kv);
+  std::unique_ptr<cache::CompressionSession>& session = stage_sessions.at(last);
+  if (session == nullptr) return absl::InternalError("compression: a stage adopted twice");
+  WINNOW_RETURN_IF_ERROR(session->AdoptCompressed(positions, kv));
+  compression = std::move(session);
+  stage = last;
+  return absl::OkStatus();
+}
+
+std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
+                                                     std::span<const int32_t> context,
+                                                     int32_t segment_tokens) {
+  auto encode = [&tokenizer](const char* text) {
+    return tokenizer.Encode(text, /*add_special=*/false, /*parse_special=*/false);
+  };
+  const std::vector<int32_t> first = encode("\n\nRepeat the previous context exactly.\n");
+  const std::vector<int32_t> later =
+      encode("\n\nRepeat the part of the previous context exactly, starting with");
+  const std::vector<int32_t> newline = encode("\n");
+  const size_t longest = std::max(first.size(), later.size() + kRepeatProbeAnchor + newline.size());
+  const size_t piece = std::max<size_t>(1, std::max(segment_tokens, 64) - longest);
+  std::vector<cache::ProbeSegment> segments;
   for (size_t at = 0; at < context.size(); at += piece) {
-    std::vector<int32_t>& segment = segments.emplace_back(instruction);
-    const std::span<const int32_t> part = context.subspan(at, std::min(piece, context.size() - at));
-    segment.insert(segment.end(), part.begin(), part.end());
+    const size_t size = std::min(piece, context.size() - at);
+    cache::ProbeSegment& segment = segments.emplace_back();
+    segment.scored_begin = static_cast<int32_t>(at);
+    segment.scored_end = static_cast<int32_t>(at + size);
+    std::vector<int32_t>& tokens = segment.tokens;
+    if (at == 0) {
+      tokens = first;
+    } else {
+      // The previous piece's last tokens tell the model where in the context to start.
+      tokens = later;
+      const size_t anchor = std::min<size_t>(kRepeatProbeAnchor, at);
+      tokens.insert(tokens.end(), context.begin() + (at - anchor), context.begin() + at);
+      tokens.insert(tokens.end(), newline.begin(), newline.end());
+    }
+    tokens.insert(tokens.end(), context.begin() + at, context.begin() + at + size);
   }
   return segments;
 }
 
-uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {
-  const int32_t n = req.compression.context_tokens;
+uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden, int32_t stage) {
+  const int32_t n = req.compression.StageEnd(stage);
   const std::span<const int32_t> tokens = std::span<const int32_t>(req.prompt_tokens).first(n);
   int64_t rows = 0;
   for (int32_t id : tokens) rows += id == model::kEmbeddingInput ? 1 : 0;
@@ -97,7 +162,17 @@ uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden) {
       absl::StrAppendFormat(&inputs, "s%d:%s|", text.size(), text);
     }
   }
-  if (req.compression.probe == ContextProbe::kRepeat) inputs += "probe=repeat|";
+  if (req.compression.probe == ContextProbe::kRepeat) {
+    inputs += "probe=repeat";  // and where its segments cut the stage
+    for (const cache::ProbeSegment& s : req.compression.stage_probes.at(stage)) {
+      absl::StrAppendFormat(&inputs, ":%d", s.scored_end);
+    }
+    inputs += "|";
+  }
+  // A context compressed in stages is another cache than the same tokens compressed at once.
+  for (int32_t i = 0; i < stage; ++i) {
+    absl::StrAppendFormat(&inputs, "stage%d|", req.compression.StageEnd(i));
+  }
   cache::policies::PromptLayout layout;
   layout.num_tokens = static_cast<int32_t>(req.prompt_tokens.size());
   layout.spans = req.prompt_spans;

@@ -71,9 +71,13 @@ struct Sequence {
   // them this sequence has published (keyed) in the pool.
   std::vector<uint64_t> prefix_keys;
   int32_t published_blocks = 0;
-  // Compressed-context reuse (0 when off): the key of the context this sequence compresses
-  // (cache/compressed_prefix.h), under which it is published once compressed, or attached.
-  uint64_t context_key = 0;
+  // Compressed-context reuse (empty when off): per stage of the context, the key under which it
+  // is published once compressed, or attached (cache/compressed_prefix.h).
+  std::vector<uint64_t> context_keys;
+  // The stage of the context whose session is `compression` (0 unstaged), and the sessions of
+  // the later stages, made at Submit: [i] is stage i's until it takes over (null then).
+  int32_t stage = 0;
+  std::vector<std::unique_ptr<cache::CompressionSession>> stage_sessions;
   // Blocks attached from the prefix cache at admission (every layer): a compressing sequence
   // copies those still shared before its compaction, so admission reserves room for them.
   int32_t attached_cached_blocks = 0;
@@ -106,28 +110,43 @@ struct Sequence {
   bool awaits_compression() const {
     return compression != nullptr && !compression->compressed();
   }
-  // Whether the context may be attached compressed instead of computed: a context key, the
-  // compression not yet run, a token left to compute after it, and no prompt rows to score.
-  bool MayAttachContext() const {
-    return context_key != 0 && awaits_compression() && req.prompt_logprobs < 0 &&
-           compression->num_tokens() < num_tokens();
+  // The key the current stage of the context is published under (0: not published).
+  uint64_t context_key() const { return context_keys.empty() ? 0 : context_keys[stage]; }
+  int32_t num_stages() const { return req.compression.num_stages(); }
+  // Stage `i`'s session: the current one, or a later one not yet started.
+  const cache::CompressionSession& StageSession(int32_t i) const {
+    return i == stage ? *compression : *stage_sessions[i];
   }
+  // Whether the context may be attached compressed instead of computed: context keys, nothing
+  // compressed yet, a token left to compute after it, and no prompt rows to score.
+  bool MayAttachContext() const {
+    return !context_keys.empty() && stage == 0 && awaits_compression() &&
+           req.prompt_logprobs < 0 && req.compression.context_tokens < num_tokens();
+  }
+  // Stage `next` takes over after the stages before it were compressed (or attached) to
+  // `history`, which `kv` holds: its session starts after them (the totals of the one it
+  // replaces are kept). Nothing changes when that fails.
+  absl::Status StartStage(int32_t next, const cache::policies::SlotPositions& history);
+  // Stages up to `last` were attached compressed to `positions`: stage `last`'s session adopts
+  // them, as if it had compressed them itself.
+  absl::Status AdoptStages(int32_t last, const cache::policies::SlotPositions& positions);
   // Tokens from `computed` on that the sequence holds uncompressed before its policy runs: the
-  // rest of its tokens, or, when a probe runs after the context (CompressionSession::SetProbe),
-  // the context's rest and the probe's longest segment if that is more. (The rest while not
-  // compressing.)
+  // rest of its tokens, or, when a probe runs after a context or stage
+  // (CompressionSession::SetProbe), what is left of it and the probe's longest segment if that
+  // is more. (The rest while not compressing.)
   int32_t UncompressedPeak(int32_t computed) const {
     int32_t peak = num_tokens() - computed;
-    if (awaits_compression() && compression->probe_pending()) {
-      const int32_t probe = compression->ProbeFootprint();
-      peak = std::max(peak, compression->num_tokens() + probe - computed);
+    if (!awaits_compression()) return peak;
+    for (int32_t i = stage; i < num_stages(); ++i) {
+      const cache::CompressionSession& c = StageSession(i);
+      if (c.probe_pending()) peak = std::max(peak, c.num_tokens() + c.ProbeFootprint() - computed);
     }
     return peak;
   }
   // Free blocks a sequence that will publish its compressed context takes when it does: at
   // most one per layer (copies of partial blocks).
   int32_t ContextPublishBlocks() const {
-    return context_key != 0 && awaits_compression() ? kv.num_layers() : 0;
+    return context_key() != 0 && awaits_compression() ? kv.num_layers() : 0;
   }
   // How many leading prompt tokens may come from the prefix cache: whole blocks, never the
   // last token (its logits are needed), and for a compressing sequence none its policy
@@ -145,25 +164,35 @@ struct Sequence {
 bool ScheduledBefore(const Sequence* a, const Sequence* b);
 
 // The compression session for a prefill of `num_tokens` tokens of `req` (of which it compresses
-// the first req.compression.context_tokens when that is set); null without a policy. Errors
-// only for a spec the server did not validate.
+// the first req.compression.context_tokens when that is set, or that context's `stage`); null
+// without a policy. Errors only for a spec the server did not validate.
 absl::StatusOr<std::unique_ptr<cache::CompressionSession>> MakeCompressionSession(
+    const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens,
+    int32_t stage = 0);
+// The sessions of every stage of `req`'s context after the first (Sequence::stage_sessions);
+// InvalidArgument naming compression.scope for a policy that cannot compress in stages.
+absl::StatusOr<std::vector<std::unique_ptr<cache::CompressionSession>>> MakeStageSessions(
     const cache::policies::ModelDims& dims, const GenerationRequest& req, int32_t num_tokens);
 
-// Tokens in one segment of the repeat probe, its instruction included.
-inline constexpr int32_t kRepeatProbeSegment = 512;
+// The context tokens a later segment of the repeat probe quotes from the piece before its own.
+inline constexpr int32_t kRepeatProbeAnchor = 8;
 
-// The repeat probe of a context (ContextProbe::kRepeat, as KVzip reconstructs it), in segments
-// of at most kRepeatProbeSegment tokens: "Repeat the previous context:" and the next piece of
-// the context. Each runs alone after the context (CompressionSession::SetProbe), so the probe
-// adds one segment to the context's KV, not a second context.
-std::vector<std::vector<int32_t>> RepeatProbeSegments(const model::Tokenizer& tokenizer,
-                                                      std::span<const int32_t> context);
+// The repeat probe of a context (ContextProbe::kRepeat, KVzip's reconstruction), in segments
+// of at most `segment_tokens` tokens (at least 64), each an instruction and the next piece of
+// the context,
+// scoring that piece: "Repeat the previous context exactly." for the first; "Repeat the part
+// of the previous context exactly, starting with" and the previous piece's last
+// kRepeatProbeAnchor tokens for the others. Each runs alone after the context
+// (CompressionSession::SetProbe), so the probe adds one segment to the context's KV, not a
+// second context.
+std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
+                                                     std::span<const int32_t> context,
+                                                     int32_t segment_tokens);
 
-// The key under which the compressed context of `req` (req.compression.context_tokens > 0) is
-// published and found: its tokens and embedding rows (`hidden` floats each), the salt, and
-// everything the policy's plan depends on (policy, budget, params, the context's spans, the
-// probe).
-uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden);
+// The key under which stage `stage` of the compressed context of `req`
+// (req.compression.context_tokens > 0) is published and found: the tokens and embedding rows
+// (`hidden` floats each) up to its end, the salt, and everything the policy's plan depends on
+// (policy, budget, params, the spans, the probe, where the earlier stages end).
+uint64_t CompressedContextKey(const GenerationRequest& req, int32_t hidden, int32_t stage = 0);
 
 }  // namespace winnow::scheduler

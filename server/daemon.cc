@@ -222,6 +222,7 @@ scheduler::EngineOptions EngineOptionsFor(const ServeOptions& options) {
   engine_options.max_queue = options.max_queue;
   engine_options.block_size = options.block_size;
   engine_options.enable_prefix_caching = options.enable_prefix_caching;
+  engine_options.probe_segment_tokens = options.probe_segment_tokens;
   engine_options.cuda_graphs = options.cuda_graphs;
   engine_options.kv_cache_dtype = options.kv_cache_dtype;
   engine_options.device = options.device;

@@ -207,6 +207,10 @@ const std::vector<Setting>& Settings() {
       BoolSetting("enable-prefix-caching",
                   "reuse the KV of equal prompt prefixes across requests (true)",
                   &ServeOptions::enable_prefix_caching),
+      IntSetting("probe-segment-tokens",
+                 "the repeat probe's segment length (compression.probe \"repeat\"): longer "
+                 "scores a context better and holds more KV while it runs (2048)",
+                 &ServeOptions::probe_segment_tokens, 64, kI32),
       BoolSetting("cuda-graphs",
                   "cuda: replay decode-only iterations from CUDA graphs (true)",
                   &ServeOptions::cuda_graphs),
@@ -576,6 +580,7 @@ std::string ServeOptions::DebugString() const {
       " max_queue=", max_queue, " kv_cache_bytes=", kv_cache_bytes, " kv_blocks=", kv_blocks,
       " gpu_memory_utilization=", gpu_memory_utilization,
       " block_size=", block_size, " enable_prefix_caching=", enable_prefix_caching,
+      " probe_segment_tokens=", probe_segment_tokens,
       " cuda_graphs=", cuda_graphs,
       " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype), " device=", device.ToString(),
       " threads=", threads, " cpu_activations=", std::string(model::CpuActivationsName(cpu_activations)),

@@ -46,6 +46,7 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
+  int32_t probe_segment_tokens = 2048;  // scheduler::kDefaultProbeSegment
   bool cuda_graphs = true;
   // f16 on cpu; on cuda the only choice, and the default, is bf16 (the GPU's activation type).
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF16;

@@ -17,6 +17,9 @@
 namespace winnow::server {
 namespace {
 
+// compression.stage_tokens unset: a stage as long as a repeat probe's segment.
+constexpr int32_t kDefaultStageTokens = 512;
+
 absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
@@ -234,32 +237,40 @@ absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> BuildGrammar(
 
 // scope and the context's extent, before the prompt exists.
 absl::Status CheckCompressionScope(const v1::CompressionSpec& comp, bool no_policy) {
-  if (comp.scope() != "" && comp.scope() != "prompt" && comp.scope() != "context") {
+  const bool contextual = comp.scope() == "context" || comp.scope() == "history";
+  if (comp.scope() != "" && comp.scope() != "prompt" && !contextual) {
     return Invalid("compression.scope",
-                   absl::StrCat("must be \"prompt\" or \"context\", got '", comp.scope(), "'"));
+                   absl::StrCat("must be \"prompt\", \"context\" or \"history\", got '",
+                                comp.scope(), "'"));
   }
-  if (comp.context_tokens() < 0 || comp.context_messages() < 0) {
-    return Invalid(comp.context_tokens() < 0 ? "compression.context_tokens"
-                                             : "compression.context_messages",
+  if (comp.context_tokens() < 0 || comp.context_messages() < 0 || comp.stage_tokens() < 0) {
+    return Invalid(comp.context_tokens() < 0     ? "compression.context_tokens"
+                   : comp.context_messages() < 0 ? "compression.context_messages"
+                                                 : "compression.stage_tokens",
                    "must not be negative");
+  }
+  if (comp.stage_tokens() > 0 && comp.scope() != "history") {
+    return Invalid("compression.stage_tokens", "applies with scope \"history\" only");
   }
   if (comp.probe() != "" && comp.probe() != "none" && comp.probe() != "repeat") {
     return Invalid("compression.probe",
                    absl::StrCat("must be \"none\" or \"repeat\", got '", comp.probe(), "'"));
   }
-  if (comp.probe() == "repeat" && comp.scope() != "context") {
-    return Invalid("compression.probe", "applies with scope \"context\" only");
+  if (comp.probe() == "repeat" && !contextual) {
+    return Invalid("compression.probe", "applies with scope \"context\" or \"history\" only");
   }
   const bool extent = comp.context_tokens() > 0 || comp.context_messages() > 0;
-  if (comp.scope() != "context") {
+  if (!contextual) {
     if (extent) {
       return Invalid(comp.context_tokens() > 0 ? "compression.context_tokens"
                                                : "compression.context_messages",
-                     "applies with scope \"context\" only");
+                     "applies with scope \"context\" or \"history\" only");
     }
     return absl::OkStatus();
   }
-  if (no_policy) return Invalid("compression.scope", "\"context\" needs a policy");
+  if (no_policy) {
+    return Invalid("compression.scope", absl::StrCat("\"", comp.scope(), "\" needs a policy"));
+  }
   if (comp.context_tokens() > 0 && comp.context_messages() > 0) {
     return Invalid("compression.context_messages", "give context_tokens or context_messages");
   }
@@ -315,6 +326,14 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   scheduler::CompressionSpec spec;
   spec.policy = wire.policy();
   spec.budget = wire.budget();
+  // "history": whole stages of the context; the policy is built for one stage's tokens.
+  int32_t compressed_alone = context_tokens;
+  if (wire.scope() == "history") {
+    const int32_t stage = wire.stage_tokens() > 0 ? wire.stage_tokens() : kDefaultStageTokens;
+    for (int32_t end = stage; end <= context_tokens; end += stage) spec.stage_ends.push_back(end);
+    context_tokens = spec.stage_ends.empty() ? 0 : spec.stage_ends.back();
+    compressed_alone = spec.stage_ends.empty() ? 0 : stage;
+  }
   spec.context_tokens = context_tokens;
   spec.probe = wire.probe() == "repeat" ? scheduler::ContextProbe::kRepeat
                                         : scheduler::ContextProbe::kNone;
@@ -329,13 +348,25 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
   context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, limits.block_size};
   context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
   context.layout.spans = prompt.spans;
-  // As the engine builds it (MakeCompressionSession): over the context alone for "context".
-  if (context_tokens > 0) context.layout = context.layout.Leading(context_tokens);
+  // As the engine builds it (MakeCompressionSession): over the context (or its first stage)
+  // alone for "context" and "history".
+  if (compressed_alone > 0) context.layout = context.layout.Leading(compressed_alone);
   WINNOW_ASSIGN_OR_RETURN(
       const std::unique_ptr<cache::policies::CompressionPolicy> policy,
       cache::policies::CreatePolicy(spec.policy,
                                     cache::policies::PolicyConfig(spec.budget, spec.params),
                                     context));
+  if (wire.scope() == "history" && policy != nullptr) {
+    WINNOW_ASSIGN_OR_RETURN(
+        const std::unique_ptr<cache::CompressionSession> session,
+        cache::CompressionSession::Create(
+            spec.policy, cache::policies::PolicyConfig(spec.budget, spec.params), context));
+    WINNOW_RETURN_IF_ERROR(session->CheckStaged());
+    if (context_tokens == 0) {
+      // No whole stage yet: nothing is compressed, the prompt runs whole.
+      return scheduler::CompressionSpec{};
+    }
+  }
   if (spec.probe != scheduler::ContextProbe::kNone && policy != nullptr) {
     WINNOW_RETURN_IF_ERROR(
         cache::CheckProbeSupported(spec.policy, *policy, context.layout.num_tokens));
@@ -472,14 +503,14 @@ namespace {
 // prompt: their tokens must start the prompt.
 absl::StatusOr<int32_t> ContextMessagesTokens(const v1::GenerateRequest& request,
                                               const model::Model& model,
-                                              const PromptInput& prompt, int32_t k) {
-  constexpr const char* kField = "compression.context_messages";
+                                              const PromptInput& prompt, int32_t k,
+                                              const char* field) {
   if (request.input_case() != v1::GenerateRequest::kChat) {
-    return Invalid(kField, "needs chat input");
+    return Invalid(field, "needs chat input");
   }
   const v1::ChatMessages& chat = request.chat();
   if (k > chat.messages_size()) {
-    return Invalid(kField, absl::StrCat("is ", k, " but the chat has ", chat.messages_size(),
+    return Invalid(field, absl::StrCat("is ", k, " but the chat has ", chat.messages_size(),
                                         " messages"));
   }
   v1::ChatMessages context = chat;
@@ -490,7 +521,7 @@ absl::StatusOr<int32_t> ContextMessagesTokens(const v1::GenerateRequest& request
                           TokenizeChat(context, model, add_special, "chat"));
   if (tokens.size() > prompt.tokens.size() ||
       !std::equal(tokens.begin(), tokens.end(), prompt.tokens.begin())) {
-    return Invalid(kField, absl::StrCat("the first ", k, " messages do not render as the start "
+    return Invalid(field, absl::StrCat("the first ", k, " messages do not render as the start "
                                         "of the prompt under this model's chat template"));
   }
   return static_cast<int32_t>(tokens.size());
@@ -501,7 +532,7 @@ absl::StatusOr<int32_t> ContextMessagesTokens(const v1::GenerateRequest& request
 absl::StatusOr<int32_t> ContextTokens(const v1::GenerateRequest& request,
                                       const model::Model& model, const PromptInput& prompt) {
   const v1::CompressionSpec& comp = request.compression();
-  if (comp.scope() != "context") return 0;
+  if (comp.scope() != "context" && comp.scope() != "history") return 0;
   const int32_t prompt_len = static_cast<int32_t>(prompt.tokens.size());
   if (comp.context_tokens() > 0) {
     if (comp.context_tokens() > prompt_len) {
@@ -512,7 +543,13 @@ absl::StatusOr<int32_t> ContextTokens(const v1::GenerateRequest& request,
     return comp.context_tokens();
   }
   if (comp.context_messages() > 0) {
-    return ContextMessagesTokens(request, model, prompt, comp.context_messages());
+    return ContextMessagesTokens(request, model, prompt, comp.context_messages(),
+                                 "compression.context_messages");
+  }
+  if (comp.scope() == "history" && request.input_case() == v1::GenerateRequest::kChat) {
+    // A chat's history: every message but the last.
+    const int32_t k = request.chat().messages_size() - 1;
+    return k > 0 ? ContextMessagesTokens(request, model, prompt, k, "compression.scope") : 0;
   }
   int32_t end = 0;
   for (const cache::policies::PromptSpan& span : prompt.spans) {
@@ -520,8 +557,10 @@ absl::StatusOr<int32_t> ContextTokens(const v1::GenerateRequest& request,
   }
   if (end == 0) {
     return Invalid("compression.scope",
-                   "\"context\" needs context_tokens, context_messages (chat input) or a "
-                   "ContextSpan (segments input)");
+                   absl::StrCat("\"", comp.scope(),
+                                "\" needs context_tokens, chat input (context_messages, or for "
+                                "\"history\" every message but the last) or a ContextSpan "
+                                "(segments input)"));
   }
   return end;
 }

@@ -382,7 +382,8 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   return ParseLogitBias(body, s);
 }
 
-// kv_compression's scope, context_tokens, context_messages and probe (CompressionSpec's).
+// kv_compression's scope, context_tokens, context_messages, stage_tokens and probe
+// (CompressionSpec's).
 absl::Status ParseCompressionScope(const Json& c, v1::CompressionSpec* out) {
   if (const Json* scope = Member(c, "scope"); scope != nullptr) {
     if (!scope->is_string()) return Bad("kv_compression.scope", "must be a string");
@@ -392,7 +393,7 @@ absl::Status ParseCompressionScope(const Json& c, v1::CompressionSpec* out) {
     if (!probe->is_string()) return Bad("kv_compression.probe", "must be a string");
     out->set_probe(probe->get<std::string>());
   }
-  for (const char* key : {"context_tokens", "context_messages"}) {
+  for (const char* key : {"context_tokens", "context_messages", "stage_tokens"}) {
     const Json* v = Member(c, key);
     if (v == nullptr) continue;
     const std::string field = absl::StrCat("kv_compression.", key);
@@ -402,16 +403,18 @@ absl::Status ParseCompressionScope(const Json& c, v1::CompressionSpec* out) {
     }
     if (std::string(key) == "context_tokens") {
       out->set_context_tokens(static_cast<int32_t>(*n));
-    } else {
+    } else if (std::string(key) == "context_messages") {
       out->set_context_messages(static_cast<int32_t>(*n));
+    } else {
+      out->set_stage_tokens(static_cast<int32_t>(*n));
     }
   }
   return absl::OkStatus();
 }
 
 // kv_compression: {policy, budget, params: {name: number}, options: {name: string}, scope,
-// context_tokens, context_messages}, winnow's CompressionSpec under an extension name (extra
-// body fields, as vLLM takes them).
+// context_tokens, context_messages, stage_tokens, probe}, winnow's CompressionSpec under an
+// extension name (extra body fields, as vLLM takes them).
 absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
   const Json* c = Member(body, "kv_compression");
   if (c == nullptr) return absl::OkStatus();
@@ -450,10 +453,11 @@ absl::Status ParseCompression(const Json& body, v1::CompressionSpec* out) {
   WINNOW_RETURN_IF_ERROR(ParseCompressionScope(*c, out));
   for (const auto& [k, v] : c->items()) {
     if (k != "policy" && k != "budget" && k != "params" && k != "options" && k != "scope" &&
-        k != "context_tokens" && k != "context_messages" && k != "probe") {
+        k != "context_tokens" && k != "context_messages" && k != "stage_tokens" &&
+        k != "probe") {
       return Bad(absl::StrCat("kv_compression.", k),
                  "unknown field (known: policy, budget, params, options, scope, context_tokens, "
-                 "context_messages, probe)");
+                 "context_messages, stage_tokens, probe)");
     }
   }
   return absl::OkStatus();

@@ -219,6 +219,48 @@ def test_kv_compression_of_a_context_alone(daemon, client, model_name):
     daemon.wait_pool_free()
 
 
+def test_kv_compression_of_a_chat_history(daemon, client, model_name):
+    # A chat sent turn after turn with scope "history": each turn compresses its history's
+    # whole stages (every message but the last) and publishes them; the next turn attaches the
+    # stages it shares and compresses only the new ones, answering as a turn that compressed its
+    # whole history itself does.
+    history = {"policy": "kvzip", "budget": 0.3, "scope": "history", "stage_tokens": 32,
+               "probe": "repeat"}
+    chat = [{"role": "system", "content": "You keep track of the user's notes."},
+            {"role": "user", "content": "Note: " + " ".join(f"box {i} holds {i * 7} coins."
+                                                            for i in range(12))},
+            {"role": "assistant", "content": "Noted the twelve boxes."}]
+
+    def turn(question, salt):
+        return client.chat.completions.create(
+            model=model_name, max_tokens=6, temperature=0,
+            messages=chat + [{"role": "user", "content": question}],
+            extra_body={"kv_compression": history, "cache_salt": salt})
+
+    first = turn("How many coins in box 3?", "history test")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    chat.append({"role": "user", "content": "How many coins in box 3?"})
+    chat.append({"role": "assistant", "content": first.choices[0].message.content})
+    second = turn("And in box 5?", "history test")
+    alone = turn("And in box 5?", "history test, alone")
+    attached = second.usage.prompt_tokens_details.cached_tokens
+    # The first turn's history stages, attached: a whole number of them.
+    assert attached > 0 and attached % 32 == 0
+    assert attached < first.usage.prompt_tokens
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == alone.choices[0].message.content
+    for bad, param in (({**history, "scope": "context", "context_messages": 1},
+                        "kv_compression.stage_tokens"),
+                       ({**history, "policy": "vl_cache", "probe": "none"},
+                        "kv_compression.scope")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=model_name, max_tokens=2,
+                                           messages=chat + [{"role": "user", "content": "?"}],
+                                           extra_body={"kv_compression": bad})
+        assert err.value.body["param"] == param, err.value.body
+    daemon.wait_pool_free()
+
+
 def test_kv_compression_probe(daemon, client, model_name):
     # A context scored with the repeat probe: the request runs; the probe is refused where it
     # cannot apply, naming the field.

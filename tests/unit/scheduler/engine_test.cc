@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <mutex>
 #include <span>
 #include <string>
@@ -767,11 +768,48 @@ TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere
   }
 }
 
+// The repeat probe's segments cover the context in order, each scoring its own piece and ending
+// with it; a later one quotes the previous piece's last tokens so the model knows where to start.
+TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {
+  const std::vector<int32_t> context = Prompt(1200, 3);
+  const std::vector<cache::ProbeSegment> segments =
+      RepeatProbeSegments(model_->tokenizer(), context, 512);
+  ASSERT_EQ(segments.size(), 3u);
+  int32_t next = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const cache::ProbeSegment& s = segments[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(s.scored_begin, next);
+    EXPECT_LE(s.tokens.size(), 512u);
+    const std::vector<int32_t> piece(context.begin() + s.scored_begin,
+                                     context.begin() + s.scored_end);
+    const std::vector<int32_t> tail(s.tokens.end() - piece.size(), s.tokens.end());
+    EXPECT_EQ(tail, piece);
+    auto encode = [this](const char* text) {
+      return model_->tokenizer().Encode(text, /*add_special=*/false, /*parse_special=*/false);
+    };
+    const std::vector<int32_t> instruction(s.tokens.begin(), s.tokens.end() - piece.size());
+    if (i == 0) {
+      EXPECT_EQ(instruction, encode("\n\nRepeat the previous context exactly.\n"));
+    } else {
+      std::vector<int32_t> want =
+          encode("\n\nRepeat the part of the previous context exactly, starting with");
+      want.insert(want.end(), context.begin() + s.scored_begin - kRepeatProbeAnchor,
+                  context.begin() + s.scored_begin);
+      const std::vector<int32_t> newline = encode("\n");
+      want.insert(want.end(), newline.begin(), newline.end());
+      EXPECT_EQ(instruction, want);
+    }
+    next = s.scored_end;
+  }
+  EXPECT_EQ(next, 1200);
+}
+
 // A context scored with the repeat probe: the probe runs once, where the context is compressed;
 // requests that attach the published context get the tokens of compressing it themselves, and
 // a context compressed without the probe is another context.
 TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOther) {
-  // Longer than one probe segment (kRepeatProbeSegment): scored in two.
+  // Longer than one probe segment of 512 tokens: scored in two.
   const std::vector<int32_t> document = Prompt(600, 71);
   // snapkv sums the probe's rows; kvzip takes their maximum and ranks across layers.
   for (const char* policy : {"snapkv", "kvzip"}) {
@@ -786,7 +824,9 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
       return r;
     };
     CountingObserver stats;
-    std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
+    EngineOptions options;
+    options.probe_segment_tokens = 512;
+    std::unique_ptr<Engine> engine = MakeEngine(options, &stats);
     auto run = [&](const GenerationRequest& r) {
       auto sink = std::make_shared<CollectingSink>();
       EXPECT_TRUE(engine->Submit(r, sink).ok());
@@ -806,6 +846,74 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
     ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
     EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
   }
+}
+
+// A context compressed in stages (a chat's history, compress as it grows): a request attaches
+// the longest of its stages published by earlier requests and compresses only the later ones,
+// getting the tokens of a request that compressed every stage itself; the kept slots grow at
+// the budget's rate.
+TEST_F(EngineTest, AContextCompressedInStagesAttachesItsEarlierStagesAndCompressesTheRest) {
+  const std::vector<int32_t> history = Prompt(400, 91);
+  for (const bool probe : {false, true}) {
+    SCOPED_TRACE(probe ? "kvzip, repeat probe" : "snapkv");
+    auto request = [&](std::vector<int32_t> stage_ends, std::string salt) {
+      const int32_t context = stage_ends.back();
+      std::vector<int32_t> prompt(history.begin(), history.begin() + context);
+      GenerationRequest r = Greedy(Concat(prompt, Prompt(16, 7)), 8);
+      r.compression.policy = probe ? "kvzip" : "snapkv";
+      r.compression.budget = 0.25;
+      r.compression.context_tokens = context;
+      r.compression.stage_ends = std::move(stage_ends);
+      r.compression.probe = probe ? ContextProbe::kRepeat : ContextProbe::kNone;
+      r.cache_salt = std::move(salt);
+      return r;
+    };
+    CountingObserver stats;
+    std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
+    auto run = [&](const GenerationRequest& r) {
+      auto sink = std::make_shared<CollectingSink>();
+      EXPECT_TRUE(engine->Submit(r, sink).ok());
+      EXPECT_TRUE(sink->WaitDone());
+      EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
+      return std::make_pair(sink->tokens(), sink->finish().usage);
+    };
+    const auto alone = run(request({200, 400}, "alone"));  // both stages compressed here
+    run(request({200}, ""));                                // the first turn: stage one
+    const auto second = run(request({200, 400}, ""));       // attaches it, compresses stage two
+    const auto third = run(request({200, 400}, ""));        // attaches both
+    const auto at_once = run(request({400}, ""));           // one stage: another cache
+    EXPECT_EQ(alone.second.cached_prompt_tokens, 0);
+    EXPECT_EQ(second.second.cached_prompt_tokens, 200);
+    EXPECT_EQ(third.second.cached_prompt_tokens, 400);
+    EXPECT_EQ(at_once.second.cached_prompt_tokens, 0);
+    EXPECT_EQ(second.first, alone.first);
+    EXPECT_EQ(third.first, alone.first);
+    // Each stage keeps about a quarter of its tokens; the question and reply stay whole.
+    const std::vector<int32_t>& kept = alone.second.kv_tokens_kept_per_layer;
+    ASSERT_FALSE(kept.empty());
+    const double mean = std::accumulate(kept.begin(), kept.end(), 0.0) / kept.size();
+    EXPECT_LT(mean, 0.25 * 400 + 2 * 8 + 16 + 8) << "kept per layer";
+    EXPECT_EQ(third.second.kv_tokens_kept_per_layer, kept);
+    ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
+    EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
+    // alone's two stages, the first turn's (shared with the second), the second's, at_once's.
+    EXPECT_EQ(stats.state().compressed_contexts, 5);
+  }
+}
+
+// A policy that cannot plan a stage from its own columns is refused at Submit, naming the field.
+TEST_F(EngineTest, APolicyThatCannotCompressInStagesIsRefused) {
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  GenerationRequest r = Greedy(Prompt(80, 5), 4);
+  r.compression.policy = "vl_cache";
+  r.compression.budget = 0.5;
+  r.compression.context_tokens = 60;
+  r.compression.stage_ends = {30, 60};
+  const absl::StatusOr<uint64_t> refused =
+      engine->Submit(r, std::make_shared<CollectingSink>());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("compression.scope"), std::string::npos)
+      << refused.status();
 }
 
 // The pool holds one document's uncompressed prefill at a time: requests that attach the

@@ -381,7 +381,7 @@ TEST(SchedulerTest, AContextWhosePrefillFillsThePoolIsAdmittedPublishedAndAttach
     Sequence* s = h.Add({40, 2, 0, "snapkv", 0.5});
     s->req.compression.context_tokens = 39;
     s->compression = *MakeCompressionSession({kLayers, 1, 1, 4, kBlockSize}, s->req, 40);
-    s->context_key = CompressedContextKey(s->req, /*hidden=*/4);
+    s->context_keys = {CompressedContextKey(s->req, /*hidden=*/4)};
     return s;
   };
   Sequence* first = add();

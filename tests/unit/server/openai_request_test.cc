@@ -64,7 +64,15 @@ TEST(OpenAiRequestTest, KvCompressionTakesAContextScope) {
   r = ParseOk(Endpoint::kCompletions, R"({"prompt": "hi", "kv_compression": {
       "policy": "snapkv", "budget": 0.2, "scope": "context", "context_tokens": 1}})");
   EXPECT_EQ(r.generate.compression().context_tokens(), 1);
+  r = ParseOk(Endpoint::kChat, R"({
+      "messages": [{"role": "user", "content": "doc"}, {"role": "user", "content": "q?"}],
+      "kv_compression": {"policy": "kvzip", "budget": 0.2, "scope": "history",
+                         "stage_tokens": 256}})");
+  EXPECT_EQ(r.generate.compression().scope(), "history");
+  EXPECT_EQ(r.generate.compression().stage_tokens(), 256);
   for (const char* bad : {R"({"prompt": "x", "kv_compression": {"policy": "snapkv", "scope": 1}})",
+                          R"({"prompt": "x", "kv_compression": {"policy": "snapkv",
+                              "stage_tokens": 1.5}})",
                           R"({"prompt": "x", "kv_compression": {"policy": "snapkv",
                               "context_tokens": -2}})",
                           R"({"prompt": "x", "kv_compression": {"policy": "snapkv",
@@ -198,7 +206,7 @@ TEST(OpenAiRequestTest, ShapeErrorsNameTheOpenAiField) {
   EXPECT_EQ(ParseError(Endpoint::kCompletions,
                        R"({"prompt": "x", "kv_compression": {"policy": "h2o", "budgit": 1}})"),
             "kv_compression.budgit: unknown field (known: policy, budget, params, options, scope, "
-            "context_tokens, context_messages, probe)");
+            "context_tokens, context_messages, stage_tokens, probe)");
   EXPECT_EQ(ParseError(Endpoint::kChat, R"({"messages": [{"content": "x"}]})"),
             "messages[0].role: must be a string");
   EXPECT_EQ(ParseError(Endpoint::kChat,

@@ -280,6 +280,23 @@ TEST_F(RequestBuilderTest, RejectsEveryBadCompressionFieldNamingIt) {
              spec(r, "snapkv", 0.5)->set_scope("context");
              r.mutable_compression()->set_context_messages(1);  // prompt input, not chat
            }},
+          {"compression.stage_tokens",  // stages are "history"'s
+           [&](auto& r) {
+             spec(r, "snapkv", 0.5)->set_scope("context");
+             r.mutable_compression()->set_context_tokens(3);
+             r.mutable_compression()->set_stage_tokens(2);
+           }},
+          {"compression.stage_tokens",
+           [&](auto& r) {
+             spec(r, "snapkv", 0.5)->set_scope("history");
+             r.mutable_compression()->set_context_tokens(3);
+             r.mutable_compression()->set_stage_tokens(-2);
+           }},
+          {"compression.scope",  // reads rows one by one: cannot plan a stage alone
+           [&](auto& r) {
+             spec(r, "vl_cache", 0.5)->set_scope("history");
+             r.mutable_compression()->set_context_tokens(3);
+           }},
       },
       Limits(), *model_);
 }
@@ -332,6 +349,47 @@ TEST_F(RequestBuilderTest, AContextScopeEndsWhereTheRequestSays) {
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->prompt_spans.size(), 1u);
   EXPECT_EQ(out->compression.context_tokens, out->prompt_spans[0].end);
+}
+
+// compression.scope "history": a chat's messages but the last (or the extent given), in whole
+// stages of stage_tokens; a history short of one stage is not compressed at all.
+TEST_F(RequestBuilderTest, AHistoryScopeCompressesWholeStagesOfEveryMessageButTheLast) {
+  v1::GenerateRequest chat;
+  for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
+           {"system", "Answer from the conversation."},
+           {"user", "Paris is the capital of France, and Rome is the capital of Italy."},
+           {"assistant", "Noted: Paris for France and Rome for Italy."},
+           {"user", "What is the capital of Italy?"}}) {
+    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  v1::CompressionSpec* c = chat.mutable_compression();
+  c->set_policy("kvzip");
+  c->set_budget(0.5);
+  c->set_scope("history");
+  c->set_stage_tokens(8);
+  absl::StatusOr<scheduler::GenerationRequest> out = Build(chat);
+  ASSERT_TRUE(out.ok()) << out.status();
+  v1::GenerateRequest history = chat;
+  history.mutable_chat()->mutable_messages()->RemoveLast();
+  history.mutable_chat()->set_add_generation_prompt(false);
+  history.clear_compression();
+  absl::StatusOr<scheduler::GenerationRequest> rendered = Build(history);
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  const int32_t history_tokens = static_cast<int32_t>(rendered->prompt_tokens.size());
+  const int32_t stages = history_tokens / 8;
+  ASSERT_GE(stages, 2);
+  std::vector<int32_t> ends;
+  for (int32_t i = 1; i <= stages; ++i) ends.push_back(8 * i);
+  EXPECT_EQ(out->compression.stage_ends, ends);
+  EXPECT_EQ(out->compression.context_tokens, 8 * stages);
+
+  c->set_stage_tokens(history_tokens + 1);  // not one whole stage yet: the prompt runs whole
+  out = Build(chat);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->compression.enabled());
+  EXPECT_EQ(out->compression.context_tokens, 0);
 }
 
 TEST_F(RequestBuilderTest, ValidRequestComesOutTyped) {

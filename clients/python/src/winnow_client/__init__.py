@@ -145,8 +145,8 @@ class WinnowClient:
         """A GenerateRequest from keyword arguments: exactly one of prompt, chat (a list of
         (role, content)), token_ids or segments; compression is {"policy", "budget",
         "params": {name: number}, "options": {name: string}, and optionally "scope",
-        "context_tokens", "context_messages", "probe"} (docs/compression.md); cache_salt separates
-        prefix caching between tenants (docs/api.md)."""
+        "context_tokens", "context_messages", "stage_tokens", "probe"} (docs/compression.md);
+        cache_salt separates prefix caching between tenants (docs/api.md)."""
         req = pb2.GenerateRequest(request_id=request_id, priority=priority, logprobs=logprobs,
                                   top_logprobs=top_logprobs, cache_salt=cache_salt)
         if prompt is not None:
@@ -181,6 +181,7 @@ class WinnowClient:
             c.scope = compression.get("scope", "")
             c.context_tokens = int(compression.get("context_tokens", 0))
             c.context_messages = int(compression.get("context_messages", 0))
+            c.stage_tokens = int(compression.get("stage_tokens", 0))
             c.probe = compression.get("probe", "")
         if seed is not None:
             req.sampling.seed = seed
