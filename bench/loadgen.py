@@ -20,6 +20,9 @@ Three workloads (--workload):
                  history (earlier prompts, the model's earlier outputs as token ids) plus a new
                  user message of --prompt-len tokens, the way chat clients resend history.
 The last two are what prefix caching serves (bench/prefix_cache_bench.py compares it on/off).
+--kv-compression '{"policy": ..., "budget": ...}' sends a compression spec with every request;
+in multi-turn, "scope": "history" compresses each turn's history (everything before its new
+user message, as context_tokens) in stages that the next turn attaches.
 
 Reports throughput and TTFT / TPOT / ITL / E2E percentiles as a table, and writes everything
 (config, per-request records, summary) as JSON. Never asserts on times.
@@ -110,15 +113,16 @@ class Record:
     output_tokens: int = 0
     itl: list = field(default_factory=list)  # seconds between tokens (per token)
     cached_prompt_tokens: int = 0  # usage.cached_prompt_tokens: prompt KV the cache supplied
+    kv_tokens: float = 0.0  # usage.kv_tokens_per_layer at finish, averaged over layers
     status: str = "NOT_SENT"  # until sent: then OK or the gRPC status code's name
     error: str = ""
 
 
 def run_request(client: WinnowClient, rec: Record, prompt_ids: list[int], ignore_eos: bool,
-                timeout: float, t0: float) -> Record:
+                timeout: float, t0: float, compression: dict | None = None) -> Record:
     req = WinnowClient.build_request(token_ids=prompt_ids, max_tokens=rec.max_tokens,
                                      ignore_eos=ignore_eos, temperature=0.0,
-                                     request_id=f"loadgen-{rec.index}")
+                                     request_id=f"loadgen-{rec.index}", compression=compression)
     return stream_request(client, rec, req, timeout, t0)
 
 
@@ -136,6 +140,8 @@ def stream_request(client: WinnowClient, rec: Record, request, timeout: float, t
                 on_message(msg)
             if msg.HasField("usage"):
                 rec.cached_prompt_tokens = msg.usage.cached_prompt_tokens
+                per_layer = list(msg.usage.kv_tokens_per_layer)
+                rec.kv_tokens = sum(per_layer) / len(per_layer) if per_layer else 0.0
             n = len(msg.token_ids)
             if n == 0:
                 continue
@@ -195,6 +201,8 @@ def summarize(records: list[Record], wall: float) -> dict:
         "total_token_throughput": (out_tokens + in_tokens) / wall if wall > 0 else 0.0,
         "prompt_tokens": in_tokens,
         "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in ok),
+        # The KV each request held at its end, per layer: what a resident request costs.
+        "kv_tokens_per_layer_at_finish": percentiles([r.kv_tokens for r in ok]),
         "output_tokens": out_tokens,
         "ttft_seconds": percentiles(ttft),
         "tpot_seconds": percentiles(tpot),
@@ -213,7 +221,9 @@ def format_table(summary: dict, config: dict) -> str:
         + (f", errors {summary['errors']}" if summary["errors"] else "")
         + f", wall {summary['wall_seconds']:.2f} s",
         f"prompt tokens: {summary['prompt_tokens']}, of which cached "
-        f"{summary['cached_prompt_tokens']}",
+        f"{summary['cached_prompt_tokens']}; KV held at finish per request, per layer: mean "
+        + ("-" if summary["kv_tokens_per_layer_at_finish"]["mean"] is None else
+           f"{summary['kv_tokens_per_layer_at_finish']['mean']:.0f} tokens"),
         f"throughput: {summary['request_throughput']:.3f} req/s, "
         f"{summary['output_token_throughput']:.1f} output tok/s, "
         f"{summary['total_token_throughput']:.1f} total tok/s",
@@ -265,18 +275,31 @@ class Prompts:
         return self.shared + self.marker(i) + self.corpus[off:off + n]
 
 
+def turn_compression(compression: dict | None, history_tokens: int) -> dict | None:
+    """The compression spec of a turn whose history (before its new message) has this many
+    tokens: scope "history" compresses that history; a first turn has none to compress."""
+    if not compression or compression.get("scope") != "history":
+        return compression
+    if history_tokens == 0:
+        return None
+    return {**compression, "context_tokens": history_tokens}
+
+
 def run_conversation(client: WinnowClient, records: list[Record], prompts: Prompts,
-                     ignore_eos: bool, timeout: float, t0: float) -> None:
+                     ignore_eos: bool, timeout: float, t0: float,
+                     compression: dict | None = None) -> None:
     """One chat: each turn resends the history (earlier turns' prompts and the model's outputs,
     as token ids) plus a new user message. A failed turn ends the conversation."""
     history: list[int] = []
     for rec in records:
+        before = len(history)
         history += prompts.prompt(rec.index, rec.prompt_tokens)
         rec.prompt_tokens = len(history)
         output: list[int] = []
         req = WinnowClient.build_request(token_ids=history, max_tokens=rec.max_tokens,
                                          ignore_eos=ignore_eos, temperature=0.0,
-                                         request_id=f"loadgen-{rec.index}")
+                                         request_id=f"loadgen-{rec.index}",
+                                         compression=turn_compression(compression, before))
         stream_request(client, rec, req, timeout, t0,
                        on_message=lambda msg: output.extend(msg.token_ids))
         if rec.status != "OK":
@@ -329,7 +352,7 @@ def run_open_loop(target: str, records: list[Record], prompts: Prompts, args, rn
             try:
                 ids = prompts.prompt(r.index, r.prompt_tokens)
                 r.prompt_tokens = len(ids)
-                run_request(shared, r, ids, ignore_eos, args.timeout, t0)
+                run_request(shared, r, ids, ignore_eos, args.timeout, t0, args.kv_compression)
             finally:
                 slots.release()
 
@@ -375,6 +398,10 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=4,
                     help="multi-turn workload: turns per conversation (--num-requests is "
                          "rounded up to whole conversations)")
+    ap.add_argument("--kv-compression", type=json.loads, default=None,
+                    help="a compression spec (JSON) for every request, as the client's "
+                         "build_request takes it; multi-turn with \"scope\": \"history\" "
+                         "compresses each turn's history")
     ap.add_argument("--no-ignore-eos", action="store_true")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request deadline (s)")
     ap.add_argument("--max-duration", type=float, default=1800.0,
@@ -414,11 +441,12 @@ def main(argv=None) -> int:
         def job(c: WinnowClient):
             ids = prompts.prompt(r.index, r.prompt_tokens)
             r.prompt_tokens = len(ids)
-            run_request(c, r, ids, ignore_eos, args.timeout, t0)
+            run_request(c, r, ids, ignore_eos, args.timeout, t0, args.kv_compression)
         return job
 
     def conversation(recs: list[Record]):
-        return lambda c: run_conversation(c, recs, prompts, ignore_eos, args.timeout, t0)
+        return lambda c: run_conversation(c, recs, prompts, ignore_eos, args.timeout, t0,
+                                          args.kv_compression)
 
     if args.workload == "multi-turn":
         jobs = [conversation(records[i:i + args.turns])
@@ -438,6 +466,7 @@ def main(argv=None) -> int:
         "rate": args.rate, "num_requests": args.num_requests,
         "prompt_len": args.prompt_len.spec, "output_len": args.output_len.spec,
         "ignore_eos": ignore_eos, "seed": args.seed, "label": args.label,
+        "kv_compression": args.kv_compression,
         "model": {"name": info.name, "architecture": info.architecture},
         "server_limits": json.loads(json.dumps({
             "max_batched_tokens": client.server_status().limits.max_batched_tokens,

@@ -50,3 +50,20 @@ def test_workloads_share_only_what_they_mean_to(tmp_path):
                 previous = records[turn - 1]["prompt_tokens"]
                 assert r["cached_prompt_tokens"] == previous // 16 * 16
             assert r["prompt_tokens"] > (turn % 3) * 40
+
+
+def test_multi_turn_history_compression(tmp_path):
+    # Each turn compresses its history in 32-token stages; the next turn attaches them (a whole
+    # number of stages) and holds less KV than its prompt.
+    with Daemon("--block-size", "16") as d:
+        chat = run_loadgen(d, tmp_path, "--workload", "multi-turn", "--seed", "4",
+                           "--num-requests", "6", "--turns", "3", "--concurrency", "2",
+                           "--prompt-len", "fixed:40", "--kv-compression",
+                           '{"policy": "kvzip", "budget": 0.25, "scope": "history", '
+                           '"stage_tokens": 32}')
+        records = chat["requests"]
+        assert [r["status"] for r in records] == ["OK"] * 6
+        for third in records[2::3]:
+            assert third["cached_prompt_tokens"] > 0
+            assert third["cached_prompt_tokens"] % 32 == 0
+            assert third["kv_tokens"] < third["prompt_tokens"]
