@@ -56,7 +56,8 @@ def run_one(args, config: str) -> dict:
     log = pathlib.Path(args.out_dir) / f"{name}.log"
     daemon = capacity.Daemon(args.winnow, args.model, [
         "--enable-prefix-caching", "false" if config == "none" else "true",
-        "--threads", str(args.threads), "--max-seqs", str(args.concurrency)], log)
+        "--threads", str(args.threads), "--max-seqs", str(args.concurrency),
+        *(["--kv-blocks", str(args.kv_blocks)] if args.kv_blocks else [])], log)
     compression = compression_of(config, args.stage_tokens)
     try:
         rc = loadgen.main([
@@ -91,6 +92,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", default="uniform:64:128", help="each turn's new message")
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--stage-tokens", type=int, default=256)
+    ap.add_argument("--kv-blocks", type=int, default=0,
+                    help="a fixed pool (blocks over all layers); 0: the daemon's default")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results" / "multi_turn"))
@@ -117,7 +120,8 @@ def main() -> int:
     print("\n".join(lines))
     print(f"\n{platform.platform()}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.turns} turns, "
-          f"stage_tokens {args.stage_tokens}; JSON in {args.out_dir}")
+          f"stage_tokens {args.stage_tokens}, kv-blocks {args.kv_blocks or 'default'}; "
+          f"JSON in {args.out_dir}")
     return 0
 
 

@@ -262,7 +262,11 @@ struct Engine::Impl {
   void CheckPoolInvariant() const;
 };
 
-Engine::Engine(model::Model* model, EngineLimits limits) : model_(model), limits_(limits) {}
+Engine::Engine(model::Model* model, EngineLimits limits)
+    : model_(model),
+      limits_(limits),
+      probe_frame_(model->chat_template().ok() ? ChatProbeFrame(*model->chat_template())
+                                               : ProbeFrame{}) {}
 
 Engine::~Engine() { Shutdown(); }
 
@@ -397,8 +401,8 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
       const std::span<const int32_t> stage = std::span<const int32_t>(request.prompt_tokens)
                                                  .first(spec.StageEnd(i))
                                                  .subspan(spec.StageBegin(i));
-      spec.stage_probes.push_back(
-          RepeatProbeSegments(model_->tokenizer(), stage, limits_.probe_segment_tokens));
+      spec.stage_probes.push_back(RepeatProbeSegments(model_->tokenizer(), stage,
+                                                      limits_.probe_segment_tokens, probe_frame_));
     }
   }
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =

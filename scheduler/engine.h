@@ -164,6 +164,7 @@ class Engine {
 
   model::Model* model_;
   EngineLimits limits_;
+  ProbeFrame probe_frame_;  // the repeat probe's instruction frame (the model's chat turn)
   std::unique_ptr<Impl> impl_;
 };
 

@@ -43,6 +43,14 @@ enum class ContextProbe {
 // whole repeat.
 inline constexpr int32_t kDefaultProbeSegment = 2048;
 
+// The text around the repeat probe's instruction: for a chat model, a user turn and the
+// assistant's header after it, so that the repeated piece is the assistant's reply (as KVzip
+// asks it); else blank lines before and a line break after.
+struct ProbeFrame {
+  std::string before = "\n\n";
+  std::string after = "\n";
+};
+
 // Which KV-compression policy a request asks for ("" or "none": no compression). budget, in
 // (0, 1], is the fraction of the prompt's KV kept; params are the policy's own, typed (numbers
 // stay doubles; see docs/compression.md).

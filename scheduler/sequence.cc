@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -107,17 +108,32 @@ absl::Status Sequence::AdoptStages(int32_t last, const cache::policies::SlotPosi
   return absl::OkStatus();
 }
 
+ProbeFrame ChatProbeFrame(const model::ChatTemplate& chat) {
+  constexpr const char* kMark = "\x01probe\x01";
+  const std::vector<model::ChatMessage> one = {{"user", "A"}};
+  const std::vector<model::ChatMessage> two = {{"user", "A"}, {"user", kMark}};
+  const absl::StatusOr<std::string> shorter = chat.Apply(one, /*add_generation_prompt=*/false);
+  const absl::StatusOr<std::string> longer = chat.Apply(two, /*add_generation_prompt=*/true);
+  if (!shorter.ok() || !longer.ok() || !absl::StartsWith(*longer, *shorter)) return {};
+  const std::string turn = longer->substr(shorter->size());
+  const size_t mark = turn.find(kMark);
+  if (mark == std::string::npos) return {};
+  return {turn.substr(0, mark), turn.substr(mark + std::string(kMark).size())};
+}
+
 std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
                                                      std::span<const int32_t> context,
-                                                     int32_t segment_tokens) {
-  auto encode = [&tokenizer](const char* text) {
-    return tokenizer.Encode(text, /*add_special=*/false, /*parse_special=*/false);
+                                                     int32_t segment_tokens,
+                                                     const ProbeFrame& frame) {
+  auto encode = [&tokenizer](const std::string& text) {
+    return tokenizer.Encode(text, /*add_special=*/false, /*parse_special=*/true);
   };
-  const std::vector<int32_t> first = encode("\n\nRepeat the previous context exactly.\n");
+  const std::vector<int32_t> first =
+      encode(frame.before + "Repeat the previous context exactly." + frame.after);
   const std::vector<int32_t> later =
-      encode("\n\nRepeat the part of the previous context exactly, starting with");
-  const std::vector<int32_t> newline = encode("\n");
-  const size_t longest = std::max(first.size(), later.size() + kRepeatProbeAnchor + newline.size());
+      encode(frame.before + "Repeat the part of the previous context exactly, starting with");
+  const std::vector<int32_t> after = encode(frame.after);
+  const size_t longest = std::max(first.size(), later.size() + kRepeatProbeAnchor + after.size());
   const size_t piece = std::max<size_t>(1, std::max(segment_tokens, 64) - longest);
   std::vector<cache::ProbeSegment> segments;
   for (size_t at = 0; at < context.size(); at += piece) {
@@ -133,7 +149,7 @@ std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tok
       tokens = later;
       const size_t anchor = std::min<size_t>(kRepeatProbeAnchor, at);
       tokens.insert(tokens.end(), context.begin() + (at - anchor), context.begin() + at);
-      tokens.insert(tokens.end(), newline.begin(), newline.end());
+      tokens.insert(tokens.end(), after.begin(), after.end());
     }
     tokens.insert(tokens.end(), context.begin() + at, context.begin() + at + size);
   }

@@ -14,6 +14,7 @@
 #include "cache/compression.h"
 #include "cache/policies/policy.h"
 #include "cache/sequence_kv.h"
+#include "model/chat_template.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
@@ -177,9 +178,15 @@ absl::StatusOr<std::vector<std::unique_ptr<cache::CompressionSession>>> MakeStag
 // The context tokens a later segment of the repeat probe quotes from the piece before its own.
 inline constexpr int32_t kRepeatProbeAnchor = 8;
 
+// The repeat probe's frame (ProbeFrame) that `chat` renders: the text a user turn adds after a
+// conversation, split around its content, up to the assistant's header. The plain frame when
+// the template cannot say (its rendering of a longer conversation does not extend a shorter
+// one's).
+ProbeFrame ChatProbeFrame(const model::ChatTemplate& chat);
+
 // The repeat probe of a context (ContextProbe::kRepeat, KVzip's reconstruction), in segments
-// of at most `segment_tokens` tokens (at least 64), each an instruction and the next piece of
-// the context,
+// of at most `segment_tokens` tokens (at least 64), each an instruction in `frame` and the next
+// piece of the context,
 // scoring that piece: "Repeat the previous context exactly." for the first; "Repeat the part
 // of the previous context exactly, starting with" and the previous piece's last
 // kRepeatProbeAnchor tokens for the others. Each runs alone after the context
@@ -187,7 +194,8 @@ inline constexpr int32_t kRepeatProbeAnchor = 8;
 // second context.
 std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
                                                      std::span<const int32_t> context,
-                                                     int32_t segment_tokens);
+                                                     int32_t segment_tokens,
+                                                     const ProbeFrame& frame = {});
 
 // The key under which stage `stage` of the compressed context of `req`
 // (req.compression.context_tokens > 0) is published and found: the tokens and embedding rows

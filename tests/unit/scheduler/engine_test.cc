@@ -803,6 +803,17 @@ TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {
     next = s.scored_end;
   }
   EXPECT_EQ(next, 1200);
+
+  // A chat model's probe asks in a user turn and repeats as the assistant.
+  ASSERT_TRUE(model_->chat_template().ok());
+  const ProbeFrame chat = ChatProbeFrame(*model_->chat_template());
+  EXPECT_EQ(chat.before, "<|im_start|>user\n");
+  EXPECT_EQ(chat.after, "<|im_end|>\n<|im_start|>assistant\n");
+  const cache::ProbeSegment first = RepeatProbeSegments(model_->tokenizer(), context, 512, chat)[0];
+  const std::vector<int32_t> instruction(first.tokens.begin(),
+                                         first.tokens.end() - first.scored_end);
+  EXPECT_EQ(model_->tokenizer().Decode(instruction, /*render_special=*/true),
+            chat.before + "Repeat the previous context exactly." + chat.after);
 }
 
 // A context scored with the repeat probe: the probe runs once, where the context is compressed;
