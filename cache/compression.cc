@@ -259,7 +259,8 @@ absl::Status CompressionSession::AfterPrefillChunk() {
       return absl::InternalError("compression: the device saw some layers, not all");
     }
     for (int32_t position : capture_.positions) {
-      if (position >= observe_.window_begin) window_positions_.push_back(position);  // unstaged
+      // (Only unstaged sessions plan on the device: positions are the session's own.)
+      if (position >= observe_.window_begin) window_positions_.push_back(position);
     }
     capture_.Clear();
     return absl::OkStatus();

@@ -321,8 +321,10 @@ bool IterationBuilder::AdmitWithContext(Sequence* s, const Admission& a) {
   s->num_computed = a.context->num_tokens;
   s->state = SequenceState::kRunning;
   plan_.admitted.push_back(s);
-  plan_.prefix_lookups.push_back({s, /*compressed_context=*/true, a.context->num_tokens,
-                                  a.context->num_tokens, contexts_->KvBytes(*a.context)});
+  // (Queried: the whole context; a chat's history may be found up to an earlier stage.)
+  plan_.prefix_lookups.push_back({s, /*compressed_context=*/true,
+                                  s->req.compression.context_tokens, a.context->num_tokens,
+                                  contexts_->KvBytes(*a.context)});
   AddChunk(s, a.chunk);
   return true;
 }
@@ -344,7 +346,8 @@ bool IterationBuilder::Admit(Sequence* s, const Admission& a) {
   s->state = SequenceState::kRunning;
   plan_.admitted.push_back(s);
   if (contexts_ != nullptr && s->MayAttachContext()) {  // looked up, not found
-    plan_.prefix_lookups.push_back({s, /*compressed_context=*/true, s->compression->num_tokens()});
+    plan_.prefix_lookups.push_back({s, /*compressed_context=*/true,
+                                    s->req.compression.context_tokens});
   }
   if (!s->prefix_keys.empty()) {
     plan_.prefix_lookups.push_back(

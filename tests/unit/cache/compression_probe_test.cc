@@ -257,7 +257,9 @@ TEST_P(CompressionProbeTest, AStageIsPlannedFromItsOwnColumnsAfterTheEarlierSlot
     SCOPED_TRACE(probe ? "probe" : "own rows");
     std::unique_ptr<CompressionSession> session =
         *CompressionSession::Create(GetParam(), config, stage_context, kEarlier);
-    if (probe) ASSERT_TRUE(session->SetProbe({{std::vector<int32_t>(kProbe, 7), 0, kStage}}).ok());
+    if (probe) {
+      ASSERT_TRUE(session->SetProbe({{std::vector<int32_t>(kProbe, 7), 0, kStage}}).ok());
+    }
     SequenceKv kv(kLayers, kBlock);
     write_cache(kv, 0);
     // (the history as the cache holds it: what the session is started after)

@@ -899,6 +899,9 @@ TEST_F(EngineTest, AContextCompressedInStagesAttachesItsEarlierStagesAndCompress
     EXPECT_EQ(at_once.second.cached_prompt_tokens, 0);
     EXPECT_EQ(second.first, alone.first);
     EXPECT_EQ(third.first, alone.first);
+    // Looked up: each request's whole context; found: the stages attached.
+    EXPECT_EQ(stats.context_queried, 400 + 200 + 400 + 400 + 400);
+    EXPECT_EQ(stats.context_hits, 200 + 400);
     // Each stage keeps about a quarter of its tokens; the question and reply stay whole.
     const std::vector<int32_t>& kept = alone.second.kv_tokens_kept_per_layer;
     ASSERT_FALSE(kept.empty());
