@@ -8,9 +8,6 @@ namespace winnow::cache {
 namespace {
 
 int32_t WholeBlocks(int32_t slots, int32_t block_size) { return slots / block_size; }
-int32_t BlocksFor(int32_t slots, int32_t block_size) {
-  return (slots + block_size - 1) / block_size;
-}
 
 }  // namespace
 

@@ -5,13 +5,6 @@
 #include <cstdio>
 
 namespace winnow::cache {
-namespace {
-
-int32_t BlocksFor(int32_t slots, int32_t block_size) {
-  return (slots + block_size - 1) / block_size;
-}
-
-}  // namespace
 
 int32_t SequenceKv::num_blocks_held() const {
   int32_t total = static_cast<int32_t>(pinned_.size());

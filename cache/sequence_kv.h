@@ -12,6 +12,11 @@
 
 namespace winnow::cache {
 
+// Blocks of `block_size` slots that hold `slots` slots.
+inline int32_t BlocksFor(int32_t slots, int32_t block_size) {
+  return (slots + block_size - 1) / block_size;
+}
+
 class SequenceKv {
  public:
   SequenceKv(int32_t num_layers, int32_t block_size)
