@@ -1,10 +1,10 @@
 #include "scheduler/engine.h"
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
