@@ -77,6 +77,43 @@ class CompressionProbeTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // The reference scores: rows of layer l's query from `q`, row r seeing the first visible[r]
+  // slots of `cache`, their attention folded over the rows by `reduce` (num_heads x slots).
+  static std::vector<float> FoldedScores(HostScoring& scoring, const SequenceKv& cache,
+                                         int32_t l, const float* q,
+                                         const std::vector<int32_t>& visible,
+                                         kernels::ColumnReduce reduce) {
+    kernels::ScoreInput in;
+    in.block_table = cache.block_table(l).data();
+    in.num_slots = cache.num_slots(l);
+    in.q = q;
+    in.num_rows = static_cast<int32_t>(visible.size());
+    in.visible = visible.data();
+    in.num_heads = kHeads;
+    in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    in.reduce = reduce;
+    std::vector<float> all(int64_t{kHeads} * in.num_slots, 0.0f);
+    EXPECT_TRUE(scoring.AccumulateAttentionColumns(in, all.data(), DeviceRows{}).ok());
+    return all;
+  }
+
+  // What the session hands the policy for layer l: the window rows at `rows` and their folded
+  // `scores` over `slots` keys, as the window's sums or maxima.
+  static policies::ObservationAttention Observed(int32_t l, std::span<const int32_t> rows,
+                                                 int32_t slots, std::span<const float> scores,
+                                                 kernels::ColumnReduce reduce) {
+    policies::ObservationAttention attention;
+    attention.layer = l;
+    attention.num_heads = kHeads;
+    attention.num_kv_heads = kKvHeads;
+    attention.num_rows = static_cast<int32_t>(rows.size());
+    attention.num_slots = slots;
+    attention.row_positions = rows;
+    (reduce == kernels::ColumnReduce::kMax ? attention.window_max : attention.window_sums) =
+        scores;
+    return attention;
+  }
+
   std::unique_ptr<BlockPool> pool_;
   kernels::ThreadPool threads_{1};
   std::vector<std::vector<float>> rows_;  // [layer] every position's query row
@@ -132,7 +169,6 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsFoldedOverTheContext)
       *policies::CreatePolicy(GetParam(), config, Context());
   policy->UseScoring(&scoring);
   const policies::ObservationRequest observe = policy->Observation();
-  const bool max = observe.window_reduce == kernels::ColumnReduce::kMax;
   std::vector<std::vector<float>> folded(kLayers, std::vector<float>(kHeads * kContext, 0.0f));
   int32_t source = 0;
   for (int32_t segment = 0; segment < 2; ++segment) {
@@ -144,21 +180,12 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsFoldedOverTheContext)
     std::vector<int32_t> visible;
     for (int32_t p = kContext; p < kContext + size; ++p) visible.push_back(p + 1);
     for (int32_t l = 0; l < kLayers; ++l) {
-      kernels::ScoreInput in;
-      in.block_table = whole.block_table(l).data();
-      in.num_slots = kContext + size;
-      in.q = rows_[l].data() + (kContext + source) * kRowFloats;
-      in.num_rows = size;
-      in.visible = visible.data();
-      in.num_heads = kHeads;
-      in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-      in.reduce = observe.window_reduce;
-      std::vector<float> all(int64_t{kHeads} * in.num_slots, 0.0f);
-      ASSERT_TRUE(scoring.AccumulateAttentionColumns(in, all.data(), DeviceRows{}).ok());
+      const std::vector<float> all =
+          FoldedScores(scoring, whole, l, rows_[l].data() + (kContext + source) * kRowFloats,
+                       visible, observe.window_reduce);
+      const int32_t slots = kContext + size;
       for (int32_t h = 0; h < kHeads; ++h) {
-        for (int32_t j = begin; j < end; ++j) {
-          folded[l][h * kContext + j] = all[h * in.num_slots + j];
-        }
+        for (int32_t j = begin; j < end; ++j) folded[l][h * kContext + j] = all[h * slots + j];
       }
     }
     whole.Release(*pool_);
@@ -170,14 +197,8 @@ TEST_P(CompressionProbeTest, ThePolicyPlansFromTheProbeRowsFoldedOverTheContext)
   Write(context, 0, kContext);
   for (int32_t l = 0; l < kLayers; ++l) {
     std::vector<float> norms;
-    policies::ObservationAttention attention;
-    attention.layer = l;
-    attention.num_heads = kHeads;
-    attention.num_kv_heads = kKvHeads;
-    attention.num_rows = static_cast<int32_t>(window.size());
-    attention.num_slots = kContext;
-    attention.row_positions = window;
-    (max ? attention.window_max : attention.window_sums) = folded[l];
+    policies::ObservationAttention attention =
+        Observed(l, window, kContext, folded[l], observe.window_reduce);
     if (observe.value_norms) {
       norms.resize(int64_t{kKvHeads} * kContext);
       ASSERT_TRUE(scoring.ValueNorms(context.block_table(l), kContext, norms.data()).ok());
@@ -315,31 +336,17 @@ TEST_P(CompressionProbeTest, AStageIsPlannedFromItsOwnColumnsAfterTheEarlierSlot
       const int32_t base = history.num_slots(l);
       std::vector<int32_t> visible;
       for (int32_t p : rows) visible.push_back(base + (p - kEarlier) + 1);
-      kernels::ScoreInput in;
-      in.block_table = whole.block_table(l).data();
-      in.num_slots = whole.num_slots(l);
-      in.q = rows_[l].data() + rows.front() * kRowFloats;
-      in.num_rows = static_cast<int32_t>(rows.size());
-      in.visible = visible.data();
-      in.num_heads = kHeads;
-      in.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-      in.reduce = observe.window_reduce;
-      std::vector<float> all(int64_t{kHeads} * in.num_slots, 0.0f);
-      ASSERT_TRUE(scoring.AccumulateAttentionColumns(in, all.data(), DeviceRows{}).ok());
+      const std::vector<float> all =
+          FoldedScores(scoring, whole, l, rows_[l].data() + rows.front() * kRowFloats, visible,
+                       observe.window_reduce);
+      const int32_t slots = whole.num_slots(l);
       std::vector<float> columns(kHeads * kStage);
       for (int32_t h = 0; h < kHeads; ++h) {
-        std::copy_n(all.begin() + h * in.num_slots + base, kStage, columns.begin() + h * kStage);
+        std::copy_n(all.begin() + h * slots + base, kStage, columns.begin() + h * kStage);
       }
       std::vector<float> norms;
-      policies::ObservationAttention attention;
-      attention.layer = l;
-      attention.num_heads = kHeads;
-      attention.num_kv_heads = kKvHeads;
-      attention.num_rows = static_cast<int32_t>(relative.size());
-      attention.num_slots = kStage;
-      attention.row_positions = relative;
-      (observe.window_reduce == kernels::ColumnReduce::kMax ? attention.window_max
-                                                            : attention.window_sums) = columns;
+      policies::ObservationAttention attention =
+          Observed(l, relative, kStage, columns, observe.window_reduce);
       if (observe.value_norms) {
         std::vector<float> every(int64_t{kKvHeads} * (base + kStage));
         ASSERT_TRUE(scoring.ValueNorms(whole.block_table(l), base + kStage, every.data()).ok());

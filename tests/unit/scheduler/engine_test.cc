@@ -54,6 +54,16 @@ class EngineTest : public ::testing::Test {
     return engine.ok() ? std::move(*engine) : nullptr;
   }
 
+  // Submits `r` alone and waits for it: its tokens and usage (the request must succeed).
+  static std::pair<std::vector<int32_t>, Usage> RunToEnd(Engine& engine,
+                                                         const GenerationRequest& r) {
+    auto sink = std::make_shared<CollectingSink>();
+    EXPECT_TRUE(engine.Submit(r, sink).ok());
+    EXPECT_TRUE(sink->WaitDone());
+    EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
+    return std::make_pair(sink->tokens(), sink->finish().usage);
+  }
+
   // A deterministic prompt of `n` ordinary token ids (no tokenizer needed), different per seed.
   static std::vector<int32_t> Prompt(int n, int seed) {
     std::vector<int32_t> ids;
@@ -838,13 +848,7 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
     EngineOptions options;
     options.probe_segment_tokens = 512;
     std::unique_ptr<Engine> engine = MakeEngine(options, &stats);
-    auto run = [&](const GenerationRequest& r) {
-      auto sink = std::make_shared<CollectingSink>();
-      EXPECT_TRUE(engine->Submit(r, sink).ok());
-      EXPECT_TRUE(sink->WaitDone());
-      EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
-      return std::make_pair(sink->tokens(), sink->finish().usage);
-    };
+    auto run = [&](const GenerationRequest& r) { return RunToEnd(*engine, r); };
     const auto alone = run(question(1, ContextProbe::kRepeat, "alone"));
     const auto first = run(question(0, ContextProbe::kRepeat, ""));
     const auto attached = run(question(1, ContextProbe::kRepeat, ""));
@@ -881,13 +885,7 @@ TEST_F(EngineTest, AContextCompressedInStagesAttachesItsEarlierStagesAndCompress
     };
     CountingObserver stats;
     std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
-    auto run = [&](const GenerationRequest& r) {
-      auto sink = std::make_shared<CollectingSink>();
-      EXPECT_TRUE(engine->Submit(r, sink).ok());
-      EXPECT_TRUE(sink->WaitDone());
-      EXPECT_TRUE(sink->finish().status.ok()) << sink->finish().status;
-      return std::make_pair(sink->tokens(), sink->finish().usage);
-    };
+    auto run = [&](const GenerationRequest& r) { return RunToEnd(*engine, r); };
     const auto alone = run(request({200, 400}, "alone"));  // both stages compressed here
     run(request({200}, ""));                                // the first turn: stage one
     const auto second = run(request({200, 400}, ""));       // attaches it, compresses stage two

@@ -62,6 +62,28 @@ class RequestBuilderTest : public ::testing::Test {
   static absl::StatusOr<scheduler::GenerationRequest> Build(const v1::GenerateRequest& r) {
     return BuildGenerationRequest(r, *model_, Limits());
   }
+  // A chat request of (role, content) messages.
+  static v1::GenerateRequest Chat(
+      const std::vector<std::pair<std::string, std::string>>& messages) {
+    v1::GenerateRequest chat;
+    for (const auto& [role, content] : messages) {
+      v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+      m->set_role(role);
+      m->set_content(content);
+    }
+    return chat;
+  }
+  // The tokens of `chat` without its last message, as the template renders them with no
+  // generation prompt.
+  static int32_t TokensBeforeLastMessage(const v1::GenerateRequest& chat) {
+    v1::GenerateRequest leading = chat;
+    leading.mutable_chat()->mutable_messages()->RemoveLast();
+    leading.mutable_chat()->set_add_generation_prompt(false);
+    leading.clear_compression();
+    absl::StatusOr<scheduler::GenerationRequest> built = Build(leading);
+    EXPECT_TRUE(built.ok()) << built.status();
+    return built.ok() ? static_cast<int32_t>(built->prompt_tokens.size()) : -1;
+  }
   static int32_t Vocab() { return model_->config().vocab_size; }
   static int32_t Hidden() { return model_->config().hidden_size; }
 
@@ -314,27 +336,15 @@ TEST_F(RequestBuilderTest, AContextScopeEndsWhereTheRequestSays) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->compression.context_tokens, 3);
 
-  v1::GenerateRequest chat;
-  for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
-           {"system", "Answer from the document."},
-           {"user", "Document: Paris is the capital of France."},
-           {"user", "What is the capital of France?"}}) {
-    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
-    m->set_role(role);
-    m->set_content(content);
-  }
+  v1::GenerateRequest chat = Chat({{"system", "Answer from the document."},
+                                   {"user", "Document: Paris is the capital of France."},
+                                   {"user", "What is the capital of France?"}});
   *chat.mutable_compression() = *c;
   chat.mutable_compression()->set_context_tokens(0);
   chat.mutable_compression()->set_context_messages(2);
   out = Build(chat);
   ASSERT_TRUE(out.ok()) << out.status();
-  v1::GenerateRequest first_two = chat;
-  first_two.mutable_chat()->mutable_messages()->RemoveLast();
-  first_two.mutable_chat()->set_add_generation_prompt(false);
-  first_two.clear_compression();
-  absl::StatusOr<scheduler::GenerationRequest> context = Build(first_two);
-  ASSERT_TRUE(context.ok()) << context.status();
-  EXPECT_EQ(out->compression.context_tokens, static_cast<int32_t>(context->prompt_tokens.size()));
+  EXPECT_EQ(out->compression.context_tokens, TokensBeforeLastMessage(chat));  // the first two
   EXPECT_LT(out->compression.context_tokens, static_cast<int32_t>(out->prompt_tokens.size()));
   chat.mutable_compression()->set_context_messages(4);
   EXPECT_NE(Build(chat).status().message().find("compression.context_messages"),
@@ -354,16 +364,11 @@ TEST_F(RequestBuilderTest, AContextScopeEndsWhereTheRequestSays) {
 // compression.scope "history": a chat's messages but the last (or the extent given), in whole
 // stages of stage_tokens; a history short of one stage is not compressed at all.
 TEST_F(RequestBuilderTest, AHistoryScopeCompressesWholeStagesOfEveryMessageButTheLast) {
-  v1::GenerateRequest chat;
-  for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
-           {"system", "Answer from the conversation."},
-           {"user", "Paris is the capital of France, and Rome is the capital of Italy."},
-           {"assistant", "Noted: Paris for France and Rome for Italy."},
-           {"user", "What is the capital of Italy?"}}) {
-    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
-    m->set_role(role);
-    m->set_content(content);
-  }
+  v1::GenerateRequest chat =
+      Chat({{"system", "Answer from the conversation."},
+            {"user", "Paris is the capital of France, and Rome is the capital of Italy."},
+            {"assistant", "Noted: Paris for France and Rome for Italy."},
+            {"user", "What is the capital of Italy?"}});
   v1::CompressionSpec* c = chat.mutable_compression();
   c->set_policy("kvzip");
   c->set_budget(0.5);
@@ -371,13 +376,7 @@ TEST_F(RequestBuilderTest, AHistoryScopeCompressesWholeStagesOfEveryMessageButTh
   c->set_stage_tokens(8);
   absl::StatusOr<scheduler::GenerationRequest> out = Build(chat);
   ASSERT_TRUE(out.ok()) << out.status();
-  v1::GenerateRequest history = chat;
-  history.mutable_chat()->mutable_messages()->RemoveLast();
-  history.mutable_chat()->set_add_generation_prompt(false);
-  history.clear_compression();
-  absl::StatusOr<scheduler::GenerationRequest> rendered = Build(history);
-  ASSERT_TRUE(rendered.ok()) << rendered.status();
-  const int32_t history_tokens = static_cast<int32_t>(rendered->prompt_tokens.size());
+  const int32_t history_tokens = TokensBeforeLastMessage(chat);
   const int32_t stages = history_tokens / 8;
   ASSERT_GE(stages, 2);
   std::vector<int32_t> ends;
