@@ -45,6 +45,7 @@ RUN apt-get update \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
       libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev \
+      libpython3-dev python3-jinja2 \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -76,7 +77,8 @@ RUN cuda=OFF; if [ "${FLAVOR}" = "cuda" ]; then cuda=ON; bash scripts/fetch-cuda
 # load. Their names carry the library's SONAME (libgrpc++1.51, libabsl20220623, ...), so the
 # archive's current version is ABI-compatible with the build without pinning it.
 # (The nvidia/cuda images set NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES, which tell
-# the NVIDIA container toolkit to mount the driver's libraries.)
+# the NVIDIA container toolkit to mount the driver's libraries.) python3-jinja2 is the one
+# package no library names: the embedded interpreter imports it to render chat templates.
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS runtime-cuda
 FROM debian:${DEBIAN_VERSION}-slim AS runtime-cpu
 
@@ -87,7 +89,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=build /build/runtime-packages.txt /tmp/runtime-packages.txt
 RUN apt-get update \
- && xargs -a /tmp/runtime-packages.txt apt-get install -y --no-install-recommends \
+ && xargs -a /tmp/runtime-packages.txt apt-get install -y --no-install-recommends python3-jinja2 \
  && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt \
  && groupadd --system --gid 10001 winnow \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \

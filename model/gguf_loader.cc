@@ -106,7 +106,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& f, ModelConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path,
+                                                     const std::string& chat_template_path) {
   Model::Parts parts;
   WINNOW_ASSIGN_OR_RETURN(parts.file, GgufFile::Open(path));
   const GgufFile& f = *parts.file;
@@ -117,7 +118,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
         absl::StrCat("tokenizer has ", parts.tokenizer->vocab_size(),
                      " tokens but vocab_size is ", parts.config.vocab_size));
   }
-  parts.chat_template = ChatTemplate::FromGguf(f);
+  parts.chat_template = ChatTemplate::FromGguf(f, chat_template_path);
+  // The operator's own template must work; a model's may fail (chat is then refused, saying why).
+  if (!chat_template_path.empty() && !parts.chat_template.ok()) return parts.chat_template.status();
   WINNOW_ASSIGN_OR_RETURN(parts.weights, LoadWeights(f, parts.config));
   return std::make_unique<Model>(std::move(parts));
 }

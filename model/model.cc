@@ -68,8 +68,9 @@ Model::Model(Parts parts)
 
 Model::~Model() = default;
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
-  return LoadGgufModel(path);
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
+                                                   const std::string& chat_template_path) {
+  return LoadGgufModel(path, chat_template_path);
 }
 
 cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) const {

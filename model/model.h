@@ -54,7 +54,9 @@ class Model {
 
   // Loads and validates a model file with the loader for its format (GGUF, the only one
   // today: model/gguf_loader.h). Errors name the key or tensor at fault.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  // `chat_template_path`, when not empty, names a Jinja file that replaces the model's template.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                                     const std::string& chat_template_path = "");
   explicit Model(Parts parts);
   ~Model();
   Model(const Model&) = delete;
@@ -62,7 +64,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  // Not every model has a recognised chat template.
+  // Not every model has a chat template, or one that compiles.
   const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
   const ModelWeights& weights() const { return weights_; }
   // The KV pool geometry this model needs, with rows stored as `dtype`.

@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libgtest-dev libgmock-dev
   libpcre2-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libcpp-httplib-dev libssl-dev
+  libpython3-dev python3-jinja2
   python3-venv
   prometheus curl openssl
 )

@@ -296,7 +296,7 @@ bool StartListeners(Daemon* d) { return StartMetrics(d) && StartHttp(d) && Start
 bool LoadModel(Daemon* d) {
   const ServeOptions& options = d->options;
   d->load_start = absl::Now();
-  auto loaded = model::Model::Load(options.model);
+  auto loaded = model::Model::Load(options.model, options.chat_template);
   if (!loaded.ok()) {
     spdlog::error("cannot load model '{}': {}", options.model,
                   std::string(loaded.status().message()));

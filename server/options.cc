@@ -146,6 +146,9 @@ const std::vector<Setting>& Settings() {
   static const auto* settings = new std::vector<Setting>{
       StringSetting("model", "GGUF model path (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)",
                     &ServeOptions::model),
+      StringSetting("chat-template",
+                    "a Jinja chat template file used instead of the model's own (none)",
+                    &ServeOptions::chat_template),
       StringSetting("host", "address to bind gRPC, HTTP and metrics to (default 0.0.0.0)",
                     &ServeOptions::host),
       IntSetting("port", "gRPC port; 0 picks a free one (default 50051)", &ServeOptions::port, 0,
@@ -572,7 +575,7 @@ std::string ServeUsage() {
 
 std::string ServeOptions::DebugString() const {
   return absl::StrCat(
-      "model=", model, " host=", host, " port=", port, " http_port=", http_port,
+      "model=", model, " chat_template=", chat_template, " host=", host, " port=", port, " http_port=", http_port,
       " metrics_port=", metrics_port, " served_model_name=", served_model_name,
       " metrics_labels=", absl::StrJoin(metrics_labels, ",", absl::PairFormatter("=")),
       " max_batched_tokens=", max_batched_tokens,

@@ -27,6 +27,7 @@ struct UnknownVariable {
 
 struct ServeOptions {
   std::string model;  // GGUF path
+  std::string chat_template;  // a Jinja file replacing the model's chat template; empty: none
   std::string host = "0.0.0.0";
   int32_t port = 50051;          // 0: pick a free port (logged)
   int32_t http_port = 8000;      // OpenAI API, /health, /metrics; 0: pick one; -1: off

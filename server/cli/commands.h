@@ -20,6 +20,7 @@ std::string DefaultModelPath();
 // Flags every command takes.
 struct CommonFlags {
   std::string model = DefaultModelPath();
+  std::string chat_template;  // replaces the model's chat template when set
   int32_t threads = 0;  // 0: one per hardware thread
   model::CpuActivations activations = model::kDefaultCpuActivations;
 

@@ -6,7 +6,10 @@
 //                                    (with --round-trip: {"ids": [...], "text": decoded})
 //   --decode-ids '[1,2,3]'           the decoded bytes, verbatim
 //   --chat F                         F holds messages (a JSON array, or {"messages": [...],
-//                                    "add_generation_prompt": bool}); prints {"prompt", "ids"}
+//                                    "tools": [...], "add_generation_prompt": bool}); prints
+//                                    {"prompt", "ids"}, rendered as the daemon renders chats
+//   --chat-jsonl F                   one such chat per line -> {"prompt", "ids"} or {"error"}
+//   --chat-template T                (with either) render with the Jinja file T instead
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -89,54 +92,88 @@ absl::Status RunJsonl(const model::Tokenizer& tok, const std::string& path, bool
   return absl::OkStatus();
 }
 
-absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
-                     const std::string& path, bool add_special) {
-  WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
+// One chat of --chat / --chat-jsonl: messages (a JSON array, or {"messages", "tools",
+// "add_generation_prompt"}) rendered with `tmpl` and tokenized; {"prompt", "ids"}.
+absl::StatusOr<json> RenderChat(const model::ChatTemplate& tmpl, const model::Tokenizer& tok,
+                                const std::string& text, bool add_special) {
   // Ordered: tools are rendered with their keys in the order sent, as Python's json.dumps does.
-  using json = nlohmann::ordered_json;
-  json doc = json::parse(data, nullptr, /*allow_exceptions=*/false);
+  using ordered = nlohmann::ordered_json;
+  ordered doc = ordered::parse(text, nullptr, /*allow_exceptions=*/false);
   bool add_generation_prompt = true;
-  json messages = doc;
+  ordered messages = doc;
   std::vector<std::string> tools;
   if (doc.is_object()) {
-    messages = doc.value("messages", json::array());
+    messages = doc.value("messages", ordered::array());
     add_generation_prompt = doc.value("add_generation_prompt", true);
-    for (const json& tool : doc.value("tools", json::array())) tools.push_back(tool.dump());
+    for (const ordered& tool : doc.value("tools", ordered::array())) tools.push_back(tool.dump());
   }
-  if (!messages.is_array()) return absl::InvalidArgumentError("--chat: expected a message list");
+  if (!messages.is_array()) return absl::InvalidArgumentError("expected a message list");
   std::vector<model::ChatMessage> chat;
-  for (const json& m : messages) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string()) {
-      return absl::InvalidArgumentError("--chat: each message needs string role and content");
+  for (const ordered& m : messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return absl::InvalidArgumentError("each message needs a string role");
     }
-    model::ChatMessage message{m["role"].get<std::string>(), m["content"].get<std::string>()};
+    const ordered content = m.value("content", ordered());
+    model::ChatMessage message{m["role"].get<std::string>(),
+                               content.is_string() ? content.get<std::string>() : ""};
     message.tool_call_id = m.value("tool_call_id", "");
     // OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}}.
-    for (const json& call : m.value("tool_calls", json::array())) {
-      const json function = call.value("function", json::object());
-      const json arguments = function.value("arguments", json::object());
+    for (const ordered& call : m.value("tool_calls", ordered::array())) {
+      const ordered function = call.value("function", ordered::object());
+      const ordered arguments = function.value("arguments", ordered::object());
       message.tool_calls.push_back({call.value("id", ""), function.value("name", ""),
                                     arguments.is_string() ? arguments.get<std::string>()
                                                           : arguments.dump()});
     }
     chat.push_back(std::move(message));
   }
-  WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl, model::ChatTemplate::FromGguf(file));
   WINNOW_ASSIGN_OR_RETURN(const std::string prompt,
                           tmpl.Apply(chat, add_generation_prompt, tools));
-  const std::vector<int32_t> ids = model::EncodeRenderedChat(tok, prompt, add_special);
   json obj;
   obj["prompt"] = prompt;
-  obj["ids"] = ids;
-  std::string out = DumpJson(obj) + "\n";
+  obj["ids"] = model::EncodeRenderedChat(tok, prompt, add_special);
+  return obj;
+}
+
+// RenderChat, with a field of the wrong type (nlohmann's value() throws) an error too.
+absl::StatusOr<json> TryRenderChat(const model::ChatTemplate& tmpl, const model::Tokenizer& tok,
+                                   const std::string& text, bool add_special) {
+  try {
+    return RenderChat(tmpl, tok, text, add_special);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+}
+
+// --chat F: one chat, an error fails the command. --chat-jsonl F: one chat per line, one
+// {"prompt", "ids"} or {"error"} per line.
+absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
+                     const std::string& path, const std::string& chat_template, bool add_special,
+                     bool per_line) {
+  WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
+  WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl,
+                          model::ChatTemplate::FromGguf(file, chat_template));
+  std::string out;
+  if (!per_line) {
+    WINNOW_ASSIGN_OR_RETURN(const json obj, TryRenderChat(tmpl, tok, data, add_special));
+    out = DumpJson(obj) + "\n";
+  } else {
+    std::istringstream lines(data);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty()) continue;
+      const absl::StatusOr<json> obj = TryRenderChat(tmpl, tok, line, add_special);
+      out += DumpJson(obj.ok() ? *obj : json{{"error", std::string(obj.status().message())}});
+      out += "\n";
+    }
+  }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return absl::OkStatus();
 }
 
 struct TokenizeFlags {
   CommonFlags common;
-  std::string text, text_file, jsonl, decode_ids, chat;
+  std::string text, text_file, jsonl, decode_ids, chat, chat_jsonl;
   bool no_special = false;
   bool no_parse_special = false;
   bool round_trip = false;
@@ -173,7 +210,11 @@ absl::Status Run(const TokenizeFlags& f, const std::string& mode) {
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tok,
                           model::Tokenizer::FromGguf(*file));
   if (mode == "--jsonl") return RunJsonl(*tok, f.jsonl, add_special, parse_special, f.round_trip);
-  if (mode == "--chat") return RunChat(*file, *tok, f.chat, add_special);
+  if (mode == "--chat" || mode == "--chat-jsonl") {
+    const bool per_line = mode == "--chat-jsonl";
+    return RunChat(*file, *tok, per_line ? f.chat_jsonl : f.chat, f.common.chat_template,
+                   add_special, per_line);
+  }
   if (mode == "--decode-ids") return DecodeIds(*tok, f.decode_ids, f.render_special);
   std::string text = f.text;
   if (mode == "--text-file") {
@@ -201,6 +242,9 @@ int RunTokenize(const std::vector<std::string>& args) {
       app.add_option("--chat", f.chat,
                      "JSON file of messages (or {\"messages\", \"add_generation_prompt\"}); "
                      "prints {\"prompt\", \"ids\"}"),
+      app.add_option("--chat-jsonl", f.chat_jsonl,
+                     "one chat per line, as --chat; prints {\"prompt\", \"ids\"} or "
+                     "{\"error\"} per line"),
   };
   app.add_flag("--no-special", f.no_special, "no BOS/EOS added");
   app.add_flag("--no-parse-special", f.no_parse_special,
@@ -217,7 +261,8 @@ int RunTokenize(const std::vector<std::string>& args) {
       given.size() == 1
           ? Run(f, given.front())
           : absl::InvalidArgumentError(
-                "give exactly one of --text, --text-file, --jsonl, --decode-ids or --chat");
+                "give exactly one of --text, --text-file, --jsonl, --decode-ids, --chat or "
+                "--chat-jsonl");
   if (!status.ok()) {
     std::fprintf(stderr, "winnow tokenize: %s\n", std::string(status.message()).c_str());
     return 1;

@@ -281,10 +281,9 @@ absl::Status ParseMessages(const Json& body, v1::GenerateRequest* out) {
     if (role == nullptr || !role->is_string()) return Bad(field + ".role", "must be a string");
     WINNOW_ASSIGN_OR_RETURN(std::string content, MessageContent(msg, field + ".content"));
     v1::ChatMessage* out_msg = chat->add_messages();
-    // OpenAI's "developer" role replaces "system" for newer models; the templates served
-    // today know only system.
-    const std::string& r = role->get_ref<const std::string&>();
-    out_msg->set_role(r == "developer" ? "system" : r);
+    // "developer" passes through: templates that do not know it render it as "system"
+    // (model::ChatTemplate::Apply).
+    out_msg->set_role(role->get_ref<const std::string&>());
     out_msg->set_content(std::move(content));
     WINNOW_ASSIGN_OR_RETURN(std::optional<std::string> tool_call_id, String(msg, "tool_call_id"));
     if (tool_call_id) out_msg->set_tool_call_id(*tool_call_id);

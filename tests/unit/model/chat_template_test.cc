@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "model/gguf.h"
 
 namespace winnow::model {
@@ -67,9 +68,11 @@ constexpr char kLlama31[] =
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n";
 
+const SpecialTokens kLlamaTokens{"<|begin_of_text|>", "<|eot_id|>", "", ""};
+
 std::string Render(const std::string& tmpl, const std::vector<ChatMessage>& messages,
-                   bool add_generation_prompt = true) {
-  auto t = ChatTemplate::FromTemplateText(tmpl);
+                   bool add_generation_prompt = true, SpecialTokens special = {}) {
+  auto t = ChatTemplate::FromTemplateText(tmpl, std::move(special));
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return "";
   auto out = t->Apply(messages, add_generation_prompt);
@@ -78,9 +81,6 @@ std::string Render(const std::string& tmpl, const std::vector<ChatMessage>& mess
 }
 
 TEST(ChatTemplateTest, SmolLm2InsertsDefaultSystemInsideLoop) {
-  auto t = ChatTemplate::FromTemplateText(kSmolLm2);
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->kind(), ChatTemplateKind::kChatMl);
   EXPECT_EQ(Render(kSmolLm2, {{"user", "Hi"}}),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
             "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
@@ -110,62 +110,89 @@ TEST(ChatTemplateTest, PlainChatMlHasNoDefaultSystem) {
 }
 
 TEST(ChatTemplateTest, Llama3TrimsAndPrependsBos) {
-  auto t = ChatTemplate::FromTemplateText(kLlama3);
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->kind(), ChatTemplateKind::kLlama3);
-  EXPECT_EQ(Render(kLlama3, {{"system", " Be brief.\n"}, {"user", "Hi"}}),
+  EXPECT_EQ(Render(kLlama3, {{"system", " Be brief.\n"}, {"user", "Hi"}}, true, kLlamaTokens),
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(Render(kLlama3, {}), "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(Render(kLlama3, {}, true, kLlamaTokens),
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 TEST(ChatTemplateTest, Llama31AlwaysHasSystemTurnWithDates) {
-  EXPECT_EQ(Render(kLlama31, {{"user", " Hi "}}),
+  EXPECT_EQ(Render(kLlama31, {{"user", " Hi "}}, true, kLlamaTokens),
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
             "Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  EXPECT_EQ(Render(kLlama31, {{"system", "S "}, {"user", "U"}}, false),
+  EXPECT_EQ(Render(kLlama31, {{"system", "S "}, {"user", "U"}}, false, kLlamaTokens),
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
             "Date: December 2023\nToday Date: 26 Jul 2024\n\nS<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>");
 }
 
-// Found with fuzz/chat_template_fuzz.cc: the template scans were std::regex searches, whose
-// recursion per matched character overflowed the stack on a 100 KB system turn or date string.
-TEST(ChatTemplateTest, HugeTemplatesDoNotOverflowTheStack) {
-  const std::string big(1 << 20, 'a');
-  auto chatml = ChatTemplate::FromTemplateText("{{ '<|im_start|>system\\n" + big +
-                                               "<|im_end|>\\n' }}{%- for  message in\n"
-                                               "messages %}{% endfor %}");
-  ASSERT_TRUE(chatml.ok()) << chatml.status();
-  auto out = chatml->Apply({}, /*add_generation_prompt=*/false);
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(*out, "<|im_start|>system\n" + big + "<|im_end|>\n");  // before the loop: emitted
-
-  auto llama31 = ChatTemplate::FromTemplateText(
-      "<|start_header_id|>Cutting Knowledge Date {% set date_string = '" + big + "' %}");
-  ASSERT_TRUE(llama31.ok()) << llama31.status();
-  auto dated = llama31->Apply({{"user", "hi"}}, false);
-  ASSERT_TRUE(dated.ok()) << dated.status();
-  EXPECT_NE(dated->find("Today Date: " + big + "\n"), std::string::npos);
+// What transformers adds to jinja2: tojson keeping non-ASCII, raise_exception, strftime_now,
+// namespace, loop controls and the {% generation %} tag.
+TEST(ChatTemplateTest, TransformersEnvironment) {
+  EXPECT_EQ(Render("{{ {'a': '\u00e9<>', 'b': [1, 2.5, none, true]} | tojson }}", {}),
+            "{\"a\": \"\u00e9<>\", \"b\": [1, 2.5, null, true]}");
+  EXPECT_EQ(Render("{{ messages[0] | tojson(indent=2) }}", {{"user", "x"}}),
+            "{\n  \"role\": \"user\",\n  \"content\": \"x\"\n}");
+  EXPECT_EQ(Render("{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 2 %}"
+                   "{% break %}{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+                   {{"user", "a"}, {"assistant", "b"}, {"user", "c"}}),
+            "2");
+  EXPECT_EQ(Render("{% generation %}kept{% endgeneration %}", {}), "kept");
+  EXPECT_EQ(Render("{{ strftime_now('%Y') | length }}", {}), "4");
 }
 
-TEST(ChatTemplateTest, RejectsUnknownTemplatesAndRoles) {
-  auto t =
-      ChatTemplate::FromTemplateText("{% for m in messages %}[INST] {{ m.content }}{% endfor %}");
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(t.status().message().find("raw prompt"), absl::string_view::npos);
-  auto chatml = ChatTemplate::FromTemplateText(kSmolLm2);
-  ASSERT_TRUE(chatml.ok());
-  EXPECT_EQ(chatml->Apply({{"robot", "x"}}, true).status().code(),
-            absl::StatusCode::kInvalidArgument);
+TEST(ChatTemplateTest, TemplateErrorsAreInvalidArgumentWithTheirMessage) {
+  auto alternate = ChatTemplate::FromTemplateText(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must "
+      "alternate user/assistant') }}{% endif %}ok");
+  ASSERT_TRUE(alternate.ok()) << alternate.status();
+  EXPECT_EQ(*alternate->Apply({{"user", "x"}}, true), "ok");
+  const absl::Status refused = alternate->Apply({{"assistant", "x"}}, true).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "chat template: Conversation roles must alternate user/assistant");
+
+  const absl::Status syntax = ChatTemplate::FromTemplateText("{% for m in messages %}").status();
+  EXPECT_EQ(syntax.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(syntax.message().find("syntax error at line 1"), absl::string_view::npos) << syntax;
+
+  auto type_error = ChatTemplate::FromTemplateText("{{ messages[0].content + 1 }}");
+  ASSERT_TRUE(type_error.ok());
+  EXPECT_NE(type_error->Apply({{"user", "x"}}, true).status().message().find("TypeError"),
+            absl::string_view::npos);
+}
+
+// The sandbox transformers renders in: no attribute route to Python's internals, no mutation of
+// the inputs.
+TEST(ChatTemplateTest, TemplatesRunSandboxed) {
+  for (const char* escape : {"{{ ''.__class__.__mro__[1].__subclasses__() }}",
+                             "{{ messages.append(1) }}", "{% set ns = namespace(_x=1) %}"}) {
+    auto t = ChatTemplate::FromTemplateText(escape);
+    ASSERT_TRUE(t.ok()) << escape << ": " << t.status();
+    const absl::Status s = t->Apply({{"user", "x"}}, true).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << escape;
+    EXPECT_NE(s.message().find("SecurityError"), absl::string_view::npos) << escape << ": " << s;
+  }
+}
+
+TEST(ChatTemplateTest, RolesPassToTheTemplate) {
+  // Any role reaches the template; "developer" is "system" only for templates without it.
+  EXPECT_EQ(Render(kSmolLm2, {{"robot", "x"}}, false),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>robot\nx<|im_end|>\n");
+  EXPECT_EQ(Render(kSmolLm2, {{"developer", "d"}}, false), "<|im_start|>system\nd<|im_end|>\n");
+  EXPECT_EQ(Render("{% for m in messages %}{{ m.role }}{% endfor %}{# developer #}",
+                   {{"developer", "d"}}),
+            "developer");
 }
 
 TEST(ChatTemplateTest, ToolsRenderForChatMlAndAreRefusedByLlama3) {
   auto chatml = ChatTemplate::FromTemplateText(kSmolLm2);
   ASSERT_TRUE(chatml.ok());
+  EXPECT_FALSE(chatml->renders_tools());
   ChatMessage call{"assistant", ""};
   call.tool_calls.push_back({"c1", "f", R"({"x":1})"});
   ChatMessage result{"tool", "42"};
@@ -173,11 +200,16 @@ TEST(ChatTemplateTest, ToolsRenderForChatMlAndAreRefusedByLlama3) {
   auto out = chatml->Apply({{"user", "Hi"}, call, result}, true,
                            {R"({"type":"function","function":{"name":"f"}})"});
   ASSERT_TRUE(out.ok()) << out.status();
+  // The tools turn carries the model's default system text (SmolLM2's), as Qwen2.5's does its.
+  EXPECT_TRUE(absl::StartsWith(*out, "<|im_start|>system\nYou are a helpful AI assistant named "
+                                     "SmolLM, trained by Hugging Face\n\n# Tools\n\n"))
+      << *out;
   EXPECT_NE(out->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n</tools>"),
             std::string::npos) << *out;
-  EXPECT_NE(out->find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
-                      "{\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n42\n"
-                      "</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+  EXPECT_NE(out->find("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+                      "{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n"
+                      "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                      "<|im_start|>assistant\n"),
             std::string::npos) << *out;
   call.tool_calls[0].arguments = "{oops";
   EXPECT_EQ(chatml->Apply({call}, true).status().message(),
@@ -196,7 +228,6 @@ TEST(ChatTemplateTest, FromRealModel) {
   ASSERT_TRUE(file.ok()) << file.status();
   auto t = ChatTemplate::FromGguf(**file);
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(t->kind(), ChatTemplateKind::kChatMl);
   auto out = t->Apply({{"user", "What is 2+2?"}}, true);
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out,

@@ -115,7 +115,7 @@ TEST(OpenAiRequestTest, ResponseFormatLogitBiasAndDeveloperRole) {
           "schema": {"type": "object", "properties": {"zeta": {"type": "string"},
                                                       "alpha": {"type": "integer"}}}}}})");
   const v1::GenerateRequest& g = r.generate;
-  EXPECT_EQ(g.chat().messages(0).role(), "system");
+  EXPECT_EQ(g.chat().messages(0).role(), "developer");  // the template decides
   EXPECT_EQ(g.sampling().logit_bias().at(42), -100.0f);
   EXPECT_EQ(g.sampling().logit_bias().at(7), 3.5f);
   // The schema's property order survives (it is the order properties are generated in).
