@@ -53,7 +53,8 @@ class ChatTemplate {
                                     bool add_generation_prompt,
                                     const std::vector<std::string>& tools = {}) const;
 
-  // Whether the model's own template has a tool section.
+  // Whether the model's own template has a tool section (it mentions "tool" at all: every
+  // template in the test corpus that renders tools, tool calls or tool results does).
   bool renders_tools() const { return renders_tools_; }
 
  private:
