@@ -4,7 +4,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-
 #include "absl/strings/str_cat.h"
 #include "model/template/jinja_env_py.h"
 #include "nlohmann/json.hpp"
@@ -48,6 +47,7 @@ struct Runtime {
   PyObject* compile = nullptr;
   PyObject* render = nullptr;
   PyObject* describe = nullptr;
+  PyObject* interpreter = nullptr;
 };
 
 // The pending Python exception as text (jinja_env.describe's wording), clearing it.
@@ -97,7 +97,13 @@ absl::Status StartInterpreter() {
   config.install_signal_handlers = 0;  // the daemon owns SIGINT and SIGTERM
   config.write_bytecode = 0;
   config.site_import = 1;  // Debian's site module adds /usr/lib/python3/dist-packages
-  status = Py_InitializeFromConfig(&config);
+  // Both pinned (CMakeLists.txt says why): the program decides whether a pyvenv.cfg applies,
+  // the home where the standard library is.
+  status = PyConfig_SetBytesString(&config, &config.program_name, WINNOW_PYTHON_PROGRAM);
+  if (!PyStatus_Exception(status)) {
+    status = PyConfig_SetBytesString(&config, &config.home, WINNOW_PYTHON_HOME);
+  }
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
   PyConfig_Clear(&config);
   if (PyStatus_Exception(status)) {
     return absl::FailedPreconditionError(
@@ -119,7 +125,9 @@ absl::Status LoadEnvironment(Runtime* rt) {
   rt->compile = PyObject_GetAttrString(module.p, "compile_template");
   rt->render = PyObject_GetAttrString(module.p, "render");
   rt->describe = PyObject_GetAttrString(module.p, "describe");
-  if (rt->compile == nullptr || rt->render == nullptr || rt->describe == nullptr) {
+  rt->interpreter = PyObject_GetAttrString(module.p, "interpreter");
+  if (rt->compile == nullptr || rt->render == nullptr || rt->describe == nullptr ||
+      rt->interpreter == nullptr) {
     return absl::InternalError(absl::StrCat("chat templates: ", TakeError(*rt)));
   }
   return absl::OkStatus();
@@ -144,6 +152,19 @@ const Runtime& GetRuntime() {
 }
 
 }  // namespace
+
+std::string_view PythonHome() { return WINNOW_PYTHON_HOME; }
+
+absl::StatusOr<nlohmann::json> Interpreter() {
+  const Runtime& rt = GetRuntime();
+  if (!rt.status.ok()) return rt.status;
+  Gil gil;
+  Ref text(PyObject_CallNoArgs(rt.interpreter));
+  if (text.p == nullptr || !PyUnicode_Check(text.p)) {
+    return absl::InternalError(absl::StrCat("chat templates: ", TakeError(rt)));
+  }
+  return nlohmann::json::parse(Utf8(text.p));
+}
 
 struct Template::Compiled {
   PyObject* object = nullptr;  // a jinja2 Template

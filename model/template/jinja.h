@@ -15,6 +15,15 @@
 
 namespace winnow::model::jinja {
 
+// The prefix of the libpython the binary links (pkg-config's python3-embed), which the
+// interpreter takes as its home whatever python3 comes first in PATH (a venv's included).
+std::string_view PythonHome();
+
+// What renders the templates, starting the interpreter if it has not started: {"python":
+// version, "prefix": sys.prefix, "stdlib": the os module's directory, "jinja2": version,
+// "jinja2_path": its package directory}. FailedPrecondition as Compile's.
+absl::StatusOr<nlohmann::json> Interpreter();
+
 class Template {
  public:
   // Compiles `source`. InvalidArgument with jinja2's message (syntax errors name the line);

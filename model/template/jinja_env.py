@@ -8,6 +8,8 @@ tojson (json.dumps, non-ASCII kept), raise_exception, strftime_now, dict and nam
 """
 import datetime
 import json
+import os
+import sys
 
 import jinja2
 import jinja2.ext
@@ -106,3 +108,11 @@ def describe(error):
     if type(error) is jinja2.exceptions.TemplateError:
         return str(error)
     return f"{type(error).__name__}: {error}"
+
+
+def interpreter():
+    """What renders the templates, as JSON (jinja.h's Interpreter)."""
+    return json.dumps({
+        "python": sys.version.split()[0], "prefix": sys.prefix,
+        "stdlib": os.path.dirname(os.__file__), "jinja2": jinja2.__version__,
+        "jinja2_path": os.path.dirname(jinja2.__file__)})

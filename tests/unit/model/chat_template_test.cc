@@ -4,17 +4,44 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "model/gguf.h"
+#include "model/template/jinja.h"
+#include "nlohmann/json.hpp"
 
 namespace winnow::model {
 namespace {
 
 // SmolLM2-135M-Instruct's template as stored in its GGUF (the newlines inside the string
 // literals are real newlines there).
+// The interpreter is the libpython the binary links, with its own standard library and
+// site-packages, whatever python3 comes first in PATH: an activated venv's would otherwise
+// lend its site-packages, without the system's jinja2. The test runs under such a PATH.
+TEST(JinjaInterpreterTest, IsTheOneTheBinaryLinks) {
+  // A venv of nothing first in PATH (ctest runs each test in a process of its own, so the
+  // interpreter starts here).
+  const std::filesystem::path venv =
+      std::filesystem::path(::testing::TempDir()) / "winnow-jinja-venv";
+  std::filesystem::create_directories(venv / "bin");
+  std::ofstream(venv / "pyvenv.cfg") << "home = /usr/bin\ninclude-system-site-packages = false\n";
+  std::ofstream(venv / "bin" / "python3") << "#!/bin/sh\n";
+  std::filesystem::permissions(venv / "bin" / "python3", std::filesystem::perms::owner_all);
+  const char* path = std::getenv("PATH");
+  setenv("PATH", ((venv / "bin").string() + ":" + (path != nullptr ? path : "")).c_str(), 1);
+  auto info = jinja::Interpreter();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string home(jinja::PythonHome());
+  EXPECT_EQ((*info)["prefix"], home) << info->dump();
+  EXPECT_TRUE(absl::StartsWith((*info)["stdlib"].get<std::string>(), home + "/lib/python3"))
+      << info->dump();
+  EXPECT_TRUE(absl::StartsWith((*info)["jinja2_path"].get<std::string>(), home + "/lib/python3"))
+      << info->dump();
+}
+
 constexpr char kSmolLm2[] =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
