@@ -108,6 +108,12 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& j
   ChatTemplate t(std::move(compiled), std::move(special));
   t.renders_tools_ = absl::StrContains(jinja_text, "tool");
   t.knows_developer_ = absl::StrContains(jinja_text, "developer");
+  // Llama 3.x's templates ask for {"name": ..., "parameters": ...} and write past calls so.
+  if (t.renders_tools_ && !absl::StrContains(jinja_text, "<tool_call>") &&
+      absl::StrContains(jinja_text, "<|start_header_id|>") &&
+      absl::StrContains(jinja_text, "\"parameters\": ")) {
+    t.tool_call_syntax_ = ToolCallSyntax::kLlamaJson;
+  }
   if (!t.renders_tools_ && absl::StrContains(jinja_text, kImStart)) {
     WINNOW_ASSIGN_OR_RETURN(jinja::Template tools, jinja::Template::Compile(kChatMlToolsJinja));
     t.chatml_tools_ = std::move(tools);

@@ -27,6 +27,11 @@ struct ChatMessage {
   std::string tool_call_id;          // tool turns
 };
 
+// How a model writes tool calls in its replies, as its template teaches it: Hermes'
+// <tool_call>{"name", "arguments"}</tool_call> blocks (Qwen, Hermes, and winnow's ChatML tool
+// template), or Llama 3.1-3.3's reply that is one {"name", "parameters"} object.
+enum class ToolCallSyntax { kHermes, kLlamaJson };
+
 // The special tokens a template may read (bos_token, ...), as text; empty ones are not passed.
 struct SpecialTokens {
   std::string bos, eos, unk, pad;
@@ -56,6 +61,7 @@ class ChatTemplate {
   // Whether the model's own template has a tool section (it mentions "tool" at all: every
   // template in the test corpus that renders tools, tool calls or tool results does).
   bool renders_tools() const { return renders_tools_; }
+  ToolCallSyntax tool_call_syntax() const { return tool_call_syntax_; }
 
  private:
   ChatTemplate(jinja::Template tmpl, SpecialTokens special)
@@ -65,6 +71,7 @@ class ChatTemplate {
   SpecialTokens special_;
   bool renders_tools_ = false;
   bool knows_developer_ = false;
+  ToolCallSyntax tool_call_syntax_ = ToolCallSyntax::kHermes;
   // ChatML models whose template has no tool section: winnow's tool template, and the system
   // text the model's template inserts into a chat without one.
   std::optional<jinja::Template> chatml_tools_;

@@ -172,9 +172,10 @@ absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& r
 }
 
 // The grammar of a chat's tool_choice: required or a tool's name constrain the reply to tool
-// calls (null for auto and none, which leave the reply free).
+// calls in the syntax the model's template teaches (null for auto and none, which leave the
+// reply free). Llama 3.x writes one call per turn, so its replies hold one.
 absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGrammar(
-    const v1::ChatMessages& chat) {
+    const v1::ChatMessages& chat, const model::Model& model) {
   const std::string& choice = chat.tool_choice();
   if (choice.empty() || choice == "auto" || choice == "none") return nullptr;
   if (chat.tools().empty()) return Invalid("chat.tool_choice", "needs chat.tools");
@@ -189,9 +190,15 @@ absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGra
                    absl::StrCat("must be auto, none, required or a tool's name; no tool is "
                                 "named '", choice, "'"));
   }
-  const bool parallel = chat.has_parallel_tool_calls() ? chat.parallel_tool_calls() : true;
+  const bool llama_json = model.chat_template().ok() &&
+                          model.chat_template()->tool_call_syntax() ==
+                              model::ToolCallSyntax::kLlamaJson;
+  const bool parallel =
+      !llama_json && (chat.has_parallel_tool_calls() ? chat.parallel_tool_calls() : true);
   absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> grammar =
-      structured::CompileToolCalls(tools, parallel);
+      structured::CompileToolCalls(
+          tools, parallel,
+          llama_json ? structured::ToolCallFormat::LlamaJson() : structured::ToolCallFormat{});
   if (!grammar.ok()) {
     // "tools[1].parameters: ..." -> "chat.tools[1].parameters: ...".
     return absl::InvalidArgumentError(absl::StrCat("chat.", grammar.status().message()));
@@ -203,10 +210,10 @@ absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGra
 // chat's tool_choice requires. Compiled grammars are shared by schema text
 // (structured/grammar_cache.h).
 absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> BuildGrammar(
-    const v1::GenerateRequest& request) {
+    const v1::GenerateRequest& request, const model::Model& model) {
   std::shared_ptr<const structured::CompiledGrammar> tool_calls;
   if (request.has_chat()) {
-    WINNOW_ASSIGN_OR_RETURN(tool_calls, ToolChoiceGrammar(request.chat()));
+    WINNOW_ASSIGN_OR_RETURN(tool_calls, ToolChoiceGrammar(request.chat(), model));
   }
   const v1::ResponseFormat& format = request.response_format();
   const bool has_format = format.format_case() != v1::ResponseFormat::FORMAT_NOT_SET;
@@ -596,7 +603,7 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
                           BuildSampling(request, model.config().vocab_size));
   WINNOW_RETURN_IF_ERROR(CheckCompressionSpec(request.compression()));
   WINNOW_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledGrammar> grammar,
-                          BuildGrammar(request));
+                          BuildGrammar(request, model));
 
   WINNOW_ASSIGN_OR_RETURN(PromptInput prompt, BuildPrompt(request, model));
   const int32_t prompt_len = static_cast<int32_t>(prompt.tokens.size());

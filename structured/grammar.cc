@@ -112,15 +112,16 @@ class SchemaCompiler {
       Node object;
       object.kind = NodeKind::kObject;
       object.properties = {{"name", Add(Literals({Json(tools[i].name).dump()})), true},
-                           {"arguments", arguments, true}};
+                           {format.arguments_key, arguments, true}};
       object.key_trie.Insert("\"name\"", 0);
-      object.key_trie.Insert("\"arguments\"", 1);
+      object.key_trie.Insert(Json(format.arguments_key).dump(), 1);
       call.alternatives.push_back(Add(std::move(object)));
     }
     Node one;
     one.kind = NodeKind::kSequence;
-    one.sequence = {Add(Literals({format.open})), Add(std::move(call)),
-                    Add(Literals({format.close}))};
+    if (!format.open.empty()) one.sequence.push_back(Add(Literals({format.open})));
+    one.sequence.push_back(Add(std::move(call)));
+    if (!format.close.empty()) one.sequence.push_back(Add(Literals({format.close})));
     const int32_t one_call = Add(std::move(one));
     if (!parallel) {
       grammar->root_ = one_call;

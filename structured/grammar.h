@@ -44,12 +44,16 @@ struct ToolSpec {
   std::string parameters;
 };
 
-// How tool calls are written: open + {"name": ..., "arguments": {...}} + close, several
+// How tool calls are written: open + {"name": ..., "<arguments_key>": {...}} + close, several
 // separated by `separator` when parallel calls are allowed (Hermes / Qwen2.5's format by default).
 struct ToolCallFormat {
   std::string open = "<tool_call>\n";
   std::string close = "\n</tool_call>";
   std::string separator = "\n";
+  std::string arguments_key = "arguments";
+
+  // Llama 3.1-3.3's JSON tool calls: the reply is {"name": ..., "parameters": {...}} alone.
+  static ToolCallFormat LlamaJson() { return {"", "", "", "parameters"}; }
 };
 
 struct Property {

@@ -56,15 +56,19 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(std::st
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileToolCalls(
-    const std::vector<ToolSpec>& tools, bool parallel) {
+    const std::vector<ToolSpec>& tools, bool parallel, const ToolCallFormat& format) {
   // The key: everything the grammar depends on, unambiguously (lengths before texts).
   std::string key = parallel ? "tools+parallel:" : "tools:";
+  for (const std::string* part : {&format.open, &format.close, &format.separator,
+                                  &format.arguments_key}) {
+    absl::StrAppend(&key, part->size(), ":", *part);
+  }
   for (const ToolSpec& t : tools) {
     absl::StrAppend(&key, t.name.size(), ":", t.name, t.parameters.size(), ":", t.parameters);
   }
   if (auto cached = Cache().Find(key); cached != nullptr) return cached;
   absl::StatusOr<std::shared_ptr<const Grammar>> grammar =
-      Grammar::ForToolCalls(tools, parallel, ToolCallFormat{});
+      Grammar::ForToolCalls(tools, parallel, format);
   if (!grammar.ok()) return grammar.status();
   auto compiled = std::make_shared<const CompiledGrammar>(*std::move(grammar));
   Cache().Insert(key, compiled);

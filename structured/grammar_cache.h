@@ -18,9 +18,9 @@ namespace winnow::structured {
 inline constexpr size_t kCachedGrammars = 32;
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileJsonSchema(std::string_view schema);
 
-// Calls of `tools` (Grammar::ForToolCalls, in the default Hermes format), cached like schemas.
+// Calls of `tools` (Grammar::ForToolCalls, Hermes' format unless told), cached like schemas.
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileToolCalls(
-    const std::vector<ToolSpec>& tools, bool parallel);
+    const std::vector<ToolSpec>& tools, bool parallel, const ToolCallFormat& format = {});
 
 // Any JSON object (response_format json_object): one grammar for the process.
 std::shared_ptr<const CompiledGrammar> JsonObjectGrammar();

@@ -121,7 +121,7 @@ std::string CompletionBody(const ResponseContext& ctx, const std::vector<ChoiceO
     Json choice = {{"index", i}, {"finish_reason", OpenAiFinishReason(c.reason)}};
     int64_t offset = 0;
     if (chat && ctx.tools) {
-      const ParsedReply reply = ParseToolCalls(c.text);
+      const ParsedReply reply = ParseToolCalls(c.text, ctx.tool_syntax);
       const bool called = !reply.calls.empty();
       choice["message"] = {{"role", "assistant"},
                            {"content", called && reply.content.empty() ? Json()
@@ -213,8 +213,11 @@ std::string StreamFormatter::Finish(int index, scheduler::FinishReason reason) {
   const char* finish_reason = OpenAiFinishReason(reason);
   if (ctx_.tools) {
     ToolCallStream& calls = tool_calls_[index];
-    const ParsedReply rest = calls.Finish();  // an unclosed block is content
+    const int before = calls.calls_so_far();
+    // An unclosed block is content; a Llama 3.x call is known only once the reply ends.
+    const ParsedReply rest = calls.Finish();
     if (!rest.content.empty()) out += Chunk(index, rest.content, {}, nullptr);
+    if (!rest.calls.empty()) out += ToolCallsChunk(index, rest.calls, before);
     finish_reason = FinishReasonWithCalls(reason, calls.calls_so_far() > 0);
   }
   return out + Chunk(index, "", {}, finish_reason);

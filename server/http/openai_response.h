@@ -26,6 +26,7 @@ struct ResponseContext {
   bool logprobs = false;
   bool include_usage = false;  // streams: a last chunk with usage (and "usage": null before)
   bool tools = false;  // chat with tools offered: tool calls in the reply become tool_calls
+  model::ToolCallSyntax tool_syntax = model::ToolCallSyntax::kHermes;  // how the model writes them
   bool echo = false;       // completions: each choice starts with its prompt
   bool echo_only = false;  // ... and holds nothing else (max_tokens 0)
   const model::Tokenizer* tokenizer = nullptr;  // token text for logprobs
@@ -58,7 +59,9 @@ std::string CompletionBody(const ResponseContext& ctx, const std::vector<ChoiceO
 class StreamFormatter {
  public:
   StreamFormatter(ResponseContext ctx, int choices)
-      : ctx_(std::move(ctx)), text_offset_(choices, 0), tool_calls_(choices) {}
+      : ctx_(std::move(ctx)),
+        text_offset_(choices, 0),
+        tool_calls_(choices, ToolCallStream(ctx_.tool_syntax)) {}
   // Chat streams open each choice with the assistant role; completions have no such chunk.
   std::string Start(int index);
   std::string Delta(int index, const std::string& text,

@@ -1,5 +1,6 @@
 #include "server/http/tool_calls.h"
 
+#include <algorithm>
 #include <random>
 #include <string_view>
 
@@ -13,6 +14,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
 
 std::string NewCallId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -27,13 +29,14 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// The call in a block's body ({"name": ..., "arguments": {...}}), or false.
+// The call in a block's body ({"name": ..., "arguments" or "parameters": {...}}), or false.
 bool ParseCall(std::string_view body, ParsedToolCall* call) {
   const Json j = Json::parse(Trim(body), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   const auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
-  const auto arguments = j.find("arguments");
+  auto arguments = j.find("arguments");
+  if (arguments == j.end()) arguments = j.find("parameters");
   call->id = NewCallId();
   call->name = name->get<std::string>();
   call->arguments = arguments == j.end() ? "{}" : arguments->dump();
@@ -50,11 +53,12 @@ size_t PossibleOpenPrefix(std::string_view text) {
 
 }  // namespace
 
-ParsedReply ParseToolCalls(const std::string& text) {
-  ToolCallStream stream;
+ParsedReply ParseToolCalls(const std::string& text, model::ToolCallSyntax syntax) {
+  ToolCallStream stream(syntax);
   ParsedReply reply = stream.Feed(text);
   ParsedReply rest = stream.Finish();
   reply.content += rest.content;
+  for (ParsedToolCall& call : rest.calls) reply.calls.push_back(std::move(call));
   return reply;
 }
 
@@ -71,7 +75,25 @@ void ToolCallStream::Emit(std::string_view text, std::string* content) {
   held_space_ = std::string(text.substr(end));
 }
 
+ParsedReply ToolCallStream::FeedLlama(const std::string& delta) {
+  ParsedReply out;
+  if (plain_) {
+    out.content = delta;
+    return out;
+  }
+  pending_ += delta;
+  std::string_view start = Trim(pending_);
+  const bool may_be_tag = kPythonTag.substr(0, std::min(start.size(), kPythonTag.size())) ==
+                          start.substr(0, std::min(start.size(), kPythonTag.size()));
+  if (start.empty() || may_be_tag || start.front() == '{') return out;  // held
+  plain_ = true;
+  out.content = std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
 ParsedReply ToolCallStream::Feed(const std::string& delta) {
+  if (syntax_ == model::ToolCallSyntax::kLlamaJson) return FeedLlama(delta);
   pending_ += delta;
   ParsedReply out;
   for (;;) {
@@ -103,6 +125,19 @@ ParsedReply ToolCallStream::Feed(const std::string& delta) {
 
 ParsedReply ToolCallStream::Finish() {
   ParsedReply out;
+  if (syntax_ == model::ToolCallSyntax::kLlamaJson) {
+    std::string_view body = Trim(pending_);
+    if (body.substr(0, kPythonTag.size()) == kPythonTag) body.remove_prefix(kPythonTag.size());
+    ParsedToolCall call;
+    if (!plain_ && ParseCall(body, &call)) {
+      out.calls.push_back(std::move(call));
+      ++calls_;
+    } else {
+      out.content = std::move(pending_);
+    }
+    pending_.clear();
+    return out;
+  }
   // Trailing whitespace is the reply's own unless it follows a call.
   if (calls_ == 0 || !pending_.empty()) out.content = held_space_;
   out.content += pending_;

@@ -222,6 +222,43 @@ def test_daemon_template_error_is_400_with_its_message(llama31_daemon):
     daemon.wait_pool_free()
 
 
+def test_daemon_tool_calls_in_llama_format(llama31_daemon):
+    """With Llama 3.1's template the daemon asks for, constrains and parses Llama's JSON tool
+    calls ({"name", "parameters"}), whole and streamed, and the call and its result go back
+    through the template for the answer."""
+    import jsonschema
+    from openai import OpenAI
+
+    daemon, _ = llama31_daemon
+    client = OpenAI(base_url=daemon.http_url + "/v1", api_key="none")
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+            "additionalProperties": False}}}
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    kwargs = dict(model="m", messages=ask, tools=[tool], tool_choice="required", temperature=0,
+                  max_tokens=48)
+    out = client.chat.completions.create(**kwargs).choices[0]
+    assert out.finish_reason == "tool_calls", out
+    assert len(out.message.tool_calls) == 1
+    call = out.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    streamed = {"name": "", "arguments": ""}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed["name"] += delta.function.name or ""
+            streamed["arguments"] += delta.function.arguments or ""
+    assert streamed == {"name": call.function.name, "arguments": call.function.arguments}
+    history = ask + [out.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "4 C, clear"}]
+    answer = client.chat.completions.create(model="m", messages=history, tools=[tool],
+                                            tool_choice="none", temperature=0, max_tokens=8)
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+    daemon.wait_pool_free()
+
+
 def test_daemon_refuses_a_template_that_does_not_compile(tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}")

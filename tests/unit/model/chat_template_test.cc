@@ -247,6 +247,25 @@ TEST(ChatTemplateTest, ToolsRenderForChatMlAndAreRefusedByLlama3) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ChatTemplateTest, ToolCallSyntaxFollowsTheTemplate) {
+  auto smollm = ChatTemplate::FromTemplateText(kSmolLm2);  // winnow's ChatML tool template
+  ASSERT_TRUE(smollm.ok());
+  EXPECT_EQ(smollm->tool_call_syntax(), ToolCallSyntax::kHermes);
+  // Llama 3.1's tool section, reduced to what marks it: past calls as {"name", "parameters"}.
+  auto llama = ChatTemplate::FromTemplateText(
+      "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+      "{% if m.tool_calls %}{{ '{\"name\": \"' + m.tool_calls[0].function.name + '\", ' }}"
+      "{{ '\"parameters\": ' + m.tool_calls[0].function.arguments | tojson + '}' }}"
+      "{% else %}{{ m.content }}{% endif %}<|eot_id|>{% endfor %}");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->tool_call_syntax(), ToolCallSyntax::kLlamaJson);
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"c1", "f", R"({"x":1})"});
+  EXPECT_EQ(*llama->Apply({call}, false),
+            "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"f\", \"parameters\": "
+            "{\"x\": 1}}<|eot_id|>");
+}
+
 TEST(ChatTemplateTest, FromRealModel) {
   const char* env = std::getenv("WINNOW_TEST_MODEL");
   const std::string path = env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";

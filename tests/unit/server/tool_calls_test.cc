@@ -57,5 +57,50 @@ TEST(ToolCallsTest, StreamsCutAnywhereGiveTheSameReply) {
   }
 }
 
+TEST(ToolCallsTest, LlamaJsonReplies) {
+  using model::ToolCallSyntax;
+  ParsedReply r = ParseToolCalls(
+      " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n",
+      ToolCallSyntax::kLlamaJson);
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, "{\"city\":\"Oslo\"}");
+  r = ParseToolCalls("<|python_tag|>{\"name\": \"now\", \"parameters\": {}}",
+                     ToolCallSyntax::kLlamaJson);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "now");
+  // Text, JSON that is not a call, and a Hermes block are content in this syntax.
+  for (const std::string text : {"It is sunny.", "{\"city\": \"Oslo\"}", "{\"name\": ",
+                                 "<tool_call>{\"name\": \"f\"}</tool_call>", "<b>bold</b>"}) {
+    r = ParseToolCalls(text, ToolCallSyntax::kLlamaJson);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+}
+
+TEST(ToolCallsTest, LlamaJsonStreamsHoldOnlyWhatMayBeACall) {
+  using model::ToolCallSyntax;
+  const std::string call = "{\"name\": \"f\", \"parameters\": {\"x\": 1}}";
+  for (size_t step = 1; step <= 5; ++step) {
+    ToolCallStream stream(ToolCallSyntax::kLlamaJson);
+    std::vector<ParsedToolCall> calls;
+    for (size_t i = 0; i < call.size(); i += step) {
+      ParsedReply part = stream.Feed(call.substr(i, step));
+      EXPECT_EQ(part.content, "") << step;  // held: it may be (and is) a call
+    }
+    ParsedReply end = stream.Finish();
+    ASSERT_EQ(end.calls.size(), 1u) << step;
+    EXPECT_EQ(end.calls[0].arguments, "{\"x\":1}");
+  }
+  // Plain text goes out as soon as it cannot be a call.
+  ToolCallStream stream(ToolCallSyntax::kLlamaJson);
+  EXPECT_EQ(stream.Feed(" ").content, "");
+  EXPECT_EQ(stream.Feed("<").content, "");
+  EXPECT_EQ(stream.Feed("b>Hi").content, " <b>Hi");
+  EXPECT_EQ(stream.Feed(" there").content, " there");
+  EXPECT_EQ(stream.Finish().content, "");
+}
+
 }  // namespace
 }  // namespace winnow::server::http

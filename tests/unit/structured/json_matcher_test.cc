@@ -202,6 +202,19 @@ TEST(JsonMatcherTest, ToolCallsInHermesFormat) {
             "tools[0].parameters.not: the keyword \"not\" is not supported in structured output");
 }
 
+TEST(JsonMatcherTest, ToolCallsInLlamaJsonFormat) {
+  const std::vector<ToolSpec> tools = {
+      {"get_weather", R"({"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]})"}};
+  auto grammar = Grammar::ForToolCalls(tools, /*parallel=*/false, ToolCallFormat::LlamaJson());
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const JsonMatcher m(*grammar);
+  EXPECT_TRUE(Accepts(m, R"({"name": "get_weather", "parameters": {"city": "Oslo"}})"));
+  EXPECT_FALSE(IsPrefix(m, R"({"name": "get_weather", "arguments")"));
+  EXPECT_FALSE(IsPrefix(m, "<tool_call>"));
+  EXPECT_FALSE(IsPrefix(m, "Sure"));
+}
+
 TEST(JsonMatcherTest, WhitespaceIsBounded) {
   const JsonMatcher m = Matcher(R"({"type": "array"})");
   EXPECT_TRUE(IsPrefix(m, "[" + std::string(kMaxWhitespace, ' ')));
