@@ -1,6 +1,7 @@
 #include "server/inference_service.h"
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <random>
@@ -12,6 +13,7 @@
 #include "absl/time/time.h"
 #include "base/mutex.h"
 #include "base/tsan.h"
+#include "grpcpp/alarm.h"
 
 namespace winnow::server {
 
@@ -105,87 +107,46 @@ absl::Time ToAbslDeadline(std::chrono::system_clock::time_point deadline) {
   return absl::FromChrono(deadline);
 }
 
-// One Generate call: the gRPC reactor and the engine's sink in one object, so that the engine's
-// shared_ptr keeps it alive after gRPC is done with it (late events are dropped).
+bool Succeeded(const scheduler::FinishEvent& event) {
+  return event.reason == scheduler::FinishReason::kStop ||
+         event.reason == scheduler::FinishReason::kLength;
+}
+
+void CopyUsage(const scheduler::Usage& from, v1::Usage* usage) {
+  usage->set_prompt_tokens(from.prompt_tokens);
+  usage->set_cached_prompt_tokens(from.cached_prompt_tokens);
+  usage->set_completion_tokens(from.completion_tokens);
+  usage->set_kv_blocks_peak(from.kv_blocks_peak);
+  usage->set_kv_blocks_final(from.kv_blocks_at_finish);
+  for (int32_t n : from.kv_tokens_per_layer) usage->add_kv_tokens_per_layer(n);
+  usage->set_preemptions(from.preemptions);
+  usage->set_kv_blocks_freed_by_compression(from.kv_blocks_freed_by_compression);
+  usage->set_kv_tokens_evicted(from.kv_tokens_evicted);
+  for (int32_t n : from.kv_tokens_kept_per_layer) usage->add_kv_tokens_kept_per_layer(n);
+}
+
+// One Generate call: the gRPC reactor for the engine requests of its samples (one unless
+// GenerateRequest.n says more). Each sample's engine sink (SampleSink) holds a shared_ptr to this
+// object, so it outlives gRPC's use of it while the engine still calls back (late events are
+// dropped).
 // gRPC runs each reaction after the call that led to it (returning the reactor, StartWrite,
 // Finish), often on another thread, ordered inside gRPC where TSan cannot see it; the
 // HappensBefore / HappensAfter pairs below state that order (base/tsan.h).
-class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
-                             public scheduler::RequestSink {
+class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   explicit GenerateStream(ServingState* state) : state_(state) {}
 
   void Start(std::shared_ptr<GenerateStream> self, grpc::CallbackServerContext* context,
-             const v1::GenerateRequest& request) {
-    self_ = std::move(self);
-    absl::Status st = Authenticate(*state_, *context);
-    if (st.ok()) st = CheckServing(*state_, /*generate=*/true);
-    absl::StatusOr<scheduler::GenerationRequest> req;
-    if (st.ok()) {
-      req = BuildGenerationRequest(request, *state_->model.load(), state_->limits);
-      st = req.status();
-    }
-    if (!st.ok()) return Reject(st);
-    request_id_ = req->request_id.empty() ? NewRequestId() : req->request_id;
-    req->request_id = request_id_;
-    req->deadline = ToAbslDeadline(context->deadline());
-    scheduler::Engine* engine = state_->engine.load();
-    // Submit without holding mu_: the engine thread may already call back into this sink.
-    absl::StatusOr<uint64_t> id = engine->Submit(std::move(*req), self_);
-    if (!id.ok()) return Reject(id.status());
-    bool cancel_now;
-    {
-      base::MutexLock lock(&mu_);
-      engine_ = engine;
-      engine_id_ = *id;
-      submitted_ = true;
-      cancel_now = client_gone_ && !engine_finished_;
-    }
-    if (cancel_now) engine->Cancel(*id);
-  }
+             const v1::GenerateRequest& request);
 
-  // RequestSink: engine thread.
-  void OnTokens(const scheduler::TokenEvent& event) override {
-    base::MutexLock lock(&mu_);
-    if (finish_called_) return;
-    for (int32_t id : event.token_ids) pending_.add_token_ids(id);
-    pending_.mutable_text()->append(event.text);
-    for (const scheduler::TokenLogprob& lp : event.logprobs) {
-      CopyLogprob(lp, pending_.add_logprobs());
-    }
-    for (const scheduler::TokenLogprob& lp : event.prompt_logprobs) {
-      CopyLogprob(lp, pending_.add_prompt_logprobs());
-    }
-    has_pending_ = true;
-    PumpLocked();
-  }
-
-  void OnFinish(const scheduler::FinishEvent& event) override {
-    base::MutexLock lock(&mu_);
-    engine_finished_ = true;
-    if (finish_called_) return;
-    pending_.set_finish_reason(ToProto(event.reason));
-    v1::Usage* usage = pending_.mutable_usage();
-    usage->set_prompt_tokens(event.usage.prompt_tokens);
-    usage->set_cached_prompt_tokens(event.usage.cached_prompt_tokens);
-    usage->set_completion_tokens(event.usage.completion_tokens);
-    usage->set_kv_blocks_peak(event.usage.kv_blocks_peak);
-    usage->set_kv_blocks_final(event.usage.kv_blocks_at_finish);
-    for (int32_t n : event.usage.kv_tokens_per_layer) usage->add_kv_tokens_per_layer(n);
-    usage->set_preemptions(event.usage.preemptions);
-    usage->set_kv_blocks_freed_by_compression(event.usage.kv_blocks_freed_by_compression);
-    usage->set_kv_tokens_evicted(event.usage.kv_tokens_evicted);
-    for (int32_t n : event.usage.kv_tokens_kept_per_layer) usage->add_kv_tokens_kept_per_layer(n);
-    has_pending_ = true;
-    final_status_ = FinalStatus(event);
-    PumpLocked();
-  }
+  // The engine thread, for sample `index`.
+  void OnSampleTokens(int index, const scheduler::TokenEvent& event);
+  void OnSampleFinish(int index, const scheduler::FinishEvent& event);
 
   // gRPC reactions.
   void OnWriteDone(bool ok) override {
     base::HappensAfter(this);
-    uint64_t cancel_id = 0;
-    bool cancel = false;
+    std::vector<uint64_t> cancel;
     {
       base::MutexLock lock(&mu_);
       writing_ = false;
@@ -194,21 +155,20 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
         return;
       }
       // The stream broke: the client is gone. Stop generating for nobody.
-      cancel = ClientGoneLocked(&cancel_id);
+      cancel = ClientGoneLocked();
     }
-    if (cancel) engine_->Cancel(cancel_id);
+    CancelAll(cancel);
   }
 
   void OnCancel() override {
     base::HappensAfter(this);
-    uint64_t cancel_id = 0;
-    bool cancel;
+    std::vector<uint64_t> cancel;
     {
       base::MutexLock lock(&mu_);
-      cancel = ClientGoneLocked(&cancel_id);
+      cancel = ClientGoneLocked();
     }
-    // Outside mu_: Cancel takes the engine's lock, under which the engine may call our sink.
-    if (cancel) engine_->Cancel(cancel_id);
+    // Outside mu_: Cancel takes the engine's lock, under which the engine may call our sinks.
+    CancelAll(cancel);
   }
 
   void OnDone() override {
@@ -227,34 +187,71 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
     if (state_->metrics != nullptr) {
       state_->metrics->OnRejected(absl::StatusCodeToString(status.code()));
     }
-    base::MutexLock lock(&mu_);
-    FinishLocked(ToGrpcStatus(status));
+    std::vector<uint64_t> cancel;
+    {
+      base::MutexLock lock(&mu_);
+      if (!finish_called_) FinishLocked(ToGrpcStatus(status));
+      cancel = UnfinishedLocked();
+    }
+    CancelAll(cancel);
   }
 
-  // Returns true when the engine request should be cancelled (by the caller, outside mu_).
-  bool ClientGoneLocked(uint64_t* id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Submits samples [begin, end) of requests_; on a refusal the call fails. Once the call has
+  // stopped, the rest are never submitted.
+  void Submit(const std::shared_ptr<GenerateStream>& self, size_t begin, size_t end);
+  // The client is gone, the call finished, or a sample failed.
+  bool StoppedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return client_gone_ || finish_called_ || failure_.has_value();
+  }
+  // With prefix caching, samples 1.. start once sample 0 has prefilled (its first event): they
+  // then attach its prompt's blocks. They are submitted from gRPC's executor (an alarm due at
+  // once), never from the engine thread that reports the event.
+  void ReleaseLaterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The engine ids of samples submitted and not finished, to cancel outside mu_.
+  std::vector<uint64_t> UnfinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < engine_ids_.size(); ++i) {
+      if (engine_ids_[i].has_value() && !finished_[i]) ids.push_back(*engine_ids_[i]);
+    }
+    return ids;
+  }
+  void CancelAll(const std::vector<uint64_t>& ids) {
+    for (uint64_t id : ids) engine_->Cancel(id);  // a no-op for one that finished meanwhile
+  }
+
+  // Marks the client gone and returns what to cancel (by the caller, outside mu_).
+  std::vector<uint64_t> ClientGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     client_gone_ = true;
     if (!finish_called_) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
     }
-    if (!submitted_ || engine_finished_ || cancel_sent_) return false;
+    if (cancel_sent_) return {};
     cancel_sent_ = true;
-    *id = engine_id_;
-    return true;
+    return UnfinishedLocked();
+  }
+
+  // The message that sample `index`'s next event goes into: the last queued one when it is the
+  // same sample's and not final (events that arrive while a write is in flight coalesce).
+  v1::GenerateResponse* MessageFor(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queue_.empty() || queue_.back().index() != index ||
+        queue_.back().finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      queue_.emplace_back().set_index(index);
+    }
+    return &queue_.back();
   }
 
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finish_called_) return;
-    if (has_pending_) {
-      in_flight_ = std::move(pending_);
-      pending_.Clear();
-      has_pending_ = false;
+    if (!queue_.empty()) {
+      in_flight_ = std::move(queue_.front());
+      queue_.pop_front();
       in_flight_.set_request_id(request_id_);
       writing_ = true;
       base::HappensBefore(this);
       StartWrite(&in_flight_);
-    } else if (final_status_.has_value()) {
-      FinishLocked(*final_status_);
+    } else if (unfinished_ == 0) {
+      FinishLocked(failure_.value_or(grpc::Status::OK));
     }
   }
 
@@ -266,22 +263,148 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 
   ServingState* state_;
   std::string request_id_;
+  scheduler::Engine* engine_ = nullptr;  // set before the first Submit
+  std::vector<scheduler::GenerationRequest> requests_;  // moved out as they are submitted
+  grpc::Alarm release_;  // submits the later samples (ReleaseLaterLocked)
   base::Mutex mu_;
   std::shared_ptr<GenerateStream> self_ ABSL_GUARDED_BY(mu_);
-  scheduler::Engine* engine_ = nullptr;  // set with submitted_
-  uint64_t engine_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool submitted_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::optional<uint64_t>> engine_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> finished_ ABSL_GUARDED_BY(mu_);
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;  // samples not finished (submitted or not)
+  bool later_ ABSL_GUARDED_BY(mu_) = false;  // samples 1.. wait for sample 0's prefill
   bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
   bool cancel_sent_ ABSL_GUARDED_BY(mu_) = false;
-  bool engine_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
-  // Tokens that arrive while a write is in flight coalesce here into one message.
-  v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse in_flight_;
-  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);  // the first sample that failed
 };
+
+// Sample `index`'s engine sink: forwards to the call's stream.
+class SampleSink final : public scheduler::RequestSink {
+ public:
+  SampleSink(std::shared_ptr<GenerateStream> stream, int index)
+      : stream_(std::move(stream)), index_(index) {}
+  void OnTokens(const scheduler::TokenEvent& event) override {
+    stream_->OnSampleTokens(index_, event);
+  }
+  void OnFinish(const scheduler::FinishEvent& event) override {
+    stream_->OnSampleFinish(index_, event);
+  }
+
+ private:
+  std::shared_ptr<GenerateStream> stream_;
+  int index_;
+};
+
+void GenerateStream::Start(std::shared_ptr<GenerateStream> self,
+                           grpc::CallbackServerContext* context,
+                           const v1::GenerateRequest& request) {
+  {
+    base::MutexLock lock(&mu_);
+    self_ = self;
+  }
+  absl::Status st = Authenticate(*state_, *context);
+  if (st.ok()) st = CheckServing(*state_, /*generate=*/true);
+  if (st.ok()) {
+    absl::StatusOr<std::vector<scheduler::GenerationRequest>> built =
+        BuildSamples(request, *state_->model.load(), state_->limits);
+    st = built.status();
+    if (built.ok()) requests_ = *std::move(built);
+  }
+  if (!st.ok()) return Reject(st);
+  request_id_ = requests_[0].request_id.empty() ? NewRequestId() : requests_[0].request_id;
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    requests_[i].request_id = i == 0 ? request_id_ : absl::StrCat(request_id_, "-", i);
+    requests_[i].deadline = ToAbslDeadline(context->deadline());
+  }
+  engine_ = state_->engine.load();
+  const bool share = requests_.size() > 1 && engine_->limits().prefix_caching;
+  {
+    base::MutexLock lock(&mu_);
+    engine_ids_.resize(requests_.size());
+    finished_.resize(requests_.size(), false);
+    unfinished_ = static_cast<int>(requests_.size());
+    later_ = share;
+  }
+  Submit(self, 0, share ? 1 : requests_.size());
+}
+
+void GenerateStream::Submit(const std::shared_ptr<GenerateStream>& self, size_t begin,
+                            size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    {
+      base::MutexLock lock(&mu_);
+      if (StoppedLocked()) {
+        unfinished_ -= static_cast<int>(end - i);  // they will never run
+        PumpLocked();
+        return;
+      }
+    }
+    // Without holding mu_: the engine thread may already call back into the sink.
+    absl::StatusOr<uint64_t> id = engine_->Submit(
+        std::move(requests_[i]), std::make_shared<SampleSink>(self, static_cast<int>(i)));
+    if (!id.ok()) return Reject(id.status());
+    bool cancel_now;
+    {
+      base::MutexLock lock(&mu_);
+      engine_ids_[i] = *id;
+      cancel_now = StoppedLocked() && !finished_[i];
+    }
+    if (cancel_now) engine_->Cancel(*id);
+  }
+}
+
+void GenerateStream::ReleaseLaterLocked() {
+  if (!later_) return;
+  later_ = false;
+  if (StoppedLocked()) {
+    unfinished_ -= static_cast<int>(requests_.size()) - 1;  // they will never run
+    return;
+  }
+  base::HappensBefore(&release_);
+  release_.Set(gpr_now(GPR_CLOCK_MONOTONIC), [self = self_](bool) mutable {
+    base::HappensAfter(&self->release_);
+    self->Submit(self, 1, self->requests_.size());
+    self.reset();  // the alarm keeps its callback, and with it this, until it is destroyed
+  });
+}
+
+void GenerateStream::OnSampleTokens(int index, const scheduler::TokenEvent& event) {
+  base::MutexLock lock(&mu_);
+  if (index == 0) ReleaseLaterLocked();
+  if (finish_called_) return;
+  v1::GenerateResponse* m = MessageFor(index);
+  for (int32_t id : event.token_ids) m->add_token_ids(id);
+  m->mutable_text()->append(event.text);
+  for (const scheduler::TokenLogprob& lp : event.logprobs) CopyLogprob(lp, m->add_logprobs());
+  for (const scheduler::TokenLogprob& lp : event.prompt_logprobs) {
+    CopyLogprob(lp, m->add_prompt_logprobs());
+  }
+  PumpLocked();
+}
+
+void GenerateStream::OnSampleFinish(int index, const scheduler::FinishEvent& event) {
+  std::vector<uint64_t> cancel;
+  {
+    base::MutexLock lock(&mu_);
+    finished_[index] = true;
+    --unfinished_;
+    if (!Succeeded(event) && !failure_.has_value()) {
+      failure_ = FinalStatus(event);
+      cancel = UnfinishedLocked();  // one sample failing fails the call
+    }
+    if (index == 0) ReleaseLaterLocked();
+    if (!finish_called_) {
+      v1::GenerateResponse* m = MessageFor(index);
+      m->set_finish_reason(ToProto(event.reason));
+      CopyUsage(event.usage, m->mutable_usage());
+      PumpLocked();
+    }
+  }
+  CancelAll(cancel);
+}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& st) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();

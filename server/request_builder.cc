@@ -637,4 +637,21 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   return out;
 }
 
+absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildSamples(
+    const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits) {
+  if (request.n() < 0 || request.n() > kMaxSamples) {
+    return Invalid("n", absl::StrCat("must be in [0, ", kMaxSamples, "], got ", request.n()));
+  }
+  WINNOW_ASSIGN_OR_RETURN(scheduler::GenerationRequest first,
+                          BuildGenerationRequest(request, model, limits));
+  std::vector<scheduler::GenerationRequest> samples(std::max(1, request.n()), first);
+  samples.front() = std::move(first);
+  for (int32_t i = 1; i < request.n(); ++i) {
+    scheduler::GenerationRequest& sample = samples[i];
+    sample.sampling.seed += static_cast<uint64_t>(i);
+    sample.prompt_logprobs = -1;
+  }
+  return samples;
+}
+
 }  // namespace winnow::server

@@ -55,6 +55,7 @@ inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxRequestIdBytes = 256;
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 inline constexpr size_t kMaxStopStrings = 64;
+inline constexpr int32_t kMaxSamples = 16;  // GenerateRequest.n
 
 // Prompt token ids (and embedding rows) of a request's input, validated.
 struct PromptInput {
@@ -77,6 +78,12 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
 // a recognised chat template. request_id is copied as given (may be empty) and deadline left
 // unset: the caller owns both.
 absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
+    const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits);
+
+// The engine's requests for the request's `n` samples (0 or 1: one), the prompt tokenized once:
+// the first as BuildGenerationRequest builds it, sample i drawing from its seed + i and without
+// prompt_logprobs. InvalidArgument naming "n" when it is out of [0, kMaxSamples].
+absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildSamples(
     const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits);
 
 }  // namespace winnow::server

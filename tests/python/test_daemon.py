@@ -173,6 +173,10 @@ def _bad_requests(info):
          grpc.StatusCode.INVALID_ARGUMENT, "stopping.stop[0]"),
         ("too many top_logprobs", _request(prompt="hello", max_tokens=4, top_logprobs=50),
          grpc.StatusCode.INVALID_ARGUMENT, "top_logprobs"),
+        ("n over 16", _request(prompt="hello", max_tokens=4, n=17),
+         grpc.StatusCode.INVALID_ARGUMENT, "n: must be in [0, 16], got 17"),
+        ("negative n", _request(prompt="hello", max_tokens=4, n=-1),
+         grpc.StatusCode.INVALID_ARGUMENT, "n: must be in [0, 16], got -1"),
     ]
 
 
@@ -564,3 +568,52 @@ def test_prefix_cache_reuses_a_shared_prefix_and_salts_isolate(daemon):
     _, ids_again, again = run("Who jumps?", salt="x")
     assert again.usage.cached_prompt_tokens > 0
     assert ids_again == ids_a
+
+
+# ------------------------------------------------------------------------------------------
+# Samples (GenerateRequest.n)
+
+
+def _samples(client, request):
+    """Token ids and the final message of each sample of one Generate call, by index."""
+    tokens, finals = {}, {}
+    for msg in client.generate(request=request, timeout=120):
+        assert msg.index not in finals, "a message after its sample's final one"
+        tokens.setdefault(msg.index, []).extend(msg.token_ids)
+        if msg.finish_reason != pb2.FINISH_REASON_UNSPECIFIED:
+            finals[msg.index] = msg
+    return tokens, finals
+
+
+def test_n_samples_share_the_prompt_and_each_is_its_seeds_request(daemon):
+    prompt = make_prompt(100, 55)
+    kwargs = dict(max_tokens=6, temperature=1.0, ignore_eos=True)
+    req = daemon.client.build_request(prompt, seed=1234, n=4, cache_salt="samples", **kwargs)
+    tokens, finals = _samples(daemon.client, req)
+    assert sorted(finals) == [0, 1, 2, 3]
+    assert all(len(tokens[i]) == 6 for i in range(4))
+    assert len({tuple(t) for t in tokens.values()}) == 4, tokens
+    # The prompt is computed once: the other samples attach its blocks.
+    assert finals[0].usage.cached_prompt_tokens == 0
+    assert all(finals[i].usage.cached_prompt_tokens >= 96 for i in (1, 2, 3))
+    # Sample i is the request with seed + i, alone.
+    for i in range(4):
+        _, ids, _ = daemon.client.generate_text(prompt, seed=1234 + i, timeout=120, **kwargs)
+        assert ids == tokens[i], i
+    daemon.wait_pool_free()
+    assert daemon.metric("winnow_kv_blocks_used") == 0
+
+
+def test_cancelling_n_samples_frees_every_one(daemon):
+    req = daemon.client.build_request(make_prompt(40, 56), max_tokens=400, ignore_eos=True,
+                                      temperature=1.0, n=3)
+    call = daemon.client.generate(request=req, timeout=120)
+    seen = set()
+    for msg in call:
+        seen.add(msg.index)
+        if len(seen) == 3:
+            break
+    call.cancel()
+    daemon.wait_pool_free()
+    assert daemon.metric("winnow_kv_blocks_used") == 0
+    assert daemon.metric("winnow_requests_running") == 0

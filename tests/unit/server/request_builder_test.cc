@@ -445,6 +445,35 @@ TEST_F(RequestBuilderTest, ValidRequestComesOutTyped) {
   EXPECT_EQ(out->compression.params.at("pooling"), PolicyParam(std::string("max")));
 }
 
+TEST_F(RequestBuilderTest, SamplesDrawFromSuccessiveSeedsAndOnlyTheFirstScoresThePrompt) {
+  v1::GenerateRequest r = Valid();
+  r.mutable_sampling()->set_seed(42);
+  r.set_prompt_logprobs(2);
+  r.set_n(3);
+  absl::StatusOr<std::vector<scheduler::GenerationRequest>> samples =
+      BuildSamples(r, *model_, Limits());
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  ASSERT_EQ(samples->size(), 3u);
+  for (size_t i = 0; i < samples->size(); ++i) {
+    const scheduler::GenerationRequest& sample = (*samples)[i];
+    EXPECT_EQ(sample.sampling.seed, 42u + i);
+    EXPECT_EQ(sample.prompt_logprobs, i == 0 ? 2 : -1);
+    EXPECT_EQ(sample.prompt_tokens, (*samples)[0].prompt_tokens);
+  }
+  for (int32_t n : {0, 1}) {
+    r.set_n(n);
+    samples = BuildSamples(r, *model_, Limits());
+    ASSERT_TRUE(samples.ok()) << samples.status();
+    EXPECT_EQ(samples->size(), 1u);
+  }
+  for (int32_t n : {-1, kMaxSamples + 1}) {
+    r.set_n(n);
+    samples = BuildSamples(r, *model_, Limits());
+    EXPECT_EQ(samples.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(samples.status().message(), "n: ")) << samples.status();
+  }
+}
+
 TEST_F(RequestBuilderTest, DefaultMaxTokensIsCappedByLimitAndContext) {
   v1::GenerateRequest r = Valid();
   RequestLimits limits = Limits();

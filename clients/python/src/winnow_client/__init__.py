@@ -141,14 +141,16 @@ class WinnowClient:
         compression: Optional[Mapping] = None,
         cache_salt: str = "",
         request_id: str = "",
+        n: int = 0,
     ):
         """A GenerateRequest from keyword arguments: exactly one of prompt, chat (a list of
         (role, content)), token_ids or segments; compression is {"policy", "budget",
         "params": {name: number}, "options": {name: string}, and optionally "scope",
         "context_tokens", "context_messages", "stage_tokens", "probe"} (docs/compression.md);
-        cache_salt separates prefix caching between tenants (docs/api.md)."""
+        cache_salt separates prefix caching between tenants (docs/api.md); n > 1 asks for n
+        samples, their messages told apart by `index`."""
         req = pb2.GenerateRequest(request_id=request_id, priority=priority, logprobs=logprobs,
-                                  top_logprobs=top_logprobs, cache_salt=cache_salt)
+                                  top_logprobs=top_logprobs, cache_salt=cache_salt, n=n)
         if prompt is not None:
             req.prompt = prompt
         elif chat is not None:
