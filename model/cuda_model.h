@@ -53,8 +53,6 @@ class CudaModel : public ForwardBackend {
   // `limits`: the bf16 weights, the activations, and the cuBLAS and FlashInfer workspaces.
   static int64_t DeviceBytesBesidesKv(const Model& model, const ForwardLimits& limits);
   ~CudaModel() override;
-  // Logits buffers are sized for one row per sequence (ForwardLimits::max_logits_rows).
-  bool ScoresWholeChunks() const override { return false; }
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 

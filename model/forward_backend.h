@@ -32,11 +32,6 @@ class ForwardBackend {
   // attaches it to the pool while it runs the backend, so that the cache's block operations
   // (copies, compaction) reach the data (cache/kv_device.h). Null: the pool's own host memory.
   virtual cache::KvDevice* KvDeviceToAttach() { return nullptr; }
-
-  // Whether an entry may ask for every row's logits (LogitsMode::kAll) in a serving batch: the
-  // CPU forward sizes its logits per batch; a device forward sized for one row per sequence
-  // does not (prompt log-probabilities are then refused at submit).
-  virtual bool ScoresWholeChunks() const { return true; }
 };
 
 }  // namespace winnow::model

@@ -335,7 +335,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   const model::ModelConfig& config = model->config();
   const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype);
   WINNOW_RETURN_IF_ERROR(kernels::CheckKvDtype(layout.dtype, layout.head_dim));
-  const model::ForwardLimits forward_limits{options.max_batched_tokens, MaxSeqsBound(options)};
+  // Logits rows: one per sequence, and the rows of chunks whose logits all come back
+  // (prompt_logprobs; the scheduler gives them at most kPromptLogprobsChunk per iteration).
+  const model::ForwardLimits forward_limits{
+      options.max_batched_tokens,
+      std::min<int64_t>(options.max_batched_tokens,
+                        int64_t{MaxSeqsBound(options)} + kPromptLogprobsChunk)};
   int64_t kv_cache_bytes = options.kv_cache_bytes;
   if (options.kv_blocks == 0 && options.gpu_memory_utilization > 0.0) {
     WINNOW_ASSIGN_OR_RETURN(kv_cache_bytes,

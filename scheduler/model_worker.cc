@@ -40,15 +40,6 @@ WorkerOutput ModelWorker::Execute(std::span<const ScheduledChunk> chunks) {
   return result;
 }
 
-absl::Status ModelWorker::Admits(const GenerationRequest& request) const {
-  if (request.prompt_logprobs >= 0 && !forward_->ScoresWholeChunks()) {
-    return absl::FailedPreconditionError(
-        "prompt_logprobs: this device's worker does not return prompt log-probabilities yet "
-        "(the CPU worker does)");
-  }
-  return absl::OkStatus();
-}
-
 std::unique_ptr<ModelWorker> MakeCpuWorker(const model::Model& model, cache::BlockPool& pool,
                                            const WorkerOptions& options) {
   auto threads = std::make_unique<kernels::ThreadPool>(options.num_threads);

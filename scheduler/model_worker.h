@@ -27,8 +27,6 @@ class ModelWorker : public Worker {
   ModelWorker& operator=(const ModelWorker&) = delete;
 
   WorkerOutput Execute(std::span<const ScheduledChunk> chunks) override;
-  // Prompt log-probabilities only where the backend keeps whole chunks' logits.
-  absl::Status Admits(const GenerationRequest& request) const override;
 
  private:
   const model::Model& model_;

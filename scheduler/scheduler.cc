@@ -51,11 +51,6 @@ int32_t ProbeAfter(const Sequence& s, int32_t start, int32_t count) {
   return s.compression->ProbeFootprint();
 }
 
-// A chunk whose logits are all kept (prompt_logprobs) is at most kPromptLogprobsChunk tokens.
-int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) {
-  return s.ScoresPrompt(start) ? std::min(count, kPromptLogprobsChunk) : count;
-}
-
 // Builds one IterationPlan. Holds the iteration's running tallies (token budget, sequences
 // holding blocks, blocks that admitted compressing sequences still need) so each step below
 // reads like the rule it implements.
@@ -140,6 +135,12 @@ class IterationBuilder {
   }
   // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
   int32_t TokensThatFit(const Sequence& s, int32_t want) const;
+  // A chunk whose logits are all kept (prompt_logprobs) takes at most what is left of the
+  // iteration's kPromptLogprobsChunk such rows (0: it waits for the next iteration): a device
+  // forward's logits buffers hold one row per sequence and that many more (engine.cc).
+  int32_t LimitScoredChunk(const Sequence& s, int32_t start, int32_t count) const {
+    return s.ScoresPrompt(start) ? std::min(count, scored_budget_) : count;
+  }
   void AddChunk(Sequence* s, int32_t count);
 
   const SchedulerLimits& limits_;
@@ -149,6 +150,7 @@ class IterationBuilder {
   std::vector<Sequence*> waiting_;  // sorted by ScheduledBefore
   IterationPlan plan_;
   int32_t budget_;           // tokens this forward may still take
+  int32_t scored_budget_ = kPromptLogprobsChunk;  // rows whose logits all come back (ditto)
   int32_t holding_ = 0;      // sequences holding blocks (set by AdmitWaiting)
   int64_t outstanding_ = 0;  // sum of Outstanding() over running sequences (AdmitWaiting)
 };
@@ -158,6 +160,7 @@ void IterationBuilder::ScheduleRunning(Sequence* s) {
   int32_t n = LimitScoredChunk(
       *s, s->num_computed,
       CutPrefillChunk(*s, s->num_computed, std::min(s->num_uncomputed(), budget_)));
+  if (n == 0) return;  // scored rows are used up: next iteration
   while (true) {
     // A prefill chunk shrinks to what the pool holds rather than evicting anyone; a decode
     // token cannot shrink, so it preempts.
@@ -191,6 +194,7 @@ Sequence* IterationBuilder::PreemptLowest() {
     std::erase_if(plan_.chunks, [&](const ScheduledChunk& c) {
       if (c.seq != victim) return false;
       budget_ += c.count;
+      if (victim->ScoresPrompt(c.start)) scored_budget_ += c.count;
       return true;
     });
     // Recompute, not swap: the tokens are kept, so re-prefilling them later rebuilds exactly
@@ -229,6 +233,7 @@ void IterationBuilder::AdmitWaiting() {
     const Admission a = PlanAdmission(*s);
     // Strict order: letting a smaller, lower-priority request slip past would starve long
     // prompts.
+    if (a.context == nullptr && a.chunk == 0) break;  // scored rows used up (LimitScoredChunk)
     if (!Fits(a.need, 0, 0, 0) && !DisplaceLowerPriority(s, a.need)) break;
     if (!Admit(s, a)) break;
     outstanding_ += Outstanding(s);
@@ -397,6 +402,7 @@ void IterationBuilder::AddChunk(Sequence* s, int32_t count) {
   chunk.samples = s->num_computed + count == s->num_tokens();
   plan_.chunks.push_back(chunk);
   budget_ -= count;
+  if (s->ScoresPrompt(chunk.start)) scored_budget_ -= count;
 }
 
 }  // namespace

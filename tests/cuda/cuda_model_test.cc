@@ -502,6 +502,46 @@ TEST_F(CudaModelTest, TokenSelectAttendsItsSelectionLikeTheCpu) {
   ExpectSameUpToANearTie(got, want);
 }
 
+// Prompt log-probabilities (the engine's prompt_logprobs): a chunk that asks for every row's
+// logits gets each row as the CPU computes it, beside a sequence that asks for its last row.
+TEST_F(CudaModelTest, EveryRowsLogitsMatchTheCpus) {
+  const std::vector<int32_t> scored = Prompt(kPrompts[1]);
+  const std::vector<int32_t> other = Prompt(kPrompts[0]);
+  auto rows = [&](const ForwardFn& forward, cache::BlockPool& pool) {
+    cache::SequenceKv a(model_->config().num_layers, kBlock);
+    cache::SequenceKv b(model_->config().num_layers, kBlock);
+    EXPECT_TRUE(a.Reserve(pool, static_cast<int32_t>(scored.size())));
+    EXPECT_TRUE(b.Reserve(pool, static_cast<int32_t>(other.size())));
+    const BatchEntry batch[2] = {{&a, scored, {}, 0, LogitsMode::kAll},
+                                 {&b, other, {}, 0, LogitsMode::kLast}};
+    ForwardOutput out;
+    absl::Status st = forward(batch, pool, &out);
+    EXPECT_TRUE(st.ok()) << st;
+    std::vector<std::vector<float>> got;
+    for (int32_t e = 0; e < 2 && st.ok(); ++e) {
+      for (int32_t r = 0; r < out.num_rows[e]; ++r) {
+        const std::span<const float> row = out.Row(out.first_row[e] + r);
+        got.emplace_back(row.begin(), row.end());
+      }
+    }
+    a.Release(pool);
+    b.Release(pool);
+    return got;
+  };
+  const std::vector<std::vector<float>> cpu = rows(Cpu(), *cpu_pool_);
+  const std::vector<std::vector<float>> gpu = rows(Gpu(), *gpu_pool_);
+  ASSERT_EQ(cpu.size(), scored.size() + 1);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  double worst = 0;
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    const double rms = RelativeRms(gpu[r], cpu[r]);
+    worst = std::max(worst, rms);
+    EXPECT_LE(rms, kLogitsRelativeRms) << "row " << r;
+  }
+  std::printf("[ measured ] every row's logits: worst relative RMS %.5f over %zu rows\n", worst,
+              cpu.size());
+}
+
 TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
   // Attention selection runs on the GPU for decode tokens only (as the engine asks for it):
   // a selector on a prefill chunk is an error, not a silent dense pass.

@@ -229,3 +229,26 @@ def test_tokenselect_attends_its_selection_like_the_cpu(gpu, cpu_compressed):
     assert want_usage.kv_blocks_freed_by_compression == 0
     _assert_same_or_near_tie(got, want, LONG_PROMPT)
     gpu.wait_pool_free()
+
+
+def _prompt_logprobs(daemon: Daemon, prompt: str) -> list[float]:
+    req = daemon.client.build_request(prompt, max_tokens=1)
+    req.prompt_logprobs = 1
+    scored = [lp.logprob for msg in daemon.client.generate(request=req, timeout=120)
+              for lp in msg.prompt_logprobs]
+    return scored
+
+
+def test_prompt_logprobs_come_from_the_gpu_like_the_cpus(gpu):
+    # Over 256 tokens, two at once: the scored rows come in several iterations' chunks.
+    prompts = [" ".join(f"{p} {i}." for i in range(40)) for p in PROMPTS[:2]]
+    with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
+        want = [_prompt_logprobs(cpu, p) for p in prompts]
+    with cf.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda p: _prompt_logprobs(gpu, p), prompts))
+    for g, w in zip(got, want):
+        assert len(w) > 256 and len(g) == len(w)
+        worst = max(abs(a - b) for a, b in zip(g, w))
+        print(f"[ measured ] prompt logprobs: worst |gpu - cpu| {worst:.4f} over {len(w)} tokens")
+        assert worst < 0.5  # bf16 against f32; a row taken for another would be nats off
+    gpu.wait_pool_free()

@@ -219,6 +219,17 @@ TEST(SchedulerTest, DecodesComeBeforePrefillChunks) {
   EXPECT_EQ(ChunksOf(h.Step(), h, 2), (Chunks{{0, 1}, {1, 7}}));
 }
 
+// Chunks whose every row's logits come back (prompt_logprobs) share kPromptLogprobsChunk rows
+// per iteration; a waiting prompt that finds none left waits in order, like one without room.
+TEST(SchedulerTest, ScoredPromptsShareTheIterationsScoredRows) {
+  Harness h(1024, {1000, 8});
+  for (int32_t len : {300, 100, 50}) h.Add({len, 2})->req.prompt_logprobs = 0;
+  h.Add({40, 2});
+  EXPECT_EQ(ChunksOf(h.Step(), h, 4), (Chunks{{0, kPromptLogprobsChunk}}));
+  EXPECT_EQ(ChunksOf(h.Step(), h, 4), (Chunks{{0, 44}, {1, 100}, {2, 50}, {3, 40}}));
+  EXPECT_TRUE(h.RunToCompletion(10));
+}
+
 TEST(SchedulerTest, DecodeThatDoesNotFitPreemptsTheLatestLowestPriority) {
   Harness h(8, {64, 8});  // 16 tokens per sequence
   Sequence* high = h.Add({4, 8, /*priority=*/1});
