@@ -192,7 +192,18 @@ void CpuForward::NormRows(const std::vector<float>& weight, int64_t rows) {
   });
 }
 
-// The attention norm, Q/K/V (with their biases) and RoPE of every row.
+// QK-norm: each of `heads` head_dim-long vectors of `x` RMS-normalised in place.
+void CpuForward::NormHeads(const std::vector<float>& weight, float* x, int64_t heads) {
+  const ModelConfig& c = model_.config();
+  threads_.ParallelFor(heads, 64, [&](int64_t b, int64_t e) {
+    for (int64_t h = b; h < e; ++h) {
+      float* head = x + h * c.head_dim;
+      kernels::RmsNorm(head, weight.data(), c.head_dim, c.rms_norm_eps, head);
+    }
+  });
+}
+
+// The attention norm, Q/K/V (with their biases and QK-norm) and RoPE of every row.
 absl::Status CpuForward::PreAttention(int32_t layer, const Pass& pass) {
   const ModelConfig& c = model_.config();
   const LayerWeights& L = model_.weights().layers[layer];
@@ -208,11 +219,14 @@ absl::Status CpuForward::PreAttention(int32_t layer, const Pass& pass) {
   AddBias(s.q, L.bq, rows);
   AddBias(s.k, L.bk, rows);
   AddBias(s.v, L.bv, rows);
-  const kernels::RopeLayout rope_layout = c.architecture == "qwen2"
-                                              ? kernels::RopeLayout::kHalves
-                                              : kernels::RopeLayout::kAdjacent;
+  const kernels::RopeLayout rope_layout =
+      c.rope_halves ? kernels::RopeLayout::kHalves : kernels::RopeLayout::kAdjacent;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  if (c.qk_norm) {
+    NormHeads(L.q_norm, s.q.data(), rows * c.num_heads);
+    NormHeads(L.k_norm, s.k.data(), rows * c.num_kv_heads);
+  }
   const float* inv_freq = model_.rope_inv_freq().data();
   const float attn_factor = model_.rope_attn_factor();
   threads_.ParallelFor(rows, 4, [&](int64_t b, int64_t e) {

@@ -214,6 +214,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
         "kv_cache_dtype ", kernels::KvDtypeName(layout.dtype),
         " is not supported on the CUDA worker: it keeps K/V as bf16, its activation type"));
   }
+  if (model.config().qk_norm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        model.config().architecture, ": QK-norm is not on the CUDA worker yet; serve this "
+        "model with --device cpu"));
+  }
   int count = 0;
   WINNOW_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count) {
@@ -558,9 +563,8 @@ absl::Status CudaModel::PreAttention(int32_t l, int64_t rows) {
     WINNOW_RETURN_IF_ERROR(kc::AddBias(s.k.data(), L.bk.data(), rows, kv_dim, stream_));
     WINNOW_RETURN_IF_ERROR(kc::AddBias(s.v.data(), L.bv.data(), rows, kv_dim, stream_));
   }
-  const kernels::RopeLayout rope_layout = c.architecture == "qwen2"
-                                              ? kernels::RopeLayout::kHalves
-                                              : kernels::RopeLayout::kAdjacent;
+  const kernels::RopeLayout rope_layout =
+      c.rope_halves ? kernels::RopeLayout::kHalves : kernels::RopeLayout::kAdjacent;
   WINNOW_RETURN_IF_ERROR(kc::ApplyRope(
       s.q.data(), q_dim, c.num_heads, s.k.data(), kv_dim, c.num_kv_heads, rows, c.head_dim,
       c.rope_dim, s.positions.data(), weights_->rope_inv_freq.data(), model_.rope_attn_factor(),

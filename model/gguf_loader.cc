@@ -70,6 +70,10 @@ absl::StatusOr<LayerWeights> LoadLayer(const GgufFile& f, const ModelConfig& c, 
     WINNOW_ASSIGN_OR_RETURN(L.bk, Vector(f, p + "attn_k.bias", kv_dim));
     WINNOW_ASSIGN_OR_RETURN(L.bv, Vector(f, p + "attn_v.bias", kv_dim));
   }
+  if (c.qk_norm) {
+    WINNOW_ASSIGN_OR_RETURN(L.q_norm, Vector(f, p + "attn_q_norm.weight", c.head_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.k_norm, Vector(f, p + "attn_k_norm.weight", c.head_dim));
+  }
   WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, Vector(f, p + "ffn_norm.weight", hidden));
   WINNOW_ASSIGN_OR_RETURN(L.w_gate, Matrix(f, p + "ffn_gate.weight", hidden, c.ffn_size));
   WINNOW_ASSIGN_OR_RETURN(L.w_up, Matrix(f, p + "ffn_up.weight", hidden, c.ffn_size));
@@ -78,7 +82,7 @@ absl::StatusOr<LayerWeights> LoadLayer(const GgufFile& f, const ModelConfig& c, 
 }
 
 // Every weight; completes the config with what only the tensors say (tied embeddings, QKV
-// biases, Llama-3 rope frequency factors).
+// biases, QK-norm, Llama-3 rope frequency factors).
 absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& f, ModelConfig& c) {
   ModelWeights w;
   const int64_t hidden = c.hidden_size;
@@ -91,6 +95,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& f, ModelConfig& c) {
     WINNOW_ASSIGN_OR_RETURN(w.output, Matrix(f, "output.weight", hidden, c.vocab_size));
   }
   c.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = f.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
   w.layers.reserve(c.num_layers);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     WINNOW_ASSIGN_OR_RETURN(LayerWeights layer, LoadLayer(f, c, l));

@@ -28,6 +28,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;
   kernels::WeightMatrix wq, wk, wv, wo;
   std::vector<float> bq, bk, bv;  // empty unless the model has QKV biases (qwen2)
+  std::vector<float> q_norm, k_norm;  // head_dim each; empty unless the model has QK-norm
   std::vector<float> ffn_norm;
   kernels::WeightMatrix w_gate, w_up, w_down;
 };

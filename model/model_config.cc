@@ -32,12 +32,13 @@ absl::StatusOr<double> FloatOr(const GgufFile& file, const std::string& key, dou
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
   ModelConfig c;
   WINNOW_ASSIGN_OR_RETURN(const std::string arch, file.GetString("general.architecture"));
-  if (arch != "llama" && arch != "qwen2") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported architecture '", arch, "' (general.architecture); winnow runs llama and "
-        "qwen2 models"));
+        "unsupported architecture '", arch, "' (general.architecture); winnow runs llama, "
+        "qwen2 and qwen3 models"));
   }
   c.architecture = arch;
+  c.rope_halves = arch == "qwen2" || arch == "qwen3";
   c.name = file.GetString("general.name").value_or("");
   const std::string p = c.architecture + ".";
 

@@ -25,7 +25,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama" or "qwen2"
+  std::string architecture;  // "llama", "qwen2" or "qwen3"
   std::string name;
   int32_t num_layers = 0;
   int32_t hidden_size = 0;
@@ -41,6 +41,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  bool qk_norm = false;      // Q and K RMS-normalised per head before RoPE (qwen3)
+  bool rope_halves = false;  // RoPE pairs dimension i with i + rope_dim/2 (qwen2, qwen3)
 
   // Reads and validates the `<arch>.*` keys; errors name the key.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);

@@ -5,7 +5,9 @@ weights, tokenizer metadata copied from the default model's GGUF and truncated t
 tokens (see tokenizer_fields). Variants:
   * qwen2 F32, untied output (QKV biases, neox RoPE, freq_base 1e6)
   * qwen2 F16 weights (norms and biases F32, as llama.cpp writes them), tied output
-  * llama F32 with linear rope scaling, factor 2.
+  * llama F32 with linear rope scaling, factor 2
+  * qwen3 F32 (QK-norm, no biases; head_dim 128, what transformers' GGUF loader assumes for
+    qwen3 as it does not read attention.key_length).
 
 transformers' GGUF loader does not read `llama.rope.scaling.*` (it only reconstructs rope scaling
 for gpt-oss), so for the scaled llama variant the reference is given the same scaling explicitly
@@ -37,7 +39,9 @@ VARIANTS = {
     "qwen2-f32": ("qwen2", np.float32, False, 1e6, None),
     "qwen2-f16-tied": ("qwen2", np.float16, True, 1e6, None),
     "llama-linear2": ("llama", np.float32, False, 1e4, 2.0),
+    "qwen3-f32": ("qwen3", np.float32, False, 1e6, None),
 }
+QWEN3_HEAD_DIM = 128
 
 
 def tokenizer_fields(model_path):
@@ -83,15 +87,19 @@ def write_tiny_gguf(path, arch, wtype, tied, freq_base, linear_factor, tok_field
     def vec(n, center=0.0, scale=0.1):
         return (center + rng.standard_normal(n) * scale).astype(np.float32)
 
+    head_dim = QWEN3_HEAD_DIM if arch == "qwen3" else HEAD_DIM
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_block_count(LAYERS)
     w.add_context_length(2048)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(freq_base)
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(vocab)
@@ -107,14 +115,18 @@ def write_tiny_gguf(path, arch, wtype, tied, freq_base, linear_factor, tok_field
     for i in range(LAYERS):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", vec(HIDDEN, 1.0))
-        w.add_tensor(b + "attn_q.weight", mat(HEADS * HEAD_DIM, HIDDEN, 2.0 / np.sqrt(HIDDEN)))
-        w.add_tensor(b + "attn_k.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN, 2.0 / np.sqrt(HIDDEN)))
-        w.add_tensor(b + "attn_v.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
+        w.add_tensor(b + "attn_q.weight", mat(HEADS * head_dim, HIDDEN, 2.0 / np.sqrt(HIDDEN)))
+        w.add_tensor(b + "attn_k.weight", mat(KV_HEADS * head_dim, HIDDEN, 2.0 / np.sqrt(HIDDEN)))
+        w.add_tensor(b + "attn_v.weight", mat(KV_HEADS * head_dim, HIDDEN))
         if arch == "qwen2":
-            w.add_tensor(b + "attn_q.bias", vec(HEADS * HEAD_DIM, 0.0, 0.5))
-            w.add_tensor(b + "attn_k.bias", vec(KV_HEADS * HEAD_DIM, 0.0, 0.5))
-            w.add_tensor(b + "attn_v.bias", vec(KV_HEADS * HEAD_DIM, 0.0, 0.5))
-        w.add_tensor(b + "attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
+            w.add_tensor(b + "attn_q.bias", vec(HEADS * head_dim, 0.0, 0.5))
+            w.add_tensor(b + "attn_k.bias", vec(KV_HEADS * head_dim, 0.0, 0.5))
+            w.add_tensor(b + "attn_v.bias", vec(KV_HEADS * head_dim, 0.0, 0.5))
+        if arch == "qwen3":
+            # Scaled away from 1 so that a forward without QK-norm would not pass.
+            w.add_tensor(b + "attn_q_norm.weight", vec(head_dim, 2.0, 0.5))
+            w.add_tensor(b + "attn_k_norm.weight", vec(head_dim, 2.0, 0.5))
+        w.add_tensor(b + "attn_output.weight", mat(HIDDEN, HEADS * head_dim))
         w.add_tensor(b + "ffn_norm.weight", vec(HIDDEN, 1.0))
         w.add_tensor(b + "ffn_gate.weight", mat(FFN, HIDDEN))
         w.add_tensor(b + "ffn_up.weight", mat(FFN, HIDDEN))
@@ -162,6 +174,9 @@ def tiny_models(model_path, tmp_path_factory):
         assert cfg.tie_word_embeddings == tied
         if arch == "qwen2":
             assert model.model.layers[0].self_attn.q_proj.bias is not None
+        if arch == "qwen3":
+            assert cfg.head_dim == QWEN3_HEAD_DIM
+            assert model.model.layers[0].self_attn.q_norm.weight.mean().item() > 1.5
         out[name] = (path, model)
     return out
 
