@@ -76,6 +76,7 @@ absl::Status CheckOnDeviceSupported(std::span<const BatchEntry> batch) {
 struct DeviceLayer {
   Buf<float> attn_norm, ffn_norm;
   Buf<float> bq, bk, bv;  // empty unless the model has QKV biases (qwen2)
+  Buf<float> q_norm, k_norm;  // empty unless the model has QK-norm (qwen3)
   Buf<Bf16> wq, wk, wv, wo;
   Buf<Bf16> w_gate_up;  // [gate | up] rows: one GEMM, then SiluMul reads both halves
   Buf<Bf16> w_down;
@@ -187,7 +188,8 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
   // bf16 matrices (the head shares the embedding when tied), float32 norms and biases.
   const int64_t matrices = c.num_layers * layer_params + embedding * (c.tied_embeddings ? 1 : 2);
   const int64_t vectors = (2 * int64_t{c.num_layers} + 1) * c.hidden_size +
-                          (c.qkv_bias ? c.num_layers * (q + 2 * kv) : 0);
+                          (c.qkv_bias ? c.num_layers * (q + 2 * kv) : 0) +
+                          (c.qk_norm ? 2 * int64_t{c.num_layers} * c.head_dim : 0);
   const int64_t weights = 2 * matrices + 4 * vectors;
   const ActivationBytes a = ActivationBytesOf(c);
   const kc::PagedAttentionConfig attention;
@@ -196,9 +198,10 @@ int64_t CudaModel::DeviceBytesBesidesKv(const Model& model, const ForwardLimits&
   // The driver hands out memory in 2 MiB pages, so each small buffer (a norm's weights, an
   // index array) can cost a page: measured on an H100, a 7-layer model took 81 MiB more than
   // its bytes for its ~80 buffers. Count a page per buffer: weights (8 per layer, 3 more with
-  // biases, 4 besides), the activations (19) and the workspaces (4).
+  // biases, 2 with QK-norm, 4 besides), the activations (19) and the workspaces (4).
   constexpr int64_t kPage = int64_t{2} << 20;
-  const int64_t buffers = c.num_layers * (8 + (c.qkv_bias ? 3 : 0)) + 4 + 19 + 4;
+  const int64_t buffers =
+      c.num_layers * (8 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0)) + 4 + 19 + 4;
   return weights + limits.max_rows * a.per_row + limits.max_logits_rows * a.per_logits_row +
          workspaces + buffers * kPage;
 }
@@ -213,11 +216,6 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", kernels::KvDtypeName(layout.dtype),
         " is not supported on the CUDA worker: it keeps K/V as bf16, its activation type"));
-  }
-  if (model.config().qk_norm) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        model.config().architecture, ": QK-norm is not on the CUDA worker yet; serve this "
-        "model with --device cpu"));
   }
   int count = 0;
   WINNOW_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
@@ -256,6 +254,10 @@ absl::Status CudaModel::Init(const cache::BlockPool& pool) {
     WINNOW_ASSIGN_OR_RETURN(L.wo, UploadBf16({src.wo}));
     WINNOW_ASSIGN_OR_RETURN(L.w_gate_up, UploadBf16({src.w_gate, src.w_up}));
     WINNOW_ASSIGN_OR_RETURN(L.w_down, UploadBf16({src.w_down}));
+    if (c.qk_norm) {
+      WINNOW_ASSIGN_OR_RETURN(L.q_norm, Buf<float>::FromHost(src.q_norm));
+      WINNOW_ASSIGN_OR_RETURN(L.k_norm, Buf<float>::FromHost(src.k_norm));
+    }
     if (c.qkv_bias) {
       WINNOW_ASSIGN_OR_RETURN(L.bq, Buf<float>::FromHost(src.bq));
       WINNOW_ASSIGN_OR_RETURN(L.bk, Buf<float>::FromHost(src.bk));
@@ -562,6 +564,12 @@ absl::Status CudaModel::PreAttention(int32_t l, int64_t rows) {
     WINNOW_RETURN_IF_ERROR(kc::AddBias(s.q.data(), L.bq.data(), rows, q_dim, stream_));
     WINNOW_RETURN_IF_ERROR(kc::AddBias(s.k.data(), L.bk.data(), rows, kv_dim, stream_));
     WINNOW_RETURN_IF_ERROR(kc::AddBias(s.v.data(), L.bv.data(), rows, kv_dim, stream_));
+  }
+  if (c.qk_norm) {
+    WINNOW_RETURN_IF_ERROR(kc::HeadRmsNorm(s.q.data(), L.q_norm.data(), rows * c.num_heads,
+                                           c.head_dim, c.rms_norm_eps, stream_));
+    WINNOW_RETURN_IF_ERROR(kc::HeadRmsNorm(s.k.data(), L.k_norm.data(), rows * c.num_kv_heads,
+                                           c.head_dim, c.rms_norm_eps, stream_));
   }
   const kernels::RopeLayout rope_layout =
       c.rope_halves ? kernels::RopeLayout::kHalves : kernels::RopeLayout::kAdjacent;

@@ -88,6 +88,31 @@ __global__ void RmsNormKernel(float* __restrict__ x, const T* __restrict__ resid
   }
 }
 
+// One warp per vector (QK-norm's heads are 64-256 long): lanes stride the vector, the sum
+// of squares is reduced with shuffles, and each lane rescales the elements it read.
+template <typename T>
+__global__ void HeadRmsNormKernel(T* __restrict__ x, const float* __restrict__ weight,
+                                  int64_t vectors, int32_t dim, float eps) {
+  const int64_t warps = blockDim.x / detail::kWarp;
+  const int lane = static_cast<int>(threadIdx.x % detail::kWarp);
+  for (int64_t v = blockIdx.x * warps + threadIdx.x / detail::kWarp; v < vectors;
+       v += int64_t{gridDim.x} * warps) {
+    T* vec = x + v * dim;
+    float sum_sq = 0.0f;
+    for (int32_t c = lane; c < dim; c += detail::kWarp) {
+      const float f = ToFloat(vec[c]);
+      sum_sq += f * f;
+    }
+    for (int offset = detail::kWarp / 2; offset > 0; offset /= 2) {
+      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    }
+    const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(sum_sq) / dim + eps));
+    for (int32_t c = lane; c < dim; c += detail::kWarp) {
+      vec[c] = FromFloat<T>(ToFloat(vec[c]) * scale * weight[c]);
+    }
+  }
+}
+
 // One block per row. Thread t owns pair t % half of the heads t / half, t / half + lanes, ...
 // (lanes = blockDim.x / half), Q heads first, then K heads, computing the pair's cos/sin once:
 // the heads are rotated in parallel rather than one after another.
@@ -216,6 +241,17 @@ absl::Status RmsNorm(float* x, const T* residual_delta, const float* weight, int
 }
 
 template <typename T>
+absl::Status HeadRmsNorm(T* x, const float* weight, int64_t vectors, int32_t dim, float eps,
+                         cudaStream_t stream) {
+  if (vectors <= 0) return NoRows("HeadRmsNorm", vectors);
+  if (absl::Status s = CheckPositive("HeadRmsNorm", {{"dim", dim}}); !s.ok()) return s;
+  constexpr int kWarpsPerBlock = kRowThreads / detail::kWarp;
+  HeadRmsNormKernel<<<RowGrid((vectors + kWarpsPerBlock - 1) / kWarpsPerBlock), kRowThreads, 0,
+                      stream>>>(x, weight, vectors, dim, eps);
+  return LastLaunchStatus("HeadRmsNormKernel");
+}
+
+template <typename T>
 absl::Status ApplyRope(T* q, int64_t q_stride, int32_t num_heads, T* k, int64_t k_stride,
                        int32_t num_kv_heads, int64_t rows, int32_t head_dim, int32_t rope_dim,
                        const int32_t* positions, const float* inv_freq, float attn_factor,
@@ -294,6 +330,8 @@ absl::Status LogSumExpRows(const float* x, int64_t rows, int64_t cols, float* ou
                                            cudaStream_t);                                     \
   template absl::Status RmsNorm<T>(float*, const T*, const float*, int64_t, int64_t, float,   \
                                    T*, cudaStream_t);                                         \
+  template absl::Status HeadRmsNorm<T>(T*, const float*, int64_t, int32_t, float,             \
+                                       cudaStream_t);                                         \
   template absl::Status ApplyRope<T>(T*, int64_t, int32_t, T*, int64_t, int32_t, int64_t,     \
                                      int32_t, int32_t, const int32_t*, const float*, float,   \
                                      RopeLayout, cudaStream_t);                               \

@@ -51,6 +51,12 @@ template <typename T>
 absl::Status RmsNorm(float* x, const T* residual_delta, const float* weight, int64_t rows,
                      int64_t hidden, float eps, T* out, cudaStream_t stream);
 
+// QK-norm: each of `vectors` dim-long vectors of x (heads of Q or K rows, contiguous)
+// RMS-normalised in place and scaled by weight (dim floats). CPU: kernels::RmsNorm per vector.
+template <typename T>
+absl::Status HeadRmsNorm(T* x, const float* weight, int64_t vectors, int32_t dim, float eps,
+                         cudaStream_t stream);
+
 // Rotates the first rope_dim dimensions of every head of row r, in place, for absolute position
 // positions[r]: q rows (num_heads heads, q_stride elements apart) and k rows (num_kv_heads
 // heads, k_stride apart); heads are head_dim apart within a row. inv_freq: rope_dim/2 floats

@@ -106,6 +106,28 @@ TYPED_TEST(OpsTest, RmsNormWithAndWithoutTheResidualAdd) {
   }
 }
 
+// QK-norm over 3 rows of 5 heads of 128 (qwen3's head_dim) and of 6 heads of 40 (not a
+// multiple of the warp).
+TYPED_TEST(OpsTest, HeadRmsNormNormalisesEveryHeadInPlace) {
+  using T = TypeParam;
+  const float eps = 1e-6f;
+  for (int32_t dim : {128, 40}) {
+    SCOPED_TRACE(dim);
+    const int64_t vectors = dim == 128 ? 15 : 18;
+    const std::vector<float> x = RoundedTo(this->kDtype, RandomNormal(vectors * dim, 6, 2.0f));
+    const std::vector<float> weight = RandomNormal(dim, 7);
+    std::vector<float> want(vectors * dim);
+    for (int64_t v = 0; v < vectors; ++v) {
+      kernels::RmsNorm(x.data() + v * dim, weight.data(), dim, eps, want.data() + v * dim);
+    }
+    auto d_x = Upload16<T>(x);
+    auto d_weight = Upload(weight);
+    ASSERT_TRUE(HeadRmsNorm<T>(d_x.data(), d_weight.data(), vectors, dim, eps, nullptr).ok());
+    ASSERT_TRUE(Synchronize().ok());
+    ExpectClose(Download16(d_x), want, this->kRel, 1e-6, "normalised heads");
+  }
+}
+
 // Llama-3-like frequencies with linear scaling and a YaRN-like attention factor, a partial
 // rotary dimension, positions up to 2^17, Q and K inside one fused QKV row.
 TYPED_TEST(OpsTest, RopeMatchesTheCpuForBothLayouts) {

@@ -3,7 +3,8 @@ CPU worker: the same greedy tokens up to near ties, batching that does not chang
 near ties), the KV pool sized by --gpu-memory-utilization, compression on the GPU (streaming_llm
 like the CPU worker, the scoring policies freeing blocks, TokenSelect's sparse decode attention
 like the CPU worker's, a published compressed context attached with the tokens of compressing it),
-every block back at the end.
+prompt log-probabilities like the CPU's, a tiny qwen3 (QK-norm) like the CPU worker, every block
+back at the end.
 
 Skipped, saying why, when this build has no CUDA or no GPU is visible (CI machines have
 neither). docs/gpu.md says how these ran on a GPU machine.
@@ -252,3 +253,19 @@ def test_prompt_logprobs_come_from_the_gpu_like_the_cpus(gpu):
         print(f"[ measured ] prompt logprobs: worst |gpu - cpu| {worst:.4f} over {len(w)} tokens")
         assert worst < 0.5  # bf16 against f32; a row taken for another would be nats off
     gpu.wait_pool_free()
+
+
+def test_qwen3_qk_norm_runs_on_the_gpu_like_the_cpu(tmp_path, monkeypatch):
+    # A tiny random qwen3 (test_reference_tiny.py's, whose CPU logits match transformers).
+    import numpy as np
+    from test_reference_tiny import tokenizer_fields, write_tiny_gguf
+
+    path = tmp_path / "tiny-qwen3.gguf"
+    write_tiny_gguf(path, "qwen3", np.float32, False, 1e6, None, tokenizer_fields(model_path()),
+                    seed=3)
+    monkeypatch.setenv("WINNOW_MODEL", str(path))
+    with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
+        want = {p: _greedy(cpu, p) for p in PROMPTS}
+    with Daemon("--device", "cuda:0", "--gpu-memory-utilization", "0.2") as qwen3:
+        for prompt in PROMPTS:
+            _assert_same_or_near_tie(_greedy(qwen3, prompt), want[prompt], prompt)
