@@ -23,8 +23,8 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;  // "system", "developer", "user", "assistant", "tool", or the template's own
   std::string content;
-  std::vector<ToolCall> tool_calls;  // assistant turns that called tools
-  std::string tool_call_id;          // tool turns
+  std::vector<ToolCall> tool_calls = {};  // assistant turns that called tools
+  std::string tool_call_id = {};          // tool turns
 };
 
 // How a model writes tool calls in its replies, as its template teaches it: Hermes'
