@@ -22,6 +22,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/template/jinja.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/engine.h"
 #include "server/http/http_server.h"
 #include "server/inference_service.h"
@@ -320,6 +322,17 @@ bool StartEngine(Daemon* d) {
   return true;
 }
 
+// What renders the model's chat template ("jinja2 3.1.2 on CPython 3.11.2 at /usr"), for the
+// serving log line: an operator sees which jinja2 a template's behaviour comes from.
+std::string ChatTemplateRenderer(const model::Model& model) {
+  if (!model.chat_template().ok()) return "none (the model has no chat template)";
+  absl::StatusOr<nlohmann::json> info = model::jinja::Interpreter();
+  if (!info.ok()) return std::string(info.status().message());
+  return absl::StrCat("jinja2 ", (*info)["jinja2"].get<std::string>(), " on CPython ",
+                      (*info)["python"].get<std::string>(), " at ",
+                      (*info)["prefix"].get<std::string>());
+}
+
 // Publishes the model and engine to the request handlers, then turns health on.
 void Serve(Daemon* d) {
   const scheduler::EngineLimits& limits = d->engine->limits();
@@ -335,6 +348,7 @@ void Serve(Daemon* d) {
            {{"model", d->model->config().name},
             {"served_model_name", d->model_name},
             {"architecture", d->model->config().architecture},
+            {"chat_template", ChatTemplateRenderer(*d->model)},
             {"load_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - d->load_start))},
             {"kv_blocks", absl::StrCat(limits.kv_blocks_total)},
             {"block_size", absl::StrCat(limits.block_size)},

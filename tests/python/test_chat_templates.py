@@ -11,6 +11,7 @@ the model's template, and a template's error is a 400 naming it.
 import json
 import os
 import pathlib
+import re
 import time
 
 import pytest
@@ -197,6 +198,8 @@ def test_daemon_renders_with_the_override(llama31_daemon, winnow_bin, model_path
     expected = json.loads(run_winnow(winnow_bin, "tokenize", "--model", str(model_path),
                                      "--chat-template", str(template), "--chat", str(chat)))
     assert "Cutting Knowledge Date" in expected["prompt"]
+    # The serving line names what renders templates: Debian's jinja2, not a venv's.
+    assert re.search(r"jinja2 [\d.]+ on CPython [\d.]+ at /usr", daemon.logs()), daemon.logs()
     client = OpenAI(base_url=daemon.http_url + "/v1", api_key="none")
     reply = client.chat.completions.create(model="m", messages=messages, max_tokens=1,
                                            temperature=0)
