@@ -228,3 +228,36 @@ def test_linear_scaling_matters(tiny_models, tmp_path):
     ids = random_ids(300, 300)
     diff = (reference_logits(scaled, ids) - reference_logits(unscaled, ids)).abs().max()
     assert diff > 1e-2
+
+
+POLICIES = ["streaming_llm", "h2o", "snapkv", "pyramidkv", "kvzip", "vl_cache", "aircache", "xkv",
+            "elastic_cache", "tokenselect", "composite", "winnowkv", "winnowkv_docs"]
+
+
+def test_every_compression_policy_runs_on_qwen3(tiny_models, monkeypatch):
+    """The policies score the queries after QK-norm and RoPE: on the tiny qwen3 each one keeps
+    no compression's greedy tokens at budget 1 and frees blocks at budget 0.3 (tokenselect, which
+    evicts nothing, attends a selection instead)."""
+    from daemon_harness import Daemon
+
+    path, _ = tiny_models["qwen3-f32"]
+    monkeypatch.setenv("WINNOW_MODEL", str(path))
+    prompt = " ".join(f"item {i} is number {i * 7}." for i in range(30))
+
+    def run(daemon, policy="", budget=0.0):
+        compression = {"policy": policy, "budget": budget} if policy else None
+        _, ids, final = daemon.client.generate_text(prompt, max_tokens=8, temperature=0.0,
+                                                    ignore_eos=True, compression=compression,
+                                                    timeout=120)
+        return ids, final.usage
+
+    with Daemon("--enable-prefix-caching", "false") as daemon:
+        want, _ = run(daemon)
+        for policy in POLICIES:
+            ids, _ = run(daemon, policy, 1.0)
+            assert ids == want, policy
+            ids, usage = run(daemon, policy, 0.3)
+            assert len(ids) == 8, policy
+            if policy != "tokenselect":
+                assert usage.kv_blocks_freed_by_compression > 0, policy
+        daemon.wait_pool_free()
