@@ -124,7 +124,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTemplateText(const std::string& j
     const std::string head = absl::StrCat(kImStart, "system\n");
     if (lone.ok() && absl::StartsWith(*lone, head)) {
       const size_t end = lone->find(kImEnd);
-      if (end != std::string::npos) t.default_system_ = lone->substr(head.size(), end - head.size());
+      if (end != std::string::npos) {
+        t.default_system_ = lone->substr(head.size(), end - head.size());
+      }
     }
   }
   return t;

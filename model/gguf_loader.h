@@ -1,7 +1,7 @@
-// The GGUF loader: a llama.cpp model file (llama, qwen2 and qwen3 architectures) into a Model. It maps
-// the file, reads the config and the tokenizer from its metadata, compiles the chat template,
-// and checks every tensor's presence, type and shape; the weights stay in the mapping, in the
-// file's quantisation. Errors name the key or tensor at fault.
+// The GGUF loader: a llama.cpp model file (llama, qwen2 and qwen3 architectures) into a Model.
+// It maps the file, reads the config and the tokenizer from its metadata, compiles the chat
+// template, and checks every tensor's presence, type and shape; the weights stay in the mapping,
+// in the file's quantisation. Errors name the key or tensor at fault.
 #pragma once
 
 #include <memory>

@@ -231,7 +231,8 @@ TEST(ChatTemplateTest, ToolsRenderForChatMlAndAreRefusedByLlama3) {
   EXPECT_TRUE(absl::StartsWith(*out, "<|im_start|>system\nYou are a helpful AI assistant named "
                                      "SmolLM, trained by Hugging Face\n\n# Tools\n\n"))
       << *out;
-  EXPECT_NE(out->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n</tools>"),
+  EXPECT_NE(out->find("<tools>\n{\"type\": \"function\", \"function\": "
+                      "{\"name\": \"f\"}}\n</tools>"),
             std::string::npos) << *out;
   EXPECT_NE(out->find("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
                       "{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n"
