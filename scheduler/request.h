@@ -158,6 +158,11 @@ struct FinishEvent {
   FinishReason reason = FinishReason::kStop;
   absl::Status status;  // OK, except for kError (why), kCancelled/kDeadline (a matching code)
   Usage usage;
+
+  // The request ran to its end (a stop or its length), not cut short by a failure or a cancel.
+  bool succeeded() const {
+    return reason == FinishReason::kStop || reason == FinishReason::kLength;
+  }
 };
 
 // Receives one request's stream. OnTokens may be called any number of times, then OnFinish

@@ -107,11 +107,6 @@ absl::Time ToAbslDeadline(std::chrono::system_clock::time_point deadline) {
   return absl::FromChrono(deadline);
 }
 
-bool Succeeded(const scheduler::FinishEvent& event) {
-  return event.reason == scheduler::FinishReason::kStop ||
-         event.reason == scheduler::FinishReason::kLength;
-}
-
 void CopyUsage(const scheduler::Usage& from, v1::Usage* usage) {
   usage->set_prompt_tokens(from.prompt_tokens);
   usage->set_cached_prompt_tokens(from.cached_prompt_tokens);
@@ -391,7 +386,7 @@ void GenerateStream::OnSampleFinish(int index, const scheduler::FinishEvent& eve
     base::MutexLock lock(&mu_);
     finished_[index] = true;
     --unfinished_;
-    if (!Succeeded(event) && !failure_.has_value()) {
+    if (!event.succeeded() && !failure_.has_value()) {
       failure_ = FinalStatus(event);
       cancel = UnfinishedLocked();  // one sample failing fails the call
     }

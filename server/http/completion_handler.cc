@@ -58,11 +58,6 @@ absl::Status FailureOf(const scheduler::FinishEvent& finish) {
   }
 }
 
-bool Succeeded(const scheduler::FinishEvent& finish) {
-  return finish.reason == scheduler::FinishReason::kStop ||
-         finish.reason == scheduler::FinishReason::kLength;
-}
-
 // The engine requests of one HTTP request: one per choice (n of them per prompt), whose sinks
 // share one Wakeup so that a handler can wait for any of them.
 class Choices {
@@ -202,7 +197,7 @@ class SseStream {
       }
       out += fmt_.Delta(i, batch.text, batch.logprobs);
       if (!batch.finish.has_value()) continue;
-      if (!Succeeded(*batch.finish)) {
+      if (!batch.finish->succeeded()) {
         const absl::Status failure = FailureOf(*batch.finish);
         choices_->CancelAll();
         finished_ = true;
@@ -250,7 +245,7 @@ void RespondWhole(Choices& choices, const PeerWatch& peer, const ResponseContext
       if (!batch.finish.has_value()) continue;
       if (ctx.echo) outputs[i].prompt = choices.echo(i);
       outputs[i].reason = batch.finish->reason;
-      if (!Succeeded(*batch.finish) && !failure.has_value()) {
+      if (!batch.finish->succeeded() && !failure.has_value()) {
         failure = FailureOf(*batch.finish);
         choices.CancelAll();  // one failed choice fails the request
       }

@@ -1,6 +1,5 @@
 #include "server/http/tool_calls.h"
 
-#include <algorithm>
 #include <random>
 #include <string_view>
 
@@ -82,10 +81,11 @@ ParsedReply ToolCallStream::FeedLlama(const std::string& delta) {
     return out;
   }
   pending_ += delta;
-  std::string_view start = Trim(pending_);
-  const bool may_be_tag = kPythonTag.substr(0, std::min(start.size(), kPythonTag.size())) ==
-                          start.substr(0, std::min(start.size(), kPythonTag.size()));
-  if (start.empty() || may_be_tag || start.front() == '{') return out;  // held
+  const std::string_view start = Trim(pending_);
+  // Held while it may be a call: empty so far, an object, or (the start of) the python tag.
+  if (kPythonTag.starts_with(start.substr(0, kPythonTag.size())) || start.front() == '{') {
+    return out;
+  }
   plain_ = true;
   out.content = std::move(pending_);
   pending_.clear();
