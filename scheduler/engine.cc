@@ -697,6 +697,13 @@ void Engine::Impl::ApplyResults(const IterationPlan& plan, const WorkerOutput& o
         s->compression_kept_per_layer = s->compression->stats().kept_per_layer;
       }
       if (observer) observer->OnCompression(*r.compression);
+      if (s->req.trace.sampled) {
+        if (s->traced_compressions.size() < kMaxTracedCompressions) {
+          s->traced_compressions.push_back(*r.compression);
+        } else {
+          ++s->untraced_compressions;
+        }
+      }
     }
     if (!r.status.ok()) {
       // Before OnChunkComputed: the K/V of a failed chunk is not trusted, so its prompt blocks

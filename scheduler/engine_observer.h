@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "base/trace_context.h"
 #include "cache/compression_times.h"
 #include "scheduler/request.h"
 
@@ -53,7 +54,13 @@ struct CompressionEvent {
   int64_t slots_before = 0;    // KV slots summed over layers, before and after
   int64_t slots_after = 0;
   int32_t blocks_freed = 0;    // returned to the pool by this compaction
+  absl::Time start;            // the sequence's compression hook, around this compaction
+  absl::Time end;
+  cache::CompressionPhaseTimes time;  // that hook's split
 };
+
+// A traced request keeps this many of its compactions for its spans; later ones are counted.
+inline constexpr int32_t kMaxTracedCompressions = 64;
 
 // Everything worth logging or histogramming about a request once it has finished.
 struct RequestStats {
@@ -72,6 +79,18 @@ struct RequestStats {
   absl::Duration queue_time;    // submit -> first scheduled (0 when never started)
   absl::Duration ttft;          // submit -> first generated token (when has_first_token)
   absl::Duration e2e;           // submit -> finish
+
+  // For the request's trace (server/tracing/request_tracer.h).
+  base::TraceContext trace;
+  absl::Time submit_time;
+  absl::Time start_time;        // when started
+  absl::Time first_token_time;  // when has_first_token
+  absl::Time finish_time;
+  int32_t cached_prompt_tokens = 0;
+  // With trace.sampled: the compactions in order (at most kMaxTracedCompressions), and how many
+  // more there were.
+  std::vector<CompressionEvent> compressions;
+  int32_t compressions_untraced = 0;
 };
 
 class EngineObserver {

@@ -93,6 +93,19 @@ absl::Status RunProbe(Sequence& s, cache::BlockPool& pool, const ProbeForward& f
   return absl::OkStatus();
 }
 
+// A compaction's event; RunCompressions adds its times.
+CompressionEvent Compaction(const Sequence& s, bool prefill, int64_t slots_before,
+                            int64_t slots_after, int32_t blocks_freed) {
+  CompressionEvent event;
+  event.id = s.id;
+  event.policy = s.compression->policy_name();
+  event.prefill = prefill;
+  event.slots_before = slots_before;
+  event.slots_after = slots_after;
+  event.blocks_freed = blocks_freed;
+  return event;
+}
+
 // One chunk's compression hooks (see RunCompressions); the event when a compaction ran.
 absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledChunk& chunk,
                                                                cache::BlockPool& pool,
@@ -116,13 +129,12 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
                             c.AfterDecodeStep(chunk.start, s.kv, pool));
     if (lookahead && !c.prompt_plan_pending()) {
       // The lookahead ended: this was the prompt's compression, reported as such.
-      return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
-                              c.stats().slots_after, st.blocks_freed};
+      return Compaction(s, /*prefill=*/true, c.stats().slots_before, c.stats().slots_after,
+                        st.blocks_freed);
     }
     if (st.layers_changed == 0) return std::nullopt;
-    return CompressionEvent{s.id, c.policy_name(), /*prefill=*/false, slots_before,
-                            slots_before - st.slots_removed,
-                            blocks_before - s.kv.num_blocks_held()};
+    return Compaction(s, /*prefill=*/false, slots_before, slots_before - st.slots_removed,
+                      blocks_before - s.kv.num_blocks_held());
   }
   WINNOW_RETURN_IF_ERROR(c.AfterPrefillChunk());
   // More of what the policy compresses to come (the scheduler ends a chunk where it ends).
@@ -133,8 +145,8 @@ absl::StatusOr<std::optional<CompressionEvent>> RunCompression(const ScheduledCh
   WINNOW_RETURN_IF_ERROR(s.kv.MakePrivate(pool, c.FirstRewrittenSlots()));
   WINNOW_ASSIGN_OR_RETURN(const cache::CompactionStats st, c.Compress(s.kv, pool, scoring));
   if (c.prompt_plan_pending()) return std::nullopt;  // a lookahead: the plan comes later
-  return CompressionEvent{s.id, c.policy_name(), /*prefill=*/true, c.stats().slots_before,
-                          c.stats().slots_after, st.blocks_freed};
+  return Compaction(s, /*prefill=*/true, c.stats().slots_before, c.stats().slots_after,
+                    st.blocks_freed);
 }
 
 }  // namespace
@@ -151,11 +163,18 @@ absl::Duration RunCompressions(std::span<const ScheduledChunk> chunks, cache::Bl
     const absl::Time start = absl::Now();
     absl::StatusOr<std::optional<CompressionEvent>> event =
         RunCompression(chunks[i], pool, scoring, probe);
-    spent += absl::Now() - start;
-    phases += session.stats().time - before;
+    const absl::Time end = absl::Now();
+    spent += end - start;
+    const cache::CompressionPhaseTimes split = session.stats().time - before;
+    phases += split;
     if (!event.ok()) {
       results[i].status = event.status();
       continue;
+    }
+    if (event->has_value()) {
+      (*event)->start = start;
+      (*event)->end = end;
+      (*event)->time = split;
     }
     results[i].compression = *event;
   }

@@ -111,6 +111,14 @@ void OutputProcessor::DeliverFinish(Sequence& seq, const FinishEvent& event, abs
   if (seq.started) stats.queue_time = seq.start_time - seq.submit_time;
   if (seq.has_first_token) stats.ttft = seq.first_token_time - seq.submit_time;
   stats.e2e = now - seq.submit_time;
+  stats.trace = seq.req.trace;
+  stats.submit_time = seq.submit_time;
+  stats.start_time = seq.start_time;
+  stats.first_token_time = seq.first_token_time;
+  stats.finish_time = now;
+  stats.cached_prompt_tokens = event.usage.cached_prompt_tokens;
+  stats.compressions = std::move(seq.traced_compressions);
+  stats.compressions_untraced = seq.untraced_compressions;
   observer_->OnRequestFinished(stats);
 }
 

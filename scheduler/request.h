@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "base/trace_context.h"
 #include "cache/policies/policy.h"
 #include "cache/probe_segment.h"
 #include "model/sampler.h"
@@ -117,6 +118,9 @@ struct GenerationRequest {
   // Structured output: the generated text is a JSON value of this grammar (null: free text).
   // Incompatible with ignore_eos (the output ends where the value does).
   std::shared_ptr<const structured::CompiledGrammar> grammar;
+  // The W3C trace the request belongs to (the edge reads traceparent); with trace.sampled the
+  // engine keeps what its spans need (RequestStats).
+  base::TraceContext trace;
 };
 
 struct TokenLogprob {

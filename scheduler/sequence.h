@@ -17,6 +17,7 @@
 #include "model/chat_template.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
+#include "scheduler/engine_observer.h"
 #include "scheduler/request.h"
 #include "scheduler/stop_strings.h"
 
@@ -100,6 +101,9 @@ struct Sequence {
   int32_t compression_blocks_freed = 0;
   int64_t compression_slots_evicted = 0;
   std::vector<int32_t> compression_kept_per_layer;
+  // With req.trace.sampled: the compactions its spans show (RequestStats::compressions).
+  std::vector<CompressionEvent> traced_compressions;
+  int32_t untraced_compressions = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   // Tokens whose K/V the next iterations must still compute (1 for a decoding sequence).

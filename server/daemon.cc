@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,8 @@
 #include "server/logging.h"
 #include "server/metrics.h"
 #include "server/security.h"
+#include "server/tracing/otlp_exporter.h"
+#include "server/tracing/request_tracer.h"
 #include "spdlog/spdlog.h"
 
 namespace winnow::server {
@@ -164,6 +168,10 @@ struct Daemon {
   std::unique_ptr<model::Model> model;
   RequestLogger request_logger;
   DeviceFailureWatcher device_failure;
+  // With --otlp-endpoint: the sampled requests' spans and where they go. After `metrics`,
+  // whose counters the exporter's thread increments until it stops.
+  std::unique_ptr<tracing::OtlpExporter> trace_exporter;
+  std::unique_ptr<tracing::RequestTracer> request_tracer;
   std::unique_ptr<FanoutObserver> observer;
   std::unique_ptr<scheduler::Engine> engine;
 };
@@ -213,6 +221,45 @@ bool StartMetrics(Daemon* d) {
     }
   }
   d->state.metrics = d->metrics.get();
+  return true;
+}
+
+// service.instance.id: the host name, which in Kubernetes is the pod's name.
+std::string HostName() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : "unknown";
+}
+
+// The edges read traceparent whether or not spans are exported (the request log names the
+// trace); with --otlp-endpoint the sampled requests' spans go to the collector.
+bool StartTracing(Daemon* d) {
+  const ServeOptions& options = d->options;
+  const bool exporting = !options.otlp_endpoint.empty();
+  d->state.trace_sampler = tracing::TraceSampler(exporting, options.trace_sample_ratio);
+  if (!exporting) return true;
+  tracing::OtlpOptions otlp;
+  otlp.endpoint = options.otlp_endpoint;
+  otlp.headers = options.otlp_headers;
+  otlp.resource = {{"service.name", options.otlp_service_name},
+                   {"service.version", std::string(WINNOW_VERSION)},
+                   {"service.instance.id", HostName()}};
+  Metrics* metrics = d->metrics.get();
+  absl::StatusOr<std::unique_ptr<tracing::OtlpExporter>> exporter = tracing::OtlpExporter::Create(
+      std::move(otlp),
+      {[metrics](int64_t spans) { metrics->OnSpansExported(spans); },
+       [metrics](std::string_view reason, int64_t spans) {
+         metrics->OnSpansDropped(reason, spans);
+       }});
+  if (!exporter.ok()) {
+    spdlog::error("--otlp-endpoint {}", std::string(exporter.status().message()));
+    return false;
+  }
+  d->trace_exporter = *std::move(exporter);
+  d->request_tracer =
+      std::make_unique<tracing::RequestTracer>(d->trace_exporter.get(), d->model_name);
+  LogEvent(spdlog::level::info, "tracing",
+           {{"otlp_traces_url", d->trace_exporter->url().origin + d->trace_exporter->url().path},
+            {"sample_ratio", absl::StrCat(options.trace_sample_ratio)}});
   return true;
 }
 
@@ -293,7 +340,9 @@ bool StartGrpc(Daemon* d) {
   return true;
 }
 
-bool StartListeners(Daemon* d) { return StartMetrics(d) && StartHttp(d) && StartGrpc(d); }
+bool StartListeners(Daemon* d) {
+  return StartMetrics(d) && StartTracing(d) && StartHttp(d) && StartGrpc(d);
+}
 
 bool LoadModel(Daemon* d) {
   const ServeOptions& options = d->options;
@@ -309,9 +358,10 @@ bool LoadModel(Daemon* d) {
 }
 
 bool StartEngine(Daemon* d) {
-  d->observer = std::make_unique<FanoutObserver>(
-      std::vector<scheduler::EngineObserver*>{d->metrics.get(), &d->request_logger,
-                                              &d->device_failure});
+  std::vector<scheduler::EngineObserver*> observers = {d->metrics.get(), &d->request_logger,
+                                                       &d->device_failure};
+  if (d->request_tracer != nullptr) observers.push_back(d->request_tracer.get());
+  d->observer = std::make_unique<FanoutObserver>(std::move(observers));
   auto created =
       scheduler::Engine::Create(d->model.get(), EngineOptionsFor(d->options), d->observer.get());
   if (!created.ok()) {
@@ -394,6 +444,8 @@ void Stop(Daemon* d, bool drained) {
   d->state.model.store(nullptr);
   d->engine.reset();
   d->model.reset();
+  // The last requests' spans go out while the collector answers within a few seconds.
+  if (d->trace_exporter != nullptr) d->trace_exporter->Shutdown(absl::Seconds(5));
   LogEvent(spdlog::level::info, "stopped", {{"drained", drained ? "true" : "false"}});
   spdlog::default_logger()->flush();
 }

@@ -67,6 +67,16 @@ void CopyLogprob(const scheduler::TokenLogprob& lp, v1::TokenLogprobs* out) {
   }
 }
 
+// The request span's name: the gRPC method's full name, as OpenTelemetry names RPC spans.
+constexpr char kGenerateSpanName[] = "winnow.v1.Inference/Generate";
+
+// The first value of a metadata key, or empty.
+std::string Metadata(const grpc::ServerContextBase& context, const char* key) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(key);
+  return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
 std::string NewRequestId() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return absl::StrFormat("req-%016x", rng());
@@ -310,9 +320,13 @@ void GenerateStream::Start(std::shared_ptr<GenerateStream> self,
   }
   if (!st.ok()) return Reject(st);
   request_id_ = requests_[0].request_id.empty() ? NewRequestId() : requests_[0].request_id;
+  const base::TraceContext trace =
+      state_->trace_sampler.Start(Metadata(*context, "traceparent"),
+                                  Metadata(*context, "tracestate"), kGenerateSpanName);
   for (size_t i = 0; i < requests_.size(); ++i) {
     requests_[i].request_id = i == 0 ? request_id_ : absl::StrCat(request_id_, "-", i);
     requests_[i].deadline = ToAbslDeadline(context->deadline());
+    requests_[i].trace = i == 0 ? trace : tracing::SiblingSpan(trace);
   }
   engine_ = state_->engine.load();
   const bool share = requests_.size() > 1 && engine_->limits().prefix_caching;

@@ -12,6 +12,7 @@
 #include "server/options.h"
 #include "server/request_builder.h"
 #include "server/security.h"
+#include "server/tracing/propagation.h"
 #include "winnow/v1/inference.grpc.pb.h"
 
 namespace winnow::server {
@@ -28,6 +29,8 @@ struct ServingState {
   std::atomic<scheduler::Engine*> engine{nullptr};
   RequestLimits limits;  // written before `engine` is published
   Authenticator authenticator;  // set before the servers start, read-only after
+  // Each request's trace context from its traceparent; set before the servers start.
+  tracing::TraceSampler trace_sampler{/*exporting=*/false, /*ratio=*/1.0};
 };
 
 // UNAVAILABLE (retry elsewhere) while the daemon is not taking requests, OK otherwise; for

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/trace_context.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -58,11 +59,17 @@ class JsonFormatter : public spdlog::formatter {
   }
 };
 
+// Fields that identify something stay strings even when they look like numbers: a client's
+// request id "42", a hex trace id of decimal digits.
+bool IsIdentifier(const std::string& key) {
+  return key == "request_id" || key == "trace_id" || key == "span_id";
+}
+
 // A field value as JSON: numbers stay numbers (so collectors can aggregate them), the rest are
 // strings.
-Json FieldValue(const std::string& v) {
-  if (v.empty() || v.find_first_not_of("0123456789.-eE+") != std::string::npos ||
-      v.front() == '+') {
+Json FieldValue(const std::string& key, const std::string& v) {
+  if (IsIdentifier(key) || v.empty() ||
+      v.find_first_not_of("0123456789.-eE+") != std::string::npos || v.front() == '+') {
     return v;
   }
   int64_t i;
@@ -108,7 +115,7 @@ void LogEvent(int spdlog_level, const std::string& message,
   if (g_json) {
     Json object;
     object["msg"] = message;
-    for (const auto& [k, v] : fields) object[k] = FieldValue(v);
+    for (const auto& [k, v] : fields) object[k] = FieldValue(k, v);
     line = kFieldsMarker + Dump(object);
   } else {
     line = message;
@@ -143,6 +150,10 @@ void RequestLogger::OnRequestFinished(const scheduler::RequestStats& s) {
     fields.emplace_back("kv_blocks_freed", absl::StrCat(s.kv_blocks_freed_by_compression));
   }
   if (!s.status.ok()) fields.emplace_back("error", std::string(s.status.message()));
+  if (s.trace.valid()) {
+    fields.emplace_back("trace_id", base::ToHex(s.trace.trace_id));
+    fields.emplace_back("span_id", base::ToHex(s.trace.span_id));
+  }
   LogEvent(s.reason == scheduler::FinishReason::kError ? spdlog::level::warn
                                                         : spdlog::level::info,
            "request finished", fields);

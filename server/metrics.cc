@@ -183,6 +183,20 @@ Metrics::Metrics(int32_t max_request_tokens, const std::string& model_name,
                          "by gRPC code.")
                    .Register(r);
   for (const char* code : kRejectedCodes) rejected_->Add({{"code", code}});
+  trace_spans_exported_ = &BuildCounter()
+                               .Name("winnow_trace_spans_exported_total")
+                               .Labels(model)
+                               .Help("Spans the OTLP collector accepted (--otlp-endpoint).")
+                               .Register(r)
+                               .Add({});
+  trace_spans_dropped_ = &BuildCounter()
+                              .Name("winnow_trace_spans_dropped_total")
+                              .Labels(model)
+                              .Help("Spans not exported, by reason: queue_full (the export "
+                                    "queue was full), export_failed (the collector did not "
+                                    "take them).")
+                              .Register(r);
+  for (const char* reason : kSpanDropReasons) trace_spans_dropped_->Add({{"reason", reason}});
   cache_config_ = &BuildGauge()
                        .Name("winnow_cache_config_info")
                        .Help("KV cache configuration as labels (value 1): block_size in tokens, "
@@ -331,6 +345,15 @@ void Metrics::SetCacheConfig(int32_t block_size, int32_t kv_blocks_total, int32_
 void Metrics::OnRejected(const std::string& code) {
   // Family::Add is thread-safe and returns the existing series for known labels.
   rejected_->Add({{"code", code}}).Increment();
+}
+
+void Metrics::OnSpansExported(int64_t spans) {
+  trace_spans_exported_->Increment(static_cast<double>(spans));
+}
+
+void Metrics::OnSpansDropped(std::string_view reason, int64_t spans) {
+  trace_spans_dropped_->Add({{"reason", std::string(reason)}})
+      .Increment(static_cast<double>(spans));
 }
 
 void Metrics::SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }

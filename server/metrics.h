@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +33,9 @@ inline constexpr const char* kRejectedCodes[] = {
     "INVALID_ARGUMENT", "NOT_FOUND",         "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
     "UNAVAILABLE",      "DEADLINE_EXCEEDED", "CANCELLED",           "INTERNAL",
     "UNAUTHENTICATED"};
+
+// Why spans were not exported (tracing::ExportCounters); pre-created at 0.
+inline constexpr const char* kSpanDropReasons[] = {"queue_full", "export_failed"};
 
 class Metrics : public scheduler::EngineObserver {
  public:
@@ -61,6 +65,9 @@ class Metrics : public scheduler::EngineObserver {
   // name (absl::StatusCodeToString). Every name in kRejectedCodes is exported from start-up.
   void OnRejected(const std::string& code);
   void SetServing(bool serving);
+  // The OTLP exporter's outcomes (server/tracing/otlp_exporter.h); any thread.
+  void OnSpansExported(int64_t spans);
+  void OnSpansDropped(std::string_view reason, int64_t spans);
 
   // EngineObserver: all on the engine thread.
   void OnRequestQueued(uint64_t id, int32_t prompt_tokens) override;
@@ -99,6 +106,8 @@ class Metrics : public scheduler::EngineObserver {
   prometheus::Gauge* compressed_contexts_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Counter* trace_spans_exported_;
+  prometheus::Family<prometheus::Counter>* trace_spans_dropped_;
   prometheus::Family<prometheus::Gauge>* cache_config_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -19,6 +20,7 @@
 #include "base/cli.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "server/tracing/otlp_exporter.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -112,6 +114,26 @@ Setting LabelsSetting(std::string name, std::string help,
                    return absl::OkStatus();
                  },
                  "NAME=VALUE,..."};
+}
+
+// "name=value,name=value" -> HTTP headers (OTEL_EXPORTER_OTLP_HEADERS' form, without its
+// percent-encoding): names are HTTP tokens, values run to the next comma.
+absl::StatusOr<std::map<std::string, std::string>> ParseHeaderList(const std::string& v) {
+  std::map<std::string, std::string> headers;
+  for (absl::string_view pair : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+    const size_t eq = pair.find('=');
+    const std::string name(absl::StripAsciiWhitespace(pair.substr(0, eq)));
+    const bool token = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return absl::ascii_isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(c) !=
+                                           std::string_view::npos;
+    });
+    if (eq == absl::string_view::npos || !token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected name=value pairs with HTTP header names, got '", std::string(pair), "'"));
+    }
+    headers[name] = std::string(absl::StripAsciiWhitespace(pair.substr(eq + 1)));
+  }
+  return headers;
 }
 
 // true/false (also 1/0, yes/no, on/off), so that a variable or YAML key can say either.
@@ -295,6 +317,37 @@ const std::vector<Setting>& Settings() {
                     "file of API keys, one per line: requests need 'authorization: Bearer "
                     "<key>' (health and metrics stay open)",
                     &ServeOptions::api_key_file),
+      Setting{"otlp-endpoint",
+              "export request traces over OTLP/HTTP (JSON) to this collector URL, e.g. "
+              "http://otel-collector:4318 (spans go to /v1/traces under it); empty: off",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                if (!v.empty()) WINNOW_RETURN_IF_ERROR(tracing::ParseOtlpEndpoint(v).status());
+                o->otlp_endpoint = v;
+                return absl::OkStatus();
+              },
+              "URL"},
+      Setting{"otlp-headers",
+              "headers sent with every trace export, name=value[,name=value] (none)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                WINNOW_ASSIGN_OR_RETURN(o->otlp_headers, ParseHeaderList(v));
+                return absl::OkStatus();
+              },
+              "NAME=VALUE,..."},
+      StringSetting("otlp-service-name", "service.name of the exported spans (winnow)",
+                    &ServeOptions::otlp_service_name),
+      Setting{"trace-sample-ratio",
+              "share of requests without a traceparent that start a sampled trace; a "
+              "traceparent's own sampled flag always decides (1)",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                double ratio = 0;
+                if (!absl::SimpleAtod(v, &ratio) || !(ratio >= 0.0 && ratio <= 1.0)) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("must be a number in [0, 1], got '", v, "'"));
+                }
+                o->trace_sample_ratio = ratio;
+                return absl::OkStatus();
+              },
+              "FLOAT"},
       StringSetting("log-format", "text or json (text)", &ServeOptions::log_format,
                     {"text", "json"}),
       StringSetting("log-level", "trace, debug, info, warn, error, critical or off (info)",
@@ -595,7 +648,13 @@ std::string ServeOptions::DebugString() const {
       " max_connection_age=", absl::FormatDuration(max_connection_age),
       " max_connection_age_grace=", absl::FormatDuration(max_connection_age_grace),
       " tls_cert=", tls_cert, " tls_key=", tls_key, " tls_client_ca=", tls_client_ca,
-      " api_key_file=", api_key_file, " log_format=", log_format,
+      " api_key_file=", api_key_file, " otlp_endpoint=", otlp_endpoint,
+      // Header values are often credentials: names only.
+      " otlp_headers=",
+      absl::StrJoin(otlp_headers, ",",
+                    [](std::string* out, const auto& h) { absl::StrAppend(out, h.first); }),
+      " otlp_service_name=", otlp_service_name, " trace_sample_ratio=", trace_sample_ratio,
+      " log_format=", log_format,
       " log_level=", log_level, " config=", config);
 }
 

@@ -72,6 +72,13 @@ struct ServeOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string api_key_file;
+  // Tracing (docs/tracing.md): the OTLP/HTTP collector URL (empty: no export), headers sent
+  // with each export, the spans' service.name, and the share of requests without a
+  // traceparent that start a sampled trace.
+  std::string otlp_endpoint;
+  std::map<std::string, std::string> otlp_headers;
+  std::string otlp_service_name = "winnow";
+  double trace_sample_ratio = 1.0;
   std::string log_format = "text";  // text | json
   std::string log_level = "info";   // trace | debug | info | warn | error | critical | off
   std::string config;               // YAML file the values above may come from

@@ -16,6 +16,7 @@
 #include "server/http/openai_response.h"
 #include "server/http/peer_watch.h"
 #include "server/request_builder.h"
+#include "server/tracing/propagation.h"
 
 namespace winnow::server::http {
 namespace {
@@ -263,12 +264,14 @@ void RespondWhole(Choices& choices, const PeerWatch& peer, const ResponseContext
 
 // The engine requests of every choice, validated and named: the body's request_id, else the
 // client's X-Request-Id header (a gateway's trace id), else a new one, which the response
-// echoes in X-Request-Id and the logs show; choices after the first log as <id>-<index>.
+// echoes in X-Request-Id and the logs show; choices after the first log as <id>-<index>. Each
+// continues the traceparent header's trace, if any.
 // An error is the builder's (what ClassifyStatus reads), with its message renamed to the
 // OpenAI fields in `message` and the field in `param`.
 absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildChoices(
     const OpenAiRequest& parsed, const model::Model& model, const RequestLimits& limits,
-    const httplib::Request& req, std::string* message, std::string* param) {
+    const tracing::TraceSampler& trace_sampler, const httplib::Request& req,
+    std::string* message, std::string* param) {
   std::vector<scheduler::GenerationRequest> requests;
   for (const v1::GenerateRequest& choice : parsed.choices) {
     absl::StatusOr<scheduler::GenerationRequest> built =
@@ -282,8 +285,13 @@ absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildChoices(
   std::string request_id = requests[0].request_id;
   if (request_id.empty()) request_id = ClientRequestId(req);
   if (request_id.empty()) request_id = NewRequestId();
+  // One trace context per choice: each is an engine request with a span of its own.
+  const base::TraceContext trace = trace_sampler.Start(
+      req.get_header_value("traceparent"), req.get_header_value("tracestate"),
+      absl::StrCat(req.method, " ", req.path));
   for (size_t i = 0; i < requests.size(); ++i) {
     requests[i].request_id = i == 0 ? request_id : absl::StrCat(request_id, "-", i);
+    requests[i].trace = i == 0 ? trace : tracing::SiblingSpan(trace);
   }
   return requests;
 }
@@ -326,7 +334,7 @@ void HandleGeneration(Endpoint endpoint, const std::string& model_name, ServingS
   const model::Model& model = *state->model.load();
   std::string message, param;
   absl::StatusOr<std::vector<scheduler::GenerationRequest>> requests =
-      BuildChoices(*parsed, model, state->limits, req, &message, &param);
+      BuildChoices(*parsed, model, state->limits, state->trace_sampler, req, &message, &param);
   if (!requests.ok()) return Reject(state, res, requests.status(), message, param);
   const std::string request_id = (*requests)[0].request_id;
   auto choices = std::make_shared<Choices>(state->engine.load(),

@@ -155,6 +155,36 @@ TEST(ServeOptionsTest, MetricsLabelsAreNameValuePairs) {
   }
 }
 
+TEST(ServeOptionsTest, TracingSettings) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->otlp_endpoint, "");  // no export
+  EXPECT_EQ(d->otlp_service_name, "winnow");
+  EXPECT_EQ(d->trace_sample_ratio, 1.0);
+  auto o = Parse({"--otlp-endpoint", "http://collector:4318", "--trace-sample-ratio", "0.25",
+                  "--otlp-headers", "authorization=Bearer abc==, x-team=ml"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->otlp_endpoint, "http://collector:4318");
+  EXPECT_EQ(o->trace_sample_ratio, 0.25);
+  EXPECT_EQ(o->otlp_headers, (std::map<std::string, std::string>{
+                                 {"authorization", "Bearer abc=="}, {"x-team", "ml"}}));
+  // The startup log shows header names, never their values (often credentials).
+  EXPECT_NE(o->DebugString().find("otlp_headers=authorization,x-team"), std::string::npos);
+  EXPECT_EQ(o->DebugString().find("abc=="), std::string::npos);
+  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--otlp-endpoint", "collector:4318"},
+           {"--otlp-endpoint", "grpc://collector:4317"},
+           {"--otlp-endpoint", "http:///v1/traces"},
+           {"--otlp-headers", "novalue"},
+           {"--otlp-headers", "bad header=1"},
+           {"--trace-sample-ratio", "1.5"},
+           {"--trace-sample-ratio", "-0.1"}}) {
+    auto r = Parse({flag, value});
+    ASSERT_FALSE(r.ok()) << flag << " " << value;
+    EXPECT_NE(r.status().message().find(flag), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ServeOptionsTest, FlagSyntax) {
   auto o = Parse({"--metrics-port", "-1", "--threads=3", "--threads", "4", "--log-format=json"});
   ASSERT_TRUE(o.ok()) << o.status();
