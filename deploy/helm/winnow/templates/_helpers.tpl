@@ -86,3 +86,80 @@ what the KEDA query selects on, whatever labels the scraper adds. */}}
 {{- define "winnow.eppServiceName" -}}
 {{- default (printf "%s-epp" (include "winnow.fullname" .)) .Values.inferencePool.endpointPicker.serviceName -}}
 {{- end -}}
+
+{{/* ---- Gateway API Inference Extension: the endpoint picker (EPP), HTTPRoute, Gateway ---- */}}
+
+{{/* The EPP's labels. Its own app.kubernetes.io/name ("<chart>-epp"), so that no selector of
+the daemon (Deployment, Services, PDB, InferencePool: name + instance) ever matches a picker
+pod. */}}
+{{- define "winnow.epp.selectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-epp" (include "winnow.name" .) }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "winnow.epp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "winnow.epp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.inferencePool.endpointPicker.image.tag | quote }}
+app.kubernetes.io/component: endpoint-picker
+app.kubernetes.io/part-of: {{ include "winnow.fullname" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "winnow.epp.image" -}}
+{{- $img := .Values.inferencePool.endpointPicker.image -}}
+{{- printf "%s:%s" $img.repository $img.tag -}}
+{{- end -}}
+
+{{/* How the EPP scrapes winnow's /metrics: https exactly when the daemon serves it on the
+TLS HTTP port (tls.secretName set, no separate ports.metrics, which stays plaintext). */}}
+{{- define "winnow.epp.metricsScheme" -}}
+{{- if and .Values.tls.secretName (not .Values.ports.metrics) -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The EndpointPickerConfig (the EPP's --config-file): scorers for queue length, KV-cache
+usage and prefix affinity, one profile, the highest score wins. endpointPicker.config
+replaces it whole. */}}
+{{- define "winnow.epp.config" -}}
+{{- $epp := .Values.inferencePool.endpointPicker -}}
+{{- if $epp.config -}}
+{{- $epp.config -}}
+{{- else -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: queue-scorer
+  - type: kv-cache-utilization-scorer
+  - type: prefix-cache-scorer
+  - type: single-profile-handler
+  - type: max-score-picker
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: queue-scorer
+        weight: {{ $epp.scorers.queue }}
+      - pluginRef: kv-cache-utilization-scorer
+        weight: {{ $epp.scorers.kvCacheUtilization }}
+      - pluginRef: prefix-cache-scorer
+        weight: {{ $epp.scorers.prefixCache }}
+      - pluginRef: max-score-picker
+{{- end -}}
+{{- end -}}
+
+{{/* The Gateway the chart renders (inferencePool.gateway.enabled). */}}
+{{- define "winnow.gatewayName" -}}
+{{- default (include "winnow.fullname" .) .Values.inferencePool.gateway.name -}}
+{{- end -}}
+
+{{/* The HTTPRoute's parent as a dict (name, namespace, sectionName; empty name: none known):
+httpRoute.parentRef when it names one, else the chart's own Gateway and its listener. */}}
+{{- define "winnow.routeParent" -}}
+{{- $ref := .Values.inferencePool.httpRoute.parentRef -}}
+{{- if $ref.name -}}
+{{- toYaml (dict "name" $ref.name "namespace" (default .Release.Namespace $ref.namespace) "sectionName" ($ref.sectionName | default "")) -}}
+{{- else if .Values.inferencePool.gateway.enabled -}}
+{{- toYaml (dict "name" (include "winnow.gatewayName" .) "namespace" .Release.Namespace "sectionName" .Values.inferencePool.gateway.listener.name) -}}
+{{- else -}}
+{{- toYaml (dict "name" "") -}}
+{{- end -}}
+{{- end -}}
