@@ -645,7 +645,10 @@ def test_chart_refuses_settings_it_owns():
     import helm_python as helm
 
     for values in ({"config": {"port": 1234}}, {"config": {"drain-timeout": "5s"}},
-                   {"model": {"file": "llama.gguf"}}):
+                   {"model": {"file": "llama.gguf"}},
+                   # Scale to zero: no pod would export the demand that wakes the release.
+                   {"autoscaling": {"enabled": True, "minReplicas": 0}},
+                   {"autoscaling": {"enabled": True, "kind": "hpa", "minReplicas": 0}}):
         with pytest.raises(helm.HelmError):
             render_k8s.render(values)
     # With its own fetch command, another model is fine.

@@ -163,3 +163,11 @@ httpRoute.parentRef when it names one, else the chart's own Gateway and its list
 {{- toYaml (dict "name" "") -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Scale to zero is refused: with no pod nothing exports winnow_requests_waiting, so neither
+autoscaler could see the demand that should wake the release (docs/deploy.md, Autoscaling). */}}
+{{- define "winnow.autoscaling.check" -}}
+{{- if lt (int .Values.autoscaling.minReplicas) 1 -}}
+{{- fail "autoscaling.minReplicas must be at least 1: scale to zero is not supported (docs/deploy.md, Autoscaling)" -}}
+{{- end -}}
+{{- end -}}
