@@ -1,11 +1,10 @@
 #include "model/tokenizer/pre_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/tokenizer/pcre2_regex.h"
 #include "model/tokenizer/unicode.h"
 #include "spdlog/spdlog.h"
 
@@ -173,11 +172,6 @@ std::string_view KindForPre(std::string_view pre) {
 
 }  // namespace
 
-struct PreTokenizer::Compiled {
-  pcre2_code* code = nullptr;
-  ~Compiled() { pcre2_code_free(code); }
-};
-
 PreTokenizer::~PreTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::ForName(std::string_view pre) {
@@ -201,23 +195,12 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::ForName(std::string_
   out->default_add_bos_ = spec.add_bos;
   out->patterns_ = std::move(spec.patterns);
   for (const std::string& pattern : out->patterns_) {
-    int error = 0;
-    PCRE2_SIZE error_offset = 0;
-    // DOLLAR_ENDONLY: `$` means the end of the piece, as in ECMAScript.
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &error,
-                                     &error_offset, nullptr);
-    if (code == nullptr) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof(message));
-      return absl::InternalError(absl::StrCat("pre-tokenizer regex does not compile at offset ",
-                                              error_offset, ": ",
-                                              reinterpret_cast<const char*>(message)));
+    absl::StatusOr<std::unique_ptr<Pcre2Regex>> regex = Pcre2Regex::Compile(pattern);
+    if (!regex.ok()) {
+      return absl::InternalError(
+          absl::StrCat("pre-tokenizer regex ", regex.status().message()));
     }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // best effort; the interpreter is the fallback
-    auto compiled = std::make_unique<Compiled>();
-    compiled->code = code;
-    out->compiled_.push_back(std::move(compiled));
+    out->compiled_.push_back(*std::move(regex));
   }
   return out;
 }
@@ -227,33 +210,22 @@ std::vector<size_t> PreTokenizer::Split(std::string_view text) const {
   if (text.empty()) return pieces;
   pieces.push_back(text.size());
   std::vector<size_t> next;
-  for (const auto& compiled : compiled_) {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(compiled->code, nullptr);
+  for (const auto& regex : compiled_) {
+    Pcre2Regex::Scanner scanner(*regex);
     next.clear();
     next.reserve(pieces.size() * 2);
     size_t base = 0;
     for (const size_t len : pieces) {
-      const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() + base);
+      const std::string_view subject = text.substr(base, len);
       size_t pos = 0;
       size_t last_end = 0;
       while (pos < len) {
-        int rc = pcre2_match(compiled->code, subject, len, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-          rc = pcre2_match(compiled->code, subject, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                           md, nullptr);
-        }
-        if (rc < 0) {
-          if (rc != PCRE2_ERROR_NOMATCH) {
-            spdlog::warn("tokenizer: pre-tokenizer regex failed with PCRE2 error {}", rc);
-          }
-          break;
-        }
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-        const size_t start = ov[0];
-        const size_t end = ov[1];
+        const std::optional<std::pair<size_t, size_t>> match = scanner.Find(subject, pos);
+        if (!match) break;
+        const auto [start, end] = *match;
         if (end <= start) {  // empty match: step over one character
           if (start >= len) break;
-          pos = start + Utf8SequenceLength(subject[start]);
+          pos = start + Utf8SequenceLength(static_cast<uint8_t>(subject[start]));
           continue;
         }
         if (start > last_end) next.push_back(start - last_end);
@@ -263,7 +235,6 @@ std::vector<size_t> PreTokenizer::Split(std::string_view text) const {
       if (last_end < len) next.push_back(len - last_end);
       base += len;
     }
-    pcre2_match_data_free(md);
     pieces.swap(next);
   }
   return pieces;

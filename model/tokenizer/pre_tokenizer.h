@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/tokenizer/pcre2_regex.h"
 
 namespace winnow::model {
 
@@ -37,14 +38,13 @@ class PreTokenizer {
   const std::vector<std::string>& patterns() const { return patterns_; }
 
  private:
-  struct Compiled;
   PreTokenizer() = default;
 
   std::string kind_;
   bool ignore_merges_ = false;
   bool default_add_bos_ = false;
   std::vector<std::string> patterns_;
-  std::vector<std::unique_ptr<Compiled>> compiled_;
+  std::vector<std::unique_ptr<Pcre2Regex>> compiled_;
 };
 
 }  // namespace winnow::model

@@ -56,6 +56,21 @@ int32_t Tokenizer::FindSpecial(std::string_view text) const {
   return -1;
 }
 
+void Tokenizer::SetSpecialIds(int32_t bos_id, int32_t eos_id,
+                              std::span<const int32_t> more_eog_ids) {
+  auto known = [this](int32_t id) { return id >= 0 && id < vocab_size(); };
+  if (known(bos_id)) bos_id_ = bos_id;
+  if (known(eos_id)) {
+    eos_id_ = eos_id;
+    eog_ids_.push_back(eos_id);
+  }
+  for (int32_t id : more_eog_ids) {
+    if (known(id)) eog_ids_.push_back(id);
+  }
+  std::sort(eog_ids_.begin(), eog_ids_.end());
+  eog_ids_.erase(std::unique(eog_ids_.begin(), eog_ids_.end()), eog_ids_.end());
+}
+
 std::string StreamingDetokenizer::Append(int32_t id) {
   pending_ += tokenizer_.TokenToPiece(id, render_special_);
   return TakeCompleteUtf8(&pending_);

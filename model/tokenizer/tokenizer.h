@@ -1,6 +1,7 @@
 // Tokenizers built from GGUF metadata: byte-level BPE (tokenizer.ggml.model = "gpt2") and
 // SentencePiece-style (tokenizer.ggml.model = "llama"). Behaviour follows llama.cpp's
-// llama_tokenize / llama_token_to_piece, the reference for GGUF tokenisation.
+// llama_tokenize / llama_token_to_piece, the reference for GGUF tokenisation. Tokenizers read
+// from a Hugging Face tokenizer.json follow the `tokenizers` library instead.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,9 @@ namespace winnow::model {
 class Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
+  // A Hugging Face tokenizer.json, encoding as the `tokenizers` library does (hf_tokenizer.h).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJson(std::string_view json_text);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJsonFile(const std::string& path);
   virtual ~Tokenizer() = default;
 
   // add_special: prepend BOS (and append EOS) when the model's metadata asks for it.
@@ -46,6 +50,11 @@ class Tokenizer {
   const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
   // Special (control/user-defined) token by exact text, or -1.
   int32_t FindSpecial(std::string_view text) const;
+
+  // For a loader that knows the model's special tokens better than the vocabulary does (a
+  // Hugging Face directory's tokenizer_config.json and generation_config.json): BOS and EOS
+  // when >= 0, and more end-of-generation ids (out-of-vocabulary ones are ignored).
+  void SetSpecialIds(int32_t bos_id, int32_t eos_id, std::span<const int32_t> more_eog_ids);
 
  protected:
   std::vector<std::string> tokens_;

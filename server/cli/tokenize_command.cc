@@ -10,7 +10,13 @@
 //                                    {"prompt", "ids"}, rendered as the daemon renders chats
 //   --chat-jsonl F                   one such chat per line -> {"prompt", "ids"} or {"error"}
 //   --chat-template T                (with either) render with the Jinja file T instead
+//   --tokenizer-json PATH            use a Hugging Face tokenizer.json instead of the model's
+//                                    tokenizer (encoding as the `tokenizers` library); not with
+//                                    --chat / --chat-jsonl, which need a model's template
+// --model takes a GGUF file or a Hugging Face directory (its tokenizer and special tokens as
+// the daemon loads them).
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -27,6 +33,7 @@
 #include "base/status_macros.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
@@ -147,12 +154,9 @@ absl::StatusOr<json> TryRenderChat(const model::ChatTemplate& tmpl, const model:
 
 // --chat F: one chat, an error fails the command. --chat-jsonl F: one chat per line, one
 // {"prompt", "ids"} or {"error"} per line.
-absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
-                     const std::string& path, const std::string& chat_template, bool add_special,
-                     bool per_line) {
+absl::Status RunChat(const model::ChatTemplate& tmpl, const model::Tokenizer& tok,
+                     const std::string& path, bool add_special, bool per_line) {
   WINNOW_ASSIGN_OR_RETURN(const std::string data, ReadFile(path));
-  WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl,
-                          model::ChatTemplate::FromGguf(file, chat_template));
   std::string out;
   if (!per_line) {
     WINNOW_ASSIGN_OR_RETURN(const json obj, TryRenderChat(tmpl, tok, data, add_special));
@@ -173,7 +177,7 @@ absl::Status RunChat(const model::GgufFile& file, const model::Tokenizer& tok,
 
 struct TokenizeFlags {
   CommonFlags common;
-  std::string text, text_file, jsonl, decode_ids, chat, chat_jsonl;
+  std::string text, text_file, jsonl, decode_ids, chat, chat_jsonl, tokenizer_json;
   bool no_special = false;
   bool no_parse_special = false;
   bool round_trip = false;
@@ -201,26 +205,55 @@ absl::Status DecodeIds(const model::Tokenizer& tok, const std::string& list, boo
   return absl::OkStatus();
 }
 
+absl::Status RunTextModes(const TokenizeFlags& f, const std::string& mode,
+                          const model::Tokenizer& tok);
+
 // `mode` is the one input flag given.
 absl::Status Run(const TokenizeFlags& f, const std::string& mode) {
   const bool add_special = !f.no_special;
-  const bool parse_special = !f.no_parse_special;
+  const bool chat = mode == "--chat" || mode == "--chat-jsonl";
+  if (!f.tokenizer_json.empty()) {
+    if (chat) {
+      return absl::InvalidArgumentError(
+          "--tokenizer-json: chats need a model's chat template; use --model");
+    }
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tok,
+                            model::Tokenizer::FromTokenizerJsonFile(f.tokenizer_json));
+    return RunTextModes(f, mode, *tok);
+  }
+  const std::string& chat_path = mode == "--chat-jsonl" ? f.chat_jsonl : f.chat;
+  if (std::filesystem::is_directory(f.common.model)) {
+    // A Hugging Face directory: its tokenizer and template as the daemon loads them (the
+    // weights are only mapped).
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m,
+                            model::Model::Load(f.common.model, f.common.chat_template));
+    if (!chat) return RunTextModes(f, mode, m->tokenizer());
+    WINNOW_RETURN_IF_ERROR(m->chat_template().status());
+    return RunChat(*m->chat_template(), m->tokenizer(), chat_path, add_special,
+                   mode == "--chat-jsonl");
+  }
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file,
                           model::GgufFile::Open(f.common.model));
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tok,
                           model::Tokenizer::FromGguf(*file));
-  if (mode == "--jsonl") return RunJsonl(*tok, f.jsonl, add_special, parse_special, f.round_trip);
-  if (mode == "--chat" || mode == "--chat-jsonl") {
-    const bool per_line = mode == "--chat-jsonl";
-    return RunChat(*file, *tok, per_line ? f.chat_jsonl : f.chat, f.common.chat_template,
-                   add_special, per_line);
-  }
-  if (mode == "--decode-ids") return DecodeIds(*tok, f.decode_ids, f.render_special);
+  if (!chat) return RunTextModes(f, mode, *tok);
+  WINNOW_ASSIGN_OR_RETURN(const model::ChatTemplate tmpl,
+                          model::ChatTemplate::FromGguf(*file, f.common.chat_template));
+  return RunChat(tmpl, *tok, chat_path, add_special, mode == "--chat-jsonl");
+}
+
+// The modes that need only a tokenizer: --jsonl, --decode-ids, --text, --text-file.
+absl::Status RunTextModes(const TokenizeFlags& f, const std::string& mode,
+                          const model::Tokenizer& tok) {
+  const bool add_special = !f.no_special;
+  const bool parse_special = !f.no_parse_special;
+  if (mode == "--jsonl") return RunJsonl(tok, f.jsonl, add_special, parse_special, f.round_trip);
+  if (mode == "--decode-ids") return DecodeIds(tok, f.decode_ids, f.render_special);
   std::string text = f.text;
   if (mode == "--text-file") {
     WINNOW_ASSIGN_OR_RETURN(text, ReadFile(f.text_file));
   }
-  const std::string out = IdsJson(tok->Encode(text, add_special, parse_special)) + "\n";
+  const std::string out = IdsJson(tok.Encode(text, add_special, parse_special)) + "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return absl::OkStatus();
 }
@@ -246,6 +279,8 @@ int RunTokenize(const std::vector<std::string>& args) {
                      "one chat per line, as --chat; prints {\"prompt\", \"ids\"} or "
                      "{\"error\"} per line"),
   };
+  app.add_option("--tokenizer-json", f.tokenizer_json,
+                 "Hugging Face tokenizer.json to use instead of the model's tokenizer");
   app.add_flag("--no-special", f.no_special, "no BOS/EOS added");
   app.add_flag("--no-parse-special", f.no_parse_special,
                "special-token text (<|im_start|>) is plain text");
