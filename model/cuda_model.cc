@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <vector>
@@ -37,11 +38,16 @@ using Buf = kc::DeviceBuffer<T>;
 namespace {
 
 // Dequantises a loaded weight's rows (the loader has checked its type and shape) and appends
-// them to `out` rounded to bf16, to nearest even as the KV path rounds.
+// them to `out` rounded to bf16, to nearest even as the KV path rounds. BF16 weights (a Hugging
+// Face checkpoint's) are copied as they are.
 absl::Status AppendBf16(const kernels::WeightMatrix& m, std::vector<Bf16>* out) {
   std::vector<float> row(m.cols);
   const size_t base = out->size();
   out->resize(base + m.rows * m.cols);
+  if (m.type == kernels::GgmlType::kBF16 && m.row_bytes == m.cols * int64_t{sizeof(Bf16)}) {
+    std::memcpy(out->data() + base, m.data, m.rows * m.row_bytes);
+    return absl::OkStatus();
+  }
   for (int64_t r = 0; r < m.rows; ++r) {
     WINNOW_RETURN_IF_ERROR(kernels::DequantizeRow(m.type, m.data + r * m.row_bytes, m.cols,
                                                   row.data()));

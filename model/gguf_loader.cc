@@ -114,8 +114,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const GgufFile& f, ModelConfig& c) {
 absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path,
                                                      const std::string& chat_template_path) {
   Model::Parts parts;
-  WINNOW_ASSIGN_OR_RETURN(parts.file, GgufFile::Open(path));
-  const GgufFile& f = *parts.file;
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  const GgufFile& f = *file;
   WINNOW_ASSIGN_OR_RETURN(parts.config, ModelConfig::FromGguf(f));
   WINNOW_ASSIGN_OR_RETURN(parts.tokenizer, Tokenizer::FromGguf(f));
   if (parts.tokenizer->vocab_size() != parts.config.vocab_size) {
@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path,
   // The operator's own template must work; a model's may fail (chat is then refused, saying why).
   if (!chat_template_path.empty() && !parts.chat_template.ok()) return parts.chat_template.status();
   WINNOW_ASSIGN_OR_RETURN(parts.weights, LoadWeights(f, parts.config));
+  parts.storage = std::shared_ptr<const void>(std::move(file));
   return std::make_unique<Model>(std::move(parts));
 }
 

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
 #include "model/gguf_loader.h"
+#include "model/hf_loader.h"
 
 namespace winnow::model {
 namespace {
@@ -57,7 +59,7 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c,
 }  // namespace
 
 Model::Model(Parts parts)
-    : file_(std::move(parts.file)),
+    : storage_(std::move(parts.storage)),
       config_(std::move(parts.config)),
       tokenizer_(std::move(parts.tokenizer)),
       chat_template_(std::move(parts.chat_template)),
@@ -70,6 +72,7 @@ Model::~Model() = default;
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const std::string& chat_template_path) {
+  if (std::filesystem::is_directory(path)) return LoadHfModel(path, chat_template_path);
   return LoadGgufModel(path, chat_template_path);
 }
 

@@ -1,6 +1,6 @@
 // A loaded Llama-family model: its config, its weights as the file holds them, its tokenizer
-// and chat template, read-only once loaded. A loader per file format builds it (GGUF today,
-// model/gguf_loader.h); the forwards beside it read it: the CPU forward (model/cpu_forward.h)
+// and chat template, read-only once loaded. A loader per format builds it (model/gguf_loader.h,
+// model/hf_loader.h); the forwards beside it read it: the CPU forward (model/cpu_forward.h)
 // and the CUDA forward (model/cuda_model.h). Neither the model nor its loader holds threads,
 // activations or K/V: those belong to a forward and to the worker that runs it.
 #pragma once
@@ -43,18 +43,19 @@ struct ModelWeights {
 
 class Model {
  public:
-  // What a loader hands over. `file` keeps the mapping the weight views point into (another
-  // format's loader would hand over its own owner of the data).
+  // What a loader hands over. `storage` owns what the weight views point into (the GGUF file's
+  // mapping, a safetensors checkpoint's).
   struct Parts {
-    std::unique_ptr<GgufFile> file;
+    std::shared_ptr<const void> storage;
     ModelConfig config;
     std::unique_ptr<Tokenizer> tokenizer;
     absl::StatusOr<ChatTemplate> chat_template = absl::UnknownError("not loaded");
     ModelWeights weights;
   };
 
-  // Loads and validates a model file with the loader for its format (GGUF, the only one
-  // today: model/gguf_loader.h). Errors name the key or tensor at fault.
+  // Loads and validates a model with the loader for its format: a GGUF file
+  // (model/gguf_loader.h) or a Hugging Face directory (model/hf_loader.h). Errors name the key
+  // or tensor at fault.
   // `chat_template_path`, when not empty, names a Jinja file that replaces the model's template.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
                                                      const std::string& chat_template_path = "");
@@ -67,6 +68,11 @@ class Model {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   // Not every model has a chat template, or one that compiles.
   const absl::StatusOr<ChatTemplate>& chat_template() const { return chat_template_; }
+  // How the template writes tool calls (Hermes without a usable template, where no chat with
+  // tools renders anyway): what the reply parser and the tool-call grammar must agree on.
+  ToolCallSyntax tool_call_syntax() const {
+    return chat_template_.ok() ? chat_template_->tool_call_syntax() : ToolCallSyntax::kHermes;
+  }
   const ModelWeights& weights() const { return weights_; }
   // The KV pool geometry this model needs, with rows stored as `dtype`.
   cache::KvLayout KvLayoutFor(int32_t block_size,
@@ -82,7 +88,7 @@ class Model {
   float rope_attn_factor() const { return rope_attn_factor_; }
 
  private:
-  std::unique_ptr<GgufFile> file_;
+  std::shared_ptr<const void> storage_;
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;

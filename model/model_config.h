@@ -1,11 +1,14 @@
-// Hyper-parameters of a Llama-family model, read from GGUF metadata.
+// Hyper-parameters of a Llama-family model, read from GGUF metadata or a Hugging Face
+// config.json.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace winnow::model {
 
@@ -25,7 +28,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2" or "qwen3"
+  std::string architecture;  // "llama", "qwen2" or "qwen3" (a Mistral checkpoint is "llama")
   std::string name;
   int32_t num_layers = 0;
   int32_t hidden_size = 0;
@@ -42,10 +45,24 @@ struct ModelConfig {
   bool tied_embeddings = false;
   bool qkv_bias = false;
   bool qk_norm = false;      // Q and K RMS-normalised per head before RoPE (qwen3)
-  bool rope_halves = false;  // RoPE pairs dimension i with i + rope_dim/2 (qwen2, qwen3)
+  // RoPE pairs dimension i with i + rope_dim/2 (GGUF qwen2 and qwen3, every Hugging Face
+  // checkpoint); else adjacent dimensions (GGUF llama, whose converter permutes Q and K).
+  bool rope_halves = false;
 
   // Reads and validates the `<arch>.*` keys; errors name the key.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
+  // A Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3; rope settings as
+  // rope_parameters or the older rope_theta + rope_scaling). Errors say "config.json: <field>".
+  // What only the weights say (tied embeddings, QKV biases, QK-norm) the loader completes;
+  // Llama-3 rope scaling leaves its frequency factors to RopeFrequencyFactors.
+  static absl::StatusOr<ModelConfig> FromHfConfig(const nlohmann::json& config);
+
+  // The checks every source's values must pass (head counts, rope dimensions).
+  absl::Status Validate() const;
 };
+
+// Llama 3.1's per-pair rope frequency divisors (what a GGUF stores as rope_freqs.weight), from
+// the config's rope_scaling; rope_dim / 2 of them.
+std::vector<float> RopeFrequencyFactors(const ModelConfig& c);
 
 }  // namespace winnow::model

@@ -107,14 +107,16 @@ void SetHealth(grpc::Server* server, bool serving) {
 
 // What clients send as `model` and what labels the metrics: --served-model-name, else the GGUF's
 // general.name (read from the header alone, so the metrics have it before the slow load), else
-// the file name.
+// the file's stem or the Hugging Face directory's name.
 std::string ServedModelName(const ServeOptions& options) {
   if (!options.served_model_name.empty()) return options.served_model_name;
   if (auto file = model::GgufFile::Open(options.model); file.ok()) {
     absl::StatusOr<std::string> name = (*file)->GetString("general.name");
     if (name.ok() && !name->empty()) return *name;
   }
-  return std::filesystem::path(options.model).stem().string();
+  std::filesystem::path path(options.model);
+  if (!path.has_filename()) path = path.parent_path();  // "models/Qwen3-8B/"
+  return std::filesystem::is_directory(path) ? path.filename().string() : path.stem().string();
 }
 
 int ClampedMillis(absl::Duration d) {

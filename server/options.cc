@@ -166,7 +166,9 @@ Setting DurationSetting(std::string name, std::string help, absl::Duration Serve
 const std::vector<Setting>& Settings() {
   constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
   static const auto* settings = new std::vector<Setting>{
-      StringSetting("model", "GGUF model path (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)",
+      StringSetting("model",
+                    "a GGUF file or a Hugging Face model directory (default: "
+                    "models/SmolLM2-135M-Instruct.Q4_1.gguf)",
                     &ServeOptions::model),
       StringSetting("chat-template",
                     "a Jinja chat template file used instead of the model's own (none)",

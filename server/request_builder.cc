@@ -190,9 +190,7 @@ absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> ToolChoiceGra
                    absl::StrCat("must be auto, none, required or a tool's name; no tool is "
                                 "named '", choice, "'"));
   }
-  const bool llama_json = model.chat_template().ok() &&
-                          model.chat_template()->tool_call_syntax() ==
-                              model::ToolCallSyntax::kLlamaJson;
+  const bool llama_json = model.tool_call_syntax() == model::ToolCallSyntax::kLlamaJson;
   const bool parallel =
       !llama_json && (chat.has_parallel_tool_calls() ? chat.parallel_tool_calls() : true);
   absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> grammar =

@@ -1,7 +1,9 @@
-// `winnow inspect`: GGUF metadata as JSON, the tensor table, or one tensor dequantised.
+// `winnow inspect`: GGUF metadata or a Hugging Face directory's JSON files as JSON, the tensor
+// table, or one tensor dequantised.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,7 +15,10 @@
 #include "base/cli.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/dequantize.h"
+#include "base/file.h"
 #include "model/gguf.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
 
 namespace winnow::cli {
@@ -202,6 +207,8 @@ absl::Status PrintTensors(const model::GgufFile& f) {
   return absl::OkStatus();
 }
 
+absl::Status DumpMatrix(const kernels::WeightMatrix& w);
+
 absl::Status DumpTensor(const model::GgufFile& f, const std::string& name) {
   const model::GgufTensor* t = f.FindTensor(name);
   if (t == nullptr) {
@@ -212,8 +219,11 @@ absl::Status DumpTensor(const model::GgufFile& f, const std::string& name) {
                                                  std::string(kernels::TraitsOf(t->type).name),
                                                  ", which cannot be dequantised"));
   }
-  // Row by row so that even the embedding table never needs a full float copy.
-  const kernels::WeightMatrix w = t->AsMatrix();
+  return DumpMatrix(t->AsMatrix());
+}
+
+// Row by row so that even the embedding table never needs a full float copy.
+absl::Status DumpMatrix(const kernels::WeightMatrix& w) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   std::string out = "[";
   for (int64_t r = 0; r < w.rows; ++r) {
@@ -232,8 +242,63 @@ absl::Status DumpTensor(const model::GgufFile& f, const std::string& name) {
   return absl::OkStatus();
 }
 
+// A Hugging Face directory: its JSON files as they are, under their names.
+absl::Status PrintHfMetadata(const std::string& dir,
+                             const model::SafetensorsCheckpoint& checkpoint) {
+  nlohmann::json out = {{"path", dir}, {"format", "huggingface"}};
+  size_t tensors = 0;
+  for (const auto& file : checkpoint.files()) tensors += file->tensors().size();
+  out["tensor_count"] = tensors;
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer_config.json"}) {
+    const std::optional<std::string> text =
+        base::ReadWholeFile((std::filesystem::path(dir) / name).string());
+    if (!text.has_value()) continue;
+    nlohmann::json parsed = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    out[name] = parsed.is_discarded() ? nlohmann::json("not valid JSON") : parsed;
+  }
+  std::string text = out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (!Flush(&text)) return absl::UnavailableError("cannot write to stdout");
+  return absl::OkStatus();
+}
+
+absl::Status PrintHfTensors(const model::SafetensorsCheckpoint& checkpoint) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& file : checkpoint.files()) {
+    for (const model::SafetensorsTensor& t : file->tensors()) {
+      out.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape},
+                     {"file", std::filesystem::path(file->path()).filename().string()},
+                     {"nbytes", t.nbytes}});
+    }
+  }
+  std::string text = out.dump(2) + "\n";
+  if (!Flush(&text)) return absl::UnavailableError("cannot write to stdout");
+  return absl::OkStatus();
+}
+
+absl::Status DumpHfTensor(const model::SafetensorsCheckpoint& checkpoint,
+                          const std::string& name) {
+  const model::SafetensorsTensor* t = checkpoint.Find(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no tensor named '", name, "'"));
+  kernels::GgmlType type;
+  if (!t->KernelType(&type)) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor '", name, "' is ", t->dtype, ", which cannot be printed"));
+  }
+  const int64_t cols = t->shape.empty() ? 1 : t->shape.back();
+  const int64_t rows = cols == 0 ? 0 : t->elements() / cols;
+  return DumpMatrix({type, rows, cols, rows == 0 ? 0 : static_cast<int64_t>(t->nbytes) / rows,
+                     t->data});
+}
+
 absl::Status Inspect(const std::string& model, const CLI::Option& tensors,
                      const CLI::Option& dump_tensor, const std::string& tensor_name) {
+  if (std::filesystem::is_directory(model)) {
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::SafetensorsCheckpoint> checkpoint,
+                            model::SafetensorsCheckpoint::Open(model));
+    if (dump_tensor) return DumpHfTensor(*checkpoint, tensor_name);
+    if (tensors) return PrintHfTensors(*checkpoint);
+    return PrintHfMetadata(model, *checkpoint);
+  }
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file, model::GgufFile::Open(model));
   if (dump_tensor) return DumpTensor(*file, tensor_name);
   if (tensors) return PrintTensors(*file);
@@ -243,7 +308,8 @@ absl::Status Inspect(const std::string& model, const CLI::Option& tensors,
 }  // namespace
 
 int RunInspect(const std::vector<std::string>& args) {
-  CLI::App app("GGUF metadata (JSON) by default, the tensor table, or one tensor's values.",
+  CLI::App app("A GGUF file's metadata or a Hugging Face directory's JSON files (as JSON) by "
+               "default, the tensor table, or one tensor's values.",
                "winnow inspect");
   // --threads is accepted for uniformity with the other commands; inspecting is single-threaded.
   CommonFlags common;

@@ -54,7 +54,8 @@ std::string DefaultModelPath() {
 
 void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
   base::ConfigureApp(app);
-  app.add_option("--model", flags->model, "GGUF model path ($WINNOW_MODEL, else the default)");
+  app.add_option("--model", flags->model,
+                 "a GGUF file or a Hugging Face directory ($WINNOW_MODEL, else the default)");
   app.add_option("--chat-template", flags->chat_template,
                  "a Jinja chat template file used instead of the model's own");
   app.add_option("--threads", flags->threads, "CPU threads; 0: one per hardware thread")

@@ -305,7 +305,7 @@ ResponseContext MakeContext(const OpenAiRequest& parsed, const std::string& mode
   ctx.model = model_name;
   ctx.logprobs = parsed.logprobs;
   ctx.tools = parsed.tools;
-  if (model.chat_template().ok()) ctx.tool_syntax = model.chat_template()->tool_call_syntax();
+  ctx.tool_syntax = model.tool_call_syntax();
   ctx.echo = parsed.echo;
   ctx.echo_only = parsed.echo_only;
   ctx.include_usage = parsed.stream && parsed.include_usage;

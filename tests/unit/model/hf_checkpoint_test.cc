@@ -1,0 +1,174 @@
+// Hugging Face checkpoints: safetensors parsing (every offset checked, errors naming the
+// tensor) and config.json into ModelConfig (both rope spellings, the errors naming the field).
+// tests/python/test_hf_model.py loads whole directories against transformers.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace winnow::model {
+namespace {
+
+using nlohmann::json;
+
+// A safetensors image: the 8-byte length, the header, the data.
+std::string Image(const json& header, const std::string& data) {
+  const std::string text = header.dump();
+  std::string out(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + text + data;
+}
+
+std::string Floats(std::vector<float> values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+TEST(SafetensorsTest, ReadsTensorsInPlace) {
+  const std::string data = Floats({1, 2, 3, 4, 5, 6}) + std::string("\x80\x3f\x00\x40", 4);
+  const json header = {
+      {"__metadata__", {{"format", "pt"}}},
+      {"w", {{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 24}}}},
+      {"b", {{"dtype", "BF16"}, {"shape", {2}}, {"data_offsets", {24, 28}}}},
+  };
+  auto file = SafetensorsFile::FromBytes(Image(header, data), "mem");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ((*file)->tensors().size(), 2u);
+  for (const SafetensorsTensor& t : (*file)->tensors()) {
+    kernels::GgmlType type;
+    ASSERT_TRUE(t.KernelType(&type));
+    if (t.name == "w") {
+      EXPECT_EQ(type, kernels::GgmlType::kF32);
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{2, 3}));
+      float third;
+      std::memcpy(&third, t.data + 8, 4);
+      EXPECT_EQ(third, 3.0f);
+    } else {
+      EXPECT_EQ(type, kernels::GgmlType::kBF16);
+      EXPECT_EQ(t.nbytes, 4u);
+    }
+  }
+}
+
+TEST(SafetensorsTest, MalformedFilesAreErrorsNamingTheTensor) {
+  const std::string data = Floats({1, 2, 3, 4});
+  auto entry = [](json dtype, json shape, json offsets) {
+    return json{{"t", {{"dtype", dtype}, {"shape", shape}, {"data_offsets", offsets}}}};
+  };
+  struct Case {
+    std::string bytes, needle;
+  };
+  const std::vector<Case> cases = {
+      {"abc", "shorter than a header"},
+      {std::string("\xff\xff\xff\xff\x00\x00\x00\x00", 8) + "{}", "does not fit the file"},
+      {Image("not json", data), "not a JSON object"},
+      {Image(entry("F32", {2, 2}, {0, 32}), data), "outside the 16 bytes"},
+      {Image(entry("F32", {3}, {0, 16}), data), "16 bytes for 3 F32 elements"},
+      {Image(entry("Q4", {4}, {0, 16}), data), "unknown dtype Q4"},
+      {Image(entry("F32", {-1}, {0, 16}), data), "bad shape"},
+      {Image(entry("F32", {4}, {8, 4}), data), "outside"},
+      {Image(json{{"t", {{"dtype", "F32"}}}}, data), "tensor t: needs dtype, shape"},
+  };
+  for (const Case& c : cases) {
+    auto file = SafetensorsFile::FromBytes(c.bytes, "x.safetensors");
+    ASSERT_FALSE(file.ok()) << c.needle;
+    EXPECT_NE(file.status().message().find(c.needle), std::string::npos) << file.status();
+    EXPECT_NE(file.status().message().find("x.safetensors"), std::string::npos);
+  }
+  // Integer tensors parse; only the loader refuses them as weights.
+  auto ints = SafetensorsFile::FromBytes(Image(entry("I64", {2}, {0, 16}), data), "i");
+  ASSERT_TRUE(ints.ok());
+  kernels::GgmlType type;
+  EXPECT_FALSE((*ints)->tensors()[0].KernelType(&type));
+}
+
+json Qwen3Config() {
+  return {{"model_type", "qwen3"},         {"hidden_size", 1024},
+          {"intermediate_size", 3072},     {"num_hidden_layers", 28},
+          {"num_attention_heads", 16},     {"num_key_value_heads", 8},
+          {"head_dim", 128},               {"max_position_embeddings", 40960},
+          {"vocab_size", 151936},          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0},       {"rope_scaling", nullptr},
+          {"sliding_window", 4096},        {"use_sliding_window", false},
+          {"tie_word_embeddings", true},   {"hidden_act", "silu"}};
+}
+
+TEST(HfConfigTest, ReadsAQwen3Config) {
+  auto c = ModelConfig::FromHfConfig(Qwen3Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen3");
+  EXPECT_EQ(c->num_layers, 28);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rope_dim, 128);
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_EQ(c->context_length, 40960);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_TRUE(c->rope_halves);  // transformers' rotate_half
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kNone);
+}
+
+TEST(HfConfigTest, RopeParametersOfTransformers5AndLlama3Factors) {
+  json config = Qwen3Config();
+  config["model_type"] = "llama";
+  config["head_dim"] = 32;
+  config.erase("rope_theta");
+  config.erase("rope_scaling");
+  config.erase("sliding_window");  // Qwen's; a llama config with one would use it
+  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0},
+                               {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 8192}};
+  auto c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(c->rope_scaling.original_context_length, 8192);
+  // transformers' ROPE_INIT_FUNCTIONS["llama3"] for this config: base / scaled frequencies.
+  const std::vector<float> expected = {1, 1, 1, 1, 1, 1, 1, 1, 2.69453f, 8, 8, 8, 8, 8, 8, 8};
+  const std::vector<float> factors = RopeFrequencyFactors(*c);
+  ASSERT_EQ(factors.size(), expected.size());
+  for (size_t i = 0; i < factors.size(); ++i) EXPECT_NEAR(factors[i], expected[i], 1e-4) << i;
+
+  config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 2.0f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);  // neither spelling gives a theta: the default
+}
+
+TEST(HfConfigTest, ErrorsNameTheField) {
+  struct Case {
+    const char* field;
+    json value;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"model_type", "gemma3", "config.json: model_type 'gemma3' is not supported"},
+      {"model_type", 7, "config.json: model_type '' is not supported"},
+      {"hidden_act", "gelu", "config.json: hidden_act 'gelu' is not supported"},
+      {"num_hidden_layers", nullptr, "config.json: num_hidden_layers is missing"},
+      {"hidden_size", -4, "config.json: hidden_size must be a positive integer"},
+      {"num_key_value_heads", 5, "not a multiple of the KV head count (5)"},
+      {"rms_norm_eps", "small", "config.json: rms_norm_eps must be a number"},
+      {"rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 2.0}},
+       "config.json: rope_scaling.rope_type 'dynamic' is not supported"},
+      {"use_sliding_window", true,
+       "config.json: sliding_window 4096 is shorter than max_position_embeddings 40960"},
+  };
+  for (const Case& c : cases) {
+    json config = Qwen3Config();
+    config[c.field] = c.value;
+    auto parsed = ModelConfig::FromHfConfig(config);
+    ASSERT_FALSE(parsed.ok()) << c.field;
+    EXPECT_NE(parsed.status().message().find(c.needle), std::string::npos) << parsed.status();
+  }
+  EXPECT_FALSE(ModelConfig::FromHfConfig(json::array()).ok());
+}
+
+}  // namespace
+}  // namespace winnow::model
