@@ -6,7 +6,8 @@
   of a real prompt (|Δ logprob| ≤ 1e-3); greedy continuations are equal; the tokenizer equals
   transformers'; the daemon serves a chat from the directory and stops on its EOS.
 * Tiny random checkpoints that transformers writes (llama with Llama-3 rope scaling, mistral,
-  qwen2 with QKV biases, qwen3 with QK-norm; f32, f16 and bf16; tied and untied; one sharded),
+  qwen2 with QKV biases, one with YaRN, qwen3 with QK-norm; f32, f16 and bf16; tied and
+  untied; one sharded),
   compared logit for logit on random ids as test_reference_tiny does for GGUF files.
 * Errors name the file and the field or tensor: a missing tensor, a wrong shape, an
   unsupported model_type.
@@ -154,12 +155,17 @@ HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": 256}
 VARIANTS = {
     # name: (model_type, dtype, tied, config overrides, shard)
     "llama-llama3-f32": ("llama", torch.float32, False, {"rope_parameters": LLAMA3_ROPE}, False),
     "mistral-bf16-tied": ("mistral", torch.bfloat16, True, {"sliding_window": None}, False),
     "qwen2-f16-sharded": ("qwen2", torch.float16, False, {}, True),
     "qwen3-bf16": ("qwen3", torch.bfloat16, False, {"head_dim": 32}, False),
+    # max_position_embeddings (1024) = factor x original: transformers then derives the same
+    # attention factor from either.
+    "qwen2-yarn-f32": ("qwen2", torch.float32, False, {"rope_parameters": YARN_ROPE}, False),
 }
 
 
