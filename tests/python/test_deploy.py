@@ -198,7 +198,8 @@ def test_runtime_packages_resolves_every_library_of_the_binary():
 
 
 VALUES_FILES = [None, "rendered-values.yaml", "cpu-hpa-values.yaml", "huggingface-values.yaml",
-                "gateway-values.yaml", "gateway-tls-values.yaml"]
+                "huggingface-directory-values.yaml", "gateway-values.yaml",
+                "gateway-tls-values.yaml"]
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
@@ -1526,6 +1527,21 @@ def test_model_from_the_hugging_face_hub():
     values["model"]["fetch"]["huggingface"]["tokenSecret"]["name"] = ""
     (fetch,) = by_kind(rendered(values))["Deployment"]["spec"]["template"]["spec"]["initContainers"]
     assert "HF_TOKEN" not in {e["name"] for e in fetch["env"]}
+
+
+def test_model_directory_from_the_hugging_face_hub():
+    """huggingface.directory: the whole checkpoint directory (JSON, safetensors, template) goes
+    to /models/<model.file>, and the daemon's --model names that directory."""
+    k = by_kind(rendered(ci_values("huggingface-directory-values.yaml")))
+    (fetch,) = k["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    script = fetch["command"][-1]
+    assert 'hf download "$HF_REPO" --include "*.json" "*.safetensors" "*.jinja"' in script
+    assert '--local-dir "/models/$WINNOW_MODEL_FILE"' in script
+    env = {e["name"]: e for e in fetch["env"]}
+    assert env["HF_REPO"]["value"] == "Qwen/Qwen3-0.6B"
+    assert env["WINNOW_MODEL_FILE"]["value"] == "Qwen3-0.6B"
+    config = yaml.safe_load(k["ConfigMap"]["data"]["winnow.yaml"])
+    assert config["model"] == "/models/Qwen3-0.6B"
 
 
 def test_grafana_dashboard_configmap_for_the_sidecar():
