@@ -11,6 +11,7 @@
 #include "base/status_macros.h"
 #include "kernels/cpu/dequantize.h"
 #include "model/safetensors.h"
+#include "model/sampler.h"
 #include "nlohmann/json.hpp"
 
 namespace winnow::model {
@@ -180,6 +181,39 @@ void ApplySpecialTokens(Tokenizer& tokenizer, const json& config, const json& ge
   tokenizer.SetSpecialIds(bos, eos, eog);
 }
 
+// generation_config.json's sampling fields; others (do_sample, max_new_tokens) are not read.
+GenerationDefaults ReadGenerationDefaults(const json& generation) {
+  GenerationDefaults d;
+  if (!generation.is_object()) return d;
+  auto number = [&](const char* key) -> std::optional<float> {
+    if (!generation.contains(key) || !generation[key].is_number()) return std::nullopt;
+    return generation[key].get<float>();
+  };
+  d.temperature = number("temperature");
+  d.top_p = number("top_p");
+  d.min_p = number("min_p");
+  d.repetition_penalty = number("repetition_penalty");
+  if (generation.contains("top_k") && generation["top_k"].is_number_integer()) {
+    d.top_k = generation["top_k"].get<int32_t>();
+  }
+  return d;
+}
+
+// The defaults must be valid sampling parameters, or every request leaving one unset would fail.
+absl::Status CheckGenerationDefaults(const GenerationDefaults& d, const fs::path& dir) {
+  SamplingParams p;
+  p.temperature = d.temperature.value_or(p.temperature);
+  p.top_p = d.top_p.value_or(p.top_p);
+  p.top_k = d.top_k.value_or(p.top_k);
+  p.min_p = d.min_p.value_or(p.min_p);
+  p.repetition_penalty = d.repetition_penalty.value_or(p.repetition_penalty);
+  if (absl::Status s = p.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat((dir / "generation_config.json").string(), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 // The template: --chat-template's file, else chat_template.jinja (transformers 5), else
 // tokenizer_config.json's chat_template (a string, or named templates: "default").
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const fs::path& dir, const json& tokenizer_config,
@@ -250,6 +284,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir,
                      " tokens but config.json's vocab_size is ", parts.config.vocab_size));
   }
   ApplySpecialTokens(*parts.tokenizer, config, generation, tokenizer_config);
+  parts.generation_defaults = ReadGenerationDefaults(generation);
+  WINNOW_RETURN_IF_ERROR(CheckGenerationDefaults(parts.generation_defaults, root));
   parts.chat_template = LoadChatTemplate(root, tokenizer_config, chat_template_path);
   // The operator's own template must work; a model's may fail (chat is then refused, saying why).
   if (!chat_template_path.empty() && !parts.chat_template.ok()) return parts.chat_template.status();

@@ -63,7 +63,8 @@ Model::Model(Parts parts)
       config_(std::move(parts.config)),
       tokenizer_(std::move(parts.tokenizer)),
       chat_template_(std::move(parts.chat_template)),
-      weights_(std::move(parts.weights)) {
+      weights_(std::move(parts.weights)),
+      generation_defaults_(parts.generation_defaults) {
   rope_inv_freq_ =
       RopeInverseFrequencies(config_, weights_.rope_freq_factors, &rope_attn_factor_);
 }

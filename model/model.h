@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,6 +34,16 @@ struct LayerWeights {
   kernels::WeightMatrix w_gate, w_up, w_down;
 };
 
+// Sampling defaults the model ships (a Hugging Face directory's generation_config.json): what a
+// request that leaves a parameter unset gets, as vLLM and transformers' generate apply them.
+struct GenerationDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+};
+
 struct ModelWeights {
   kernels::WeightMatrix token_embd;
   kernels::WeightMatrix output;  // token_embd when tied
@@ -51,6 +62,7 @@ class Model {
     std::unique_ptr<Tokenizer> tokenizer;
     absl::StatusOr<ChatTemplate> chat_template = absl::UnknownError("not loaded");
     ModelWeights weights;
+    GenerationDefaults generation_defaults;
   };
 
   // Loads and validates a model with the loader for its format: a GGUF file
@@ -74,6 +86,7 @@ class Model {
     return chat_template_.ok() ? chat_template_->tool_call_syntax() : ToolCallSyntax::kHermes;
   }
   const ModelWeights& weights() const { return weights_; }
+  const GenerationDefaults& generation_defaults() const { return generation_defaults_; }
   // The KV pool geometry this model needs, with rows stored as `dtype`.
   cache::KvLayout KvLayoutFor(int32_t block_size,
                               kernels::KvDtype dtype = kernels::KvDtype::kF32) const;
@@ -93,6 +106,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;
   ModelWeights weights_;
+  GenerationDefaults generation_defaults_;
   std::vector<float> rope_inv_freq_;
   float rope_attn_factor_ = 1.0f;
 };

@@ -126,9 +126,10 @@ absl::Status CheckStopping(const v1::StoppingCriteria& stopping, int32_t vocab,
   return CheckTokenIds(stopping.stop_token_ids(), "stopping.stop_token_ids", vocab);
 }
 
-// The wire's unset optionals become their documented defaults; an unseeded request gets a
-// random seed.
+// The wire's unset optionals become the model's defaults (generation_config.json) or the
+// documented ones; an unseeded request gets a random seed.
 absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& request,
+                                                   const model::GenerationDefaults& defaults,
                                                    int32_t vocab_size) {
   // top_logprobs is a top-level field of the request; check it under that name before
   // SamplingParams::Validate would call it sampling.top_logprobs.
@@ -138,11 +139,12 @@ absl::StatusOr<model::SamplingParams> BuildSampling(const v1::GenerateRequest& r
   }
   const v1::SamplingParams& s = request.sampling();
   model::SamplingParams out;
-  out.temperature = s.temperature();
-  out.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  out.top_k = s.top_k();
-  out.min_p = s.min_p();
-  out.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  out.temperature = s.has_temperature() ? s.temperature() : defaults.temperature.value_or(0.0f);
+  out.top_p = s.has_top_p() ? s.top_p() : defaults.top_p.value_or(1.0f);
+  out.top_k = s.has_top_k() ? s.top_k() : defaults.top_k.value_or(0);
+  out.min_p = s.has_min_p() ? s.min_p() : defaults.min_p.value_or(0.0f);
+  out.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty()
+                                                      : defaults.repetition_penalty.value_or(1.0f);
   out.frequency_penalty = s.frequency_penalty();
   out.presence_penalty = s.presence_penalty();
   if (s.has_seed()) {
@@ -598,7 +600,8 @@ absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
   const v1::StoppingCriteria& stopping = request.stopping();
   WINNOW_RETURN_IF_ERROR(CheckStopping(stopping, model.config().vocab_size, limits));
   WINNOW_ASSIGN_OR_RETURN(model::SamplingParams sampling,
-                          BuildSampling(request, model.config().vocab_size));
+                          BuildSampling(request, model.generation_defaults(),
+                                        model.config().vocab_size));
   WINNOW_RETURN_IF_ERROR(CheckCompressionSpec(request.compression()));
   WINNOW_ASSIGN_OR_RETURN(std::shared_ptr<const structured::CompiledGrammar> grammar,
                           BuildGrammar(request, model));

@@ -273,7 +273,12 @@ absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildChoices(
     const tracing::TraceSampler& trace_sampler, const httplib::Request& req,
     std::string* message, std::string* param) {
   std::vector<scheduler::GenerationRequest> requests;
-  for (const v1::GenerateRequest& choice : parsed.choices) {
+  for (v1::GenerateRequest choice : parsed.choices) {
+    // An unset temperature is the model's default, else OpenAI's 1 (gRPC's would be greedy).
+    if (!choice.sampling().has_temperature()) {
+      choice.mutable_sampling()->set_temperature(
+          model.generation_defaults().temperature.value_or(1.0f));
+    }
     absl::StatusOr<scheduler::GenerationRequest> built =
         BuildGenerationRequest(choice, model, limits);
     if (!built.ok()) {

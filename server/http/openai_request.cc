@@ -361,8 +361,8 @@ absl::Status ParseResponseFormat(const Json& body, v1::ResponseFormat* out) {
 
 absl::Status ParseSampling(const Json& body, v1::SamplingParams* s) {
   WINNOW_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature"));
-  // OpenAI's default temperature is 1 (winnow's gRPC default is greedy).
-  s->set_temperature(static_cast<float>(temperature.value_or(1.0)));
+  // Unset, the handler gives the model's default, else OpenAI's 1 (gRPC's is greedy).
+  if (temperature) s->set_temperature(static_cast<float>(*temperature));
   WINNOW_ASSIGN_OR_RETURN(std::optional<double> top_p, Number(body, "top_p"));
   if (top_p) s->set_top_p(static_cast<float>(*top_p));
   WINNOW_ASSIGN_OR_RETURN(std::optional<int32_t> top_k, Int32(body, "top_k"));

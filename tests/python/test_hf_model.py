@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.request
 
 import numpy as np
 import pytest
@@ -147,6 +148,47 @@ def test_daemon_serves_a_chat_from_the_directory(hf_dir, hf_reference, monkeypat
         assert final.usage.prompt_tokens == len(tokenizer(rendered)["input_ids"])
         if final.finish_reason == pb2.FINISH_REASON_STOP:
             assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def with_generation_config(hf_dir, folder, generation):
+    """The directory's files (linked) with another generation_config.json."""
+    folder.mkdir()
+    for f in hf_dir.iterdir():
+        if f.name != "generation_config.json":
+            (folder / f.name).symlink_to(f)
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
+def test_generation_config_gives_the_sampling_defaults(hf_dir, winnow_bin, tmp_path, monkeypatch):
+    """Fields a request leaves unset take generation_config.json's values (as vLLM does); set
+    ones win. OpenAI's unset temperature is the model's default too (else 1)."""
+    generation = {"eos_token_id": 2, "repetition_penalty": 1.5, "temperature": 0.0}
+    monkeypatch.setenv("WINNOW_MODEL", str(with_generation_config(hf_dir, tmp_path / "m",
+                                                                  generation)))
+    prompt = "one two one two one two one two one two one two"
+    with Daemon() as d:
+        def tokens(**kwargs):
+            return d.client.generate_text(prompt, max_tokens=16, ignore_eos=True, **kwargs)[1]
+
+        unset = tokens()
+        assert unset == tokens(repetition_penalty=1.5)
+        assert unset != tokens(repetition_penalty=1.0)  # the default really acts here
+        body = {"prompt": prompt, "max_tokens": 16, "ignore_eos": True}
+        texts = set()
+        for seed in (1, 2, 3):
+            req = urllib.request.Request(f"{d.http_url}/v1/completions", method="POST",
+                                         data=json.dumps({**body, "seed": seed}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                texts.add(json.loads(r.read())["choices"][0]["text"])
+        assert len(texts) == 1  # temperature 0 from generation_config: greedy, whatever seed
+
+    bad = with_generation_config(hf_dir, tmp_path / "bad", {"temperature": -1.0})
+    with pytest.raises(AssertionError) as err:
+        run_winnow(winnow_bin, "generate", "--model", str(bad), "--prompt", "x",
+                   "--max-tokens", "1")
+    assert "generation_config.json: sampling.temperature = -1" in str(err.value)
 
 
 # --- Tiny random checkpoints ------------------------------------------------------------------

@@ -88,7 +88,8 @@ TEST(OpenAiRequestTest, OpenAiDefaults) {
   OpenAiRequest c = ParseOk(Endpoint::kCompletions, R"({"prompt": [1, 2, 3]})");
   EXPECT_EQ(c.generate.token_ids().ids_size(), 3);
   EXPECT_EQ(c.generate.stopping().max_tokens(), 16);  // OpenAI's completions default
-  EXPECT_FLOAT_EQ(c.generate.sampling().temperature(), 1.0f);
+  // Unset: the handler gives the model's default, else OpenAI's 1.
+  EXPECT_FALSE(c.generate.sampling().has_temperature());
   EXPECT_FALSE(c.generate.sampling().has_seed());
   OpenAiRequest chat = ParseOk(Endpoint::kChat, R"({"messages": [
       {"role": "system", "content": "s"},
@@ -100,7 +101,7 @@ TEST(OpenAiRequestTest, OpenAiDefaults) {
   EXPECT_EQ(chat.generate.chat().messages(2).content(), "");
   EXPECT_EQ(chat.generate.stopping().max_tokens(), 5);  // max_completion_tokens wins
   EXPECT_EQ(chat.max_tokens_field, "max_completion_tokens");
-  EXPECT_FLOAT_EQ(chat.generate.sampling().temperature(), 1.0f);  // null means unset
+  EXPECT_FALSE(chat.generate.sampling().has_temperature());  // null means unset
   EXPECT_EQ(chat.generate.top_logprobs(), 2);
   // Chat leaves the token limit to the server when none is given.
   OpenAiRequest bare = ParseOk(Endpoint::kChat, R"({"messages": [{"role":"user","content":"x"}]})");

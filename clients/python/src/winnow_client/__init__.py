@@ -124,10 +124,10 @@ class WinnowClient:
         segments: Optional[Sequence[Segment]] = None,
         add_special_tokens: Optional[bool] = None,
         max_tokens: Optional[int] = None,
-        temperature: float = 0.0,
+        temperature: Optional[float] = 0.0,
         top_p: Optional[float] = None,
-        top_k: int = 0,
-        min_p: float = 0.0,
+        top_k: Optional[int] = None,
+        min_p: Optional[float] = None,
         repetition_penalty: Optional[float] = None,
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
@@ -163,11 +163,16 @@ class WinnowClient:
                 req.segments.segments.append(_segment(seg))
         if add_special_tokens is not None:
             req.add_special_tokens = add_special_tokens
-        req.sampling.temperature = temperature
+        # None leaves a field unset: the model's default (generation_config.json), else the
+        # server's (greedy, and no top-p, top-k or min-p).
+        if temperature is not None:
+            req.sampling.temperature = temperature
         if top_p is not None:
             req.sampling.top_p = top_p
-        req.sampling.top_k = top_k
-        req.sampling.min_p = min_p
+        if top_k is not None:
+            req.sampling.top_k = top_k
+        if min_p is not None:
+            req.sampling.min_p = min_p
         if repetition_penalty is not None:
             req.sampling.repetition_penalty = repetition_penalty
         req.sampling.frequency_penalty = frequency_penalty
