@@ -29,14 +29,16 @@ class CollectingSink : public scheduler::RequestSink {
     ++finish_calls_;
     cv_.notify_all();
   }
-  // Waits for OnFinish (fails the test after a generous timeout instead of hanging).
+  // Waits for OnFinish (fails the test after a generous timeout instead of hanging). Generous
+  // for sanitizer builds on two busy cores: an ASan repeat-probe request once took over 120 s.
+  static constexpr std::chrono::seconds kTimeout{300};
   bool WaitDone() {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120), [this] { return done_; });
+    return cv_.wait_for(lock, kTimeout, [this] { return done_; });
   }
   bool WaitTokens(size_t n) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(120),
+    return cv_.wait_for(lock, kTimeout,
                         [&] { return done_ || tokens_.size() >= n; });
   }
   std::vector<int32_t> tokens() {
