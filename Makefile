@@ -103,7 +103,7 @@ ASAN_ENV := ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 abort_on_error=0" \
 ASAN_PY_TESTS := tests/python/test_daemon.py tests/python/test_openai_http.py \
   tests/python/test_security.py
 FUZZ_REPLAYS := gguf_fuzz tokenizer_fuzz chat_template_fuzz request_fuzz config_fuzz \
-  openai_request_fuzz json_schema_fuzz
+  openai_request_fuzz json_schema_fuzz hf_fuzz
 test-asan-unit: deps model
 	cmake -S . -B $(ASAN_DIR) -G Ninja -DWINNOW_SANITIZE=address,undefined -DWINNOW_CUDA=OFF \
 	  -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined

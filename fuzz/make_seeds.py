@@ -5,6 +5,7 @@ and NUL-separated chat-template and tokenizer inputs. Deterministic; run from an
 
     python3 fuzz/make_seeds.py
 """
+import json
 import pathlib
 import struct
 import subprocess
@@ -204,8 +205,78 @@ def tokenizer_seeds():
         write("tokenizer_fuzz", name, text.encode("latin-1" if name == "bytes" else "utf-8"))
 
 
+def safetensors(tensors):
+    """tensors: [(name, dtype, shape, data bytes)] -> a safetensors image."""
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def hf_seeds():
+    """hf_fuzz: the first byte picks the reader (0 safetensors, 1 config.json, 2 tokenizer.json
+    and a NUL-separated text)."""
+    image = safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+                         ("b", "BF16", [2], b"\x80\x3f\x00\x40"),
+                         ("ids", "I64", [1], struct.pack("<q", 7))])
+    write("hf_fuzz", "safetensors", b"\0" + image)
+    write("hf_fuzz", "safetensors_truncated", b"\0" + image[:-5])
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 1024, "vocab_size": 300,
+              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                  "original_max_position_embeddings": 64}}
+    write("hf_fuzz", "config_llama3", b"\1" + json.dumps(config).encode())
+    config = dict(config, model_type="qwen2", rope_parameters=None,
+                  rope_scaling={"type": "yarn", "factor": 4.0}, sliding_window=512)
+    write("hf_fuzz", "config_qwen2_yarn", b"\1" + json.dumps(config).encode())
+    byte_level = {
+        "version": "1.0",
+        "added_tokens": [{"id": 5, "content": "<|im_end|>", "special": True,
+                          "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False}],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\p{L}+|\\p{N}|\\s+"},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "\u0120": 2, "ab": 3,
+                                            "\u0120a": 4},
+                  "merges": ["a b", "\u0120 a"], "ignore_merges": False},
+    }
+    write("hf_fuzz", "tokenizer_byte_level",
+          b"\2" + json.dumps(byte_level).encode() + b"\0ab a<|im_end|>b")
+    metaspace = {
+        "added_tokens": [{"id": 0, "content": "<s>", "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                          "prepend_scheme": "first", "split": False},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [0],
+                                                      "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "byte_fallback": True, "fuse_unk": True, "unk_token": "<s>",
+                  "vocab": dict({"<s>": 0, "\u2581": 1, "h": 2, "i": 3, "\u2581h": 4},
+                                **{f"<0x{b:02X}>": 5 + b for b in range(256)}),
+                  "merges": [["\u2581", "h"]]},
+    }
+    write("hf_fuzz", "tokenizer_metaspace",
+          b"\2" + json.dumps(metaspace).encode() + "\0hi h\u00e9 \xff".encode())
+
+
 if __name__ == "__main__":
     gguf_seeds()
     request_seeds()
     chat_seeds()
     tokenizer_seeds()
+    hf_seeds()
