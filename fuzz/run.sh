@@ -12,7 +12,7 @@ SECONDS_EACH=${2:-60}
 shift $(( $# > 2 ? 2 : $# ))
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(gguf_fuzz tokenizer_fuzz chat_template_fuzz request_fuzz \
-  config_fuzz openai_request_fuzz json_schema_fuzz)
+  config_fuzz openai_request_fuzz json_schema_fuzz hf_fuzz)
 JOBS=${FUZZ_JOBS:-2}
 export WINNOW_FUZZ_MODEL=${WINNOW_FUZZ_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
