@@ -30,7 +30,9 @@ json Value(const AttributeValue& value) {
 
 json EncodeAttributes(const Attributes& attributes) {
   json out = json::array();
-  for (const auto& [key, value] : attributes) out.push_back({{"key", key}, {"value", Value(value)}});
+  for (const auto& [key, value] : attributes) {
+    out.push_back({{"key", key}, {"value", Value(value)}});
+  }
   return out;
 }
 
@@ -109,7 +111,8 @@ void OtlpExporter::Export(std::vector<Span> spans) {
   const int64_t count = static_cast<int64_t>(spans.size());
   {
     base::MutexLock lock(&mu_);
-    if (!stopping_ && queue_.size() + spans.size() <= static_cast<size_t>(options_.max_queue_spans)) {
+    const size_t capacity = static_cast<size_t>(options_.max_queue_spans);
+    if (!stopping_ && queue_.size() + spans.size() <= capacity) {
       std::move(spans.begin(), spans.end(), std::back_inserter(queue_));
       return;
     }
