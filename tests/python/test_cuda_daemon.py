@@ -271,3 +271,18 @@ def test_qwen3_qk_norm_runs_on_the_gpu_like_the_cpu(tmp_path, monkeypatch):
     with Daemon("--device", "cuda:0", "--gpu-memory-utilization", "0.2") as qwen3:
         for prompt in PROMPTS:
             _assert_same_or_near_tie(_greedy(qwen3, prompt), want[prompt], prompt)
+
+
+def test_a_hugging_face_directory_runs_on_the_gpu_like_the_cpu(tmp_path, monkeypatch):
+    # The default model as a bf16 directory (test_hf_model.py's, whose CPU logits match
+    # transformers): its BF16 weights are copied to the device as they are.
+    for module in ("torch", "transformers"):
+        pytest.importorskip(module, reason=f"converting the model needs {module}")
+    from test_hf_model import convert_default_model
+
+    monkeypatch.setenv("WINNOW_MODEL", str(convert_default_model(model_path(), tmp_path / "m")))
+    with Daemon("--device", "cpu", *CPU_REFERENCE) as cpu:
+        want = {p: _greedy(cpu, p) for p in PROMPTS}
+    with Daemon("--device", "cuda:0", "--gpu-memory-utilization", "0.2") as hf:
+        for prompt in PROMPTS:
+            _assert_same_or_near_tie(_greedy(hf, prompt), want[prompt], prompt)

@@ -34,13 +34,11 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hf_dir(model_path, tmp_path_factory):
-    """The default GGUF as a bf16 Hugging Face directory, written by transformers."""
+def convert_default_model(model_path, out):
+    """The default GGUF as a bf16 Hugging Face directory at `out`, written by transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
-    out = tmp_path_factory.mktemp("hf") / "SmolLM2-135M-Instruct"
     gguf = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name,
                                                 dtype=torch.float32)
     config = gguf.config
@@ -52,6 +50,12 @@ def hf_dir(model_path, tmp_path_factory):
     AutoTokenizer.from_pretrained(str(model_path.parent),
                                   gguf_file=model_path.name).save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(scope="module")
+def hf_dir(model_path, tmp_path_factory):
+    return convert_default_model(model_path,
+                                 tmp_path_factory.mktemp("hf") / "SmolLM2-135M-Instruct")
 
 
 @pytest.fixture(scope="module")
