@@ -1,4 +1,5 @@
-// A whole file mapped read-only, for weights that are read in place (model/safetensors.h).
+// A whole file mapped read-only, for model files whose weights are read in place (model/gguf.h,
+// model/safetensors.h).
 #pragma once
 
 #include <fcntl.h>
@@ -18,7 +19,8 @@ namespace winnow::base {
 
 class MappedFile {
  public:
-  // Errors carry errno's reason; the caller names the file.
+  // Errors carry errno's reason; the caller names the file. An empty file maps to no bytes
+  // (mmap refuses a zero length), so the caller's own size check reports it.
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return absl::ErrnoToStatus(errno, "cannot open");
@@ -28,9 +30,13 @@ class MappedFile {
       ::close(fd);
       return absl::ErrnoToStatus(err, "cannot stat");
     }
-    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+    if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      return absl::InvalidArgumentError("not a regular, non-empty file");
+      return absl::InvalidArgumentError("not a regular file");
+    }
+    if (st.st_size == 0) {
+      ::close(fd);
+      return std::unique_ptr<MappedFile>(new MappedFile(nullptr, 0));
     }
     void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
     const int map_err = errno;
@@ -39,7 +45,9 @@ class MappedFile {
     return std::unique_ptr<MappedFile>(
         new MappedFile(static_cast<const uint8_t*>(map), static_cast<uint64_t>(st.st_size)));
   }
-  ~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 

@@ -1,11 +1,5 @@
 #include "model/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -539,37 +533,18 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     return absl::Status(s.code(), absl::StrCat("GGUF ", path, ": ", s.message()));
   };
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return fail(absl::ErrnoToStatus(err, "cannot open"));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail(absl::ErrnoToStatus(err, "cannot stat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return fail(absl::InvalidArgumentError("not a regular file"));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  // magic + version + two counts: anything shorter cannot be a v2/v3 header, and mmap rejects a
-  // zero-length mapping anyway.
+  absl::StatusOr<std::unique_ptr<base::MappedFile>> mapping = base::MappedFile::Open(path);
+  if (!mapping.ok()) return fail(mapping.status());
+  // magic + version + two counts: anything shorter cannot be a v2/v3 header.
   constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;
-  if (size < kHeaderBytes) {
-    ::close(fd);
-    return fail(absl::DataLossError(absl::StrCat("file is ", size, " bytes, shorter than the ",
-                                                 kHeaderBytes, "-byte GGUF header")));
+  if ((*mapping)->size() < kHeaderBytes) {
+    return fail(absl::DataLossError(absl::StrCat("file is ", (*mapping)->size(),
+                                                 " bytes, shorter than the ", kHeaderBytes,
+                                                 "-byte GGUF header")));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps its own reference to the file
-  if (map == MAP_FAILED) return fail(absl::ErrnoToStatus(map_err, "cannot mmap"));
-  file->map_ = static_cast<const uint8_t*>(map);
-  file->map_size_ = size;
-  file->mapped_ = true;
+  file->map_ = (*mapping)->data();
+  file->map_size_ = (*mapping)->size();
+  file->mapping_ = *std::move(mapping);
 
   if (absl::Status s = file->Parse(); !s.ok()) return fail(s);
   return file;
@@ -602,9 +577,7 @@ absl::Status GgufFile::Parse() {
   return absl::OkStatus();
 }
 
-GgufFile::~GgufFile() {
-  if (mapped_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-}
+GgufFile::~GgufFile() = default;
 
 const GgufValue* GgufFile::Find(std::string_view key) const {
   auto it = metadata_index_.find(AbslView(key));

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "base/mapped_file.h"
 #include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/matmul.h"
 
@@ -102,9 +103,9 @@ class GgufFile {
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
-  const uint8_t* map_ = nullptr;  // the mapping, or owned_'s bytes
+  const uint8_t* map_ = nullptr;  // mapping_'s bytes, or owned_'s
   uint64_t map_size_ = 0;
-  bool mapped_ = false;  // map_ is an mmap to undo
+  std::unique_ptr<base::MappedFile> mapping_;
   std::string owned_;
   uint64_t data_offset_ = 0;  // start of the tensor data section in the file
   std::vector<std::pair<std::string, GgufValue>> metadata_;

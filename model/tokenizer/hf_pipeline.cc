@@ -511,6 +511,30 @@ absl::StatusOr<const json*> SequenceItems(const json& obj, const char* key,
   return &*it;
 }
 
+// A Sequence's components, each read by `parse(item, its path)`.
+template <typename T, typename Parse>
+absl::StatusOr<std::vector<std::unique_ptr<T>>> SequenceSteps(const json& obj, const char* key,
+                                                              const std::string& path,
+                                                              Parse parse) {
+  WINNOW_ASSIGN_OR_RETURN(const json* items, SequenceItems(obj, key, path));
+  std::vector<std::unique_ptr<T>> steps;
+  for (size_t i = 0; i < items->size(); ++i) {
+    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<T> step, parse((*items)[i], Item(path, key, i)));
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
+// A Replace normalizer or decoder: the same step.
+absl::StatusOr<std::unique_ptr<ReplaceStep>> ReplaceFromJson(const json& obj,
+                                                             const std::string& path) {
+  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfRegex> pattern,
+                          PatternFromJson(obj.value("pattern", json()),
+                                          absl::StrCat(path, ".pattern")));
+  WINNOW_ASSIGN_OR_RETURN(std::string content, JsonString(obj, "content", path));
+  return std::make_unique<ReplaceStep>(std::move(pattern), std::move(content));
+}
+
 absl::StatusOr<std::unique_ptr<HfPreTokenizer>> MetaspaceFromJson(const json& obj,
                                                                   const std::string& path) {
   WINNOW_ASSIGN_OR_RETURN(const std::string replacement,
@@ -558,21 +582,10 @@ absl::StatusOr<std::unique_ptr<HfNormalizer>> HfNormalizer::FromJson(const json&
     WINNOW_ASSIGN_OR_RETURN(std::string prefix, JsonString(obj, "prepend", path));
     return std::make_unique<PrependNormalizer>(std::move(prefix));
   }
-  if (type == "Replace") {
-    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfRegex> pattern,
-                            PatternFromJson(obj.value("pattern", json()),
-                                            absl::StrCat(path, ".pattern")));
-    WINNOW_ASSIGN_OR_RETURN(std::string content, JsonString(obj, "content", path));
-    return std::make_unique<ReplaceStep>(std::move(pattern), std::move(content));
-  }
+  if (type == "Replace") return ReplaceFromJson(obj, path);
   if (type == "Sequence") {
-    WINNOW_ASSIGN_OR_RETURN(const json* items, SequenceItems(obj, "normalizers", path));
-    std::vector<std::unique_ptr<HfNormalizer>> steps;
-    for (size_t i = 0; i < items->size(); ++i) {
-      WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfNormalizer> step,
-                              FromJson((*items)[i], Item(path, "normalizers", i)));
-      steps.push_back(std::move(step));
-    }
+    WINNOW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<HfNormalizer>> steps,
+                            SequenceSteps<HfNormalizer>(obj, "normalizers", path, FromJson));
     return std::make_unique<SequenceNormalizer>(std::move(steps));
   }
   return Unsupported(path, type);
@@ -605,13 +618,8 @@ absl::StatusOr<std::unique_ptr<HfPreTokenizer>> HfPreTokenizer::FromJson(const j
   }
   if (type == "Metaspace") return MetaspaceFromJson(obj, path);
   if (type == "Sequence") {
-    WINNOW_ASSIGN_OR_RETURN(const json* items, SequenceItems(obj, "pretokenizers", path));
-    std::vector<std::unique_ptr<HfPreTokenizer>> steps;
-    for (size_t i = 0; i < items->size(); ++i) {
-      WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfPreTokenizer> step,
-                              FromJson((*items)[i], Item(path, "pretokenizers", i)));
-      steps.push_back(std::move(step));
-    }
+    WINNOW_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<HfPreTokenizer>> steps,
+                            SequenceSteps<HfPreTokenizer>(obj, "pretokenizers", path, FromJson));
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
   }
   return Unsupported(path, type);
@@ -635,13 +643,7 @@ absl::StatusOr<std::unique_ptr<HfDecoder>> DecoderFromJson(const json& obj, cons
     WINNOW_ASSIGN_OR_RETURN(std::string replacement, JsonString(obj, "replacement", path));
     return std::make_unique<ReplaceStep>(HfRegex::Literal(replacement), " ");
   }
-  if (type == "Replace") {
-    WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfRegex> pattern,
-                            PatternFromJson(obj.value("pattern", json()),
-                                            absl::StrCat(path, ".pattern")));
-    WINNOW_ASSIGN_OR_RETURN(std::string content, JsonString(obj, "content", path));
-    return std::make_unique<ReplaceStep>(std::move(pattern), std::move(content));
-  }
+  if (type == "Replace") return ReplaceFromJson(obj, path);
   if (type == "Strip") {
     WINNOW_ASSIGN_OR_RETURN(std::string content, JsonString(obj, "content", path));
     const size_t start = obj.value("start", 0u);
@@ -650,13 +652,12 @@ absl::StatusOr<std::unique_ptr<HfDecoder>> DecoderFromJson(const json& obj, cons
     return std::make_unique<StripDecoder>(std::move(content), start, stop);
   }
   if (type == "Sequence") {
-    WINNOW_ASSIGN_OR_RETURN(const json* items, SequenceItems(obj, "decoders", path));
-    std::vector<std::unique_ptr<HfDecoder>> steps;
-    for (size_t i = 0; i < items->size(); ++i) {
-      WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<HfDecoder> step,
-                              DecoderFromJson((*items)[i], Item(path, "decoders", i), fused));
-      steps.push_back(std::move(step));
-    }
+    WINNOW_ASSIGN_OR_RETURN(
+        std::vector<std::unique_ptr<HfDecoder>> steps,
+        SequenceSteps<HfDecoder>(obj, "decoders", path,
+                                 [fused](const json& item, const std::string& item_path) {
+                                   return DecoderFromJson(item, item_path, fused);
+                                 }));
     return std::make_unique<SequenceDecoder>(std::move(steps));
   }
   return Unsupported(path, type);

@@ -84,40 +84,18 @@ struct MergeAfter {
 
 // --- added-token matching ------------------------------------------------------------------
 
-void HfTokenizer::AddedMatcher::Add(std::string_view text, int32_t index) {
-  if (text.empty()) return;
-  if (token.empty()) token.push_back(-1);
-  int32_t node = 0;
-  for (const char c : text) {
-    const uint64_t key = (static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(c);
-    auto [it, inserted] = edges.try_emplace(key, static_cast<int32_t>(token.size()));
-    if (inserted) token.push_back(-1);
-    node = it->second;
-  }
-  if (token[node] == -1) token[node] = index;  // the first of equal patterns wins
-}
-
-std::pair<int32_t, size_t> HfTokenizer::AddedMatcher::LongestAt(std::string_view text,
-                                                                size_t pos) const {
-  std::pair<int32_t, size_t> best = {-1, 0};
-  if (token.empty()) return best;
-  int32_t node = 0;
-  for (size_t j = pos; j < text.size(); ++j) {
-    auto it = edges.find((static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(text[j]));
-    if (it == edges.end()) break;
-    node = it->second;
-    if (token[node] >= 0) best = {token[node], j + 1 - pos};
-  }
-  return best;
-}
-
 std::vector<HfTokenizer::Segment> HfTokenizer::SplitAdded(std::string_view text,
-                                                          const AddedMatcher& matcher,
+                                                          const ByteTrie& matcher,
                                                           bool parse_special) const {
   std::vector<Segment> segments;
   size_t start_offset = 0;
   for (size_t pos = 0; pos < text.size();) {
-    const auto [index, length] = matcher.LongestAt(text, pos);
+    int32_t index = -1;
+    size_t length = 0;
+    matcher.ForEachAt(text, pos, [&](int32_t value, size_t n) {  // shortest first: keep the last
+      index = value;
+      length = n;
+    });
     if (index < 0) {
       ++pos;
       continue;

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "model/tokenizer/byte_trie.h"
 #include "model/tokenizer/hf_pipeline.h"
 #include "model/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -46,15 +47,6 @@ class HfTokenizer final : public Tokenizer {
     bool rstrip = false;
     bool normalized = false;
   };
-  // Leftmost-longest matching of added-token texts (the aho-corasick match kind `tokenizers`
-  // uses), with a byte trie.
-  struct AddedMatcher {
-    absl::flat_hash_map<uint64_t, int32_t> edges;  // node << 8 | byte -> node
-    std::vector<int32_t> token;                    // node -> index into added_, or -1
-    void Add(std::string_view text, int32_t index);
-    // Index of the longest added token starting at `pos` and its length, or {-1, 0}.
-    std::pair<int32_t, size_t> LongestAt(std::string_view text, size_t pos) const;
-  };
   // A segment of text, or an added token (id >= 0).
   struct Segment {
     int32_t id = -1;
@@ -81,7 +73,9 @@ class HfTokenizer final : public Tokenizer {
   void ChooseSpecialIds();
 
   // The split of `text` at added tokens of `matcher`, as AddedVocabulary::find_matches.
-  std::vector<Segment> SplitAdded(std::string_view text, const AddedMatcher& matcher,
+  // Leftmost-longest matching (the aho-corasick match kind `tokenizers` uses) of the added
+  // texts in `matcher`, whose values index added_.
+  std::vector<Segment> SplitAdded(std::string_view text, const ByteTrie& matcher,
                                   bool parse_special) const;
   // Normalizer, normalized added tokens, pre-tokenizer and BPE for one raw segment.
   void EncodeSegment(std::string_view text, bool at_start, bool parse_special,
@@ -106,8 +100,8 @@ class HfTokenizer final : public Tokenizer {
 
   std::vector<AddedToken> added_;
   std::vector<int32_t> added_index_;  // id -> index into added_, or -1
-  AddedMatcher raw_matcher_;          // tokens with normalized = false, on the input
-  AddedMatcher normalized_matcher_;   // normalized = true, on the normalized text
+  ByteTrie raw_matcher_;          // tokens with normalized = false, on the input
+  ByteTrie normalized_matcher_;   // normalized = true, on the normalized text
 
   std::unique_ptr<HfNormalizer> normalizer_;
   std::unique_ptr<HfPreTokenizer> pre_tokenizer_;

@@ -338,22 +338,11 @@ void VocabTokenizer::BuildCaches(const GgufFile& file) {
     return tokens_[a].size() > tokens_[b].size();
   });
   special_rank_.assign(n, -1);
-  trie_edges_.clear();
-  trie_token_.assign(1, -1);
-  std::fill(std::begin(trie_first_byte_), std::end(trie_first_byte_), false);
+  special_trie_ = ByteTrie();
   for (size_t rank = 0; rank < special_order_.size(); ++rank) {
     const int32_t id = special_order_[rank];
     special_rank_[id] = static_cast<int32_t>(rank);
-    const std::string& text = tokens_[id];
-    trie_first_byte_[static_cast<uint8_t>(text[0])] = true;
-    int32_t node = 0;
-    for (const char c : text) {
-      const uint64_t key = (static_cast<uint64_t>(node) << 8) | static_cast<uint8_t>(c);
-      auto [it, inserted] = trie_edges_.try_emplace(key, static_cast<int32_t>(trie_token_.size()));
-      if (inserted) trie_token_.push_back(-1);
-      node = it->second;
-    }
-    if (trie_token_[node] == -1) trie_token_[node] = id;
+    special_trie_.Add(tokens_[id], id);
   }
 
   pieces_.resize(n);
@@ -387,23 +376,15 @@ std::vector<int32_t> VocabTokenizer::SpecialsPresent(std::string_view text,
   std::vector<int32_t> ranks;
   if (special_order_.empty()) return ranks;
   std::vector<bool> seen(special_order_.size(), false);
-  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
   for (size_t i = 0; i < text.size(); ++i) {
-    if (!trie_first_byte_[p[i]]) continue;
-    int32_t node = 0;
-    for (size_t j = i; j < text.size(); ++j) {
-      auto it = trie_edges_.find((static_cast<uint64_t>(node) << 8) | p[j]);
-      if (it == trie_edges_.end()) break;
-      node = it->second;
-      const int32_t id = trie_token_[node];
-      if (id < 0) continue;
-      if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
+    special_trie_.ForEachAt(text, i, [&](int32_t id, size_t /*length*/) {
+      if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) return;
       const int32_t rank = special_rank_[id];
       if (!seen[rank]) {
         seen[rank] = true;
         ranks.push_back(rank);
       }
-    }
+    });
   }
   std::sort(ranks.begin(), ranks.end());
   std::vector<int32_t> ids;

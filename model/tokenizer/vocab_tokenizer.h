@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "model/gguf.h"
+#include "model/tokenizer/byte_trie.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace winnow::model {
@@ -107,11 +108,8 @@ class VocabTokenizer : public Tokenizer {
   // Special tokens (control, user-defined, unknown) by descending text length, ties by id.
   std::vector<int32_t> special_order_;
   std::vector<int32_t> special_rank_;  // id -> position in special_order_, or -1
-  // Byte trie over the special texts, to find which of them occur without scanning the text once
-  // per special token (some vocabularies have thousands). Edges are keyed by node << 8 | byte.
-  absl::flat_hash_map<uint64_t, int32_t> trie_edges_;
-  std::vector<int32_t> trie_token_;  // node -> special id whose text ends there (first in order)
-  bool trie_first_byte_[256] = {};
+  // The special texts, each with its id (the first in special_order_ for equal texts).
+  ByteTrie special_trie_;
   std::vector<std::string> pieces_;  // TokenToPiece(id, true) of every token
 };
 
