@@ -649,7 +649,7 @@ absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildSamples(
   samples.front() = std::move(first);
   for (int32_t i = 1; i < request.n(); ++i) {
     scheduler::GenerationRequest& sample = samples[i];
-    sample.sampling.seed += static_cast<uint64_t>(i);
+    sample.sampling.seed = SampleSeed(sample.sampling.seed, i);
     sample.prompt_logprobs = -1;
   }
   return samples;

@@ -80,8 +80,12 @@ absl::StatusOr<std::vector<int32_t>> TokenizeChat(const v1::ChatMessages& chat,
 absl::StatusOr<scheduler::GenerationRequest> BuildGenerationRequest(
     const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits);
 
+// The seed sample (choice) i of a seeded n > 1 request draws from, on either API: the request's
+// seed + i, so that n samples differ and each is reproducible alone.
+inline uint64_t SampleSeed(uint64_t seed, int32_t i) { return seed + static_cast<uint64_t>(i); }
+
 // The engine's requests for the request's `n` samples (0 or 1: one), the prompt tokenized once:
-// the first as BuildGenerationRequest builds it, sample i drawing from its seed + i and without
+// the first as BuildGenerationRequest builds it, sample i drawing from SampleSeed and without
 // prompt_logprobs. InvalidArgument naming "n" when it is out of [0, kMaxSamples].
 absl::StatusOr<std::vector<scheduler::GenerationRequest>> BuildSamples(
     const v1::GenerateRequest& request, const model::Model& model, const RequestLimits& limits);

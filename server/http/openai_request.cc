@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "server/request_builder.h"
 
 namespace winnow::server::http {
 namespace {
@@ -158,7 +159,7 @@ absl::Status BuildChoices(const std::vector<v1::GenerateRequest>& inputs, OpenAi
         }
       }
       v1::SamplingParams* s = choice.mutable_sampling();
-      if (j > 0 && s->has_seed()) s->set_seed(s->seed() + j);
+      if (j > 0 && s->has_seed()) s->set_seed(SampleSeed(s->seed(), j));
     }
   }
   return absl::OkStatus();
