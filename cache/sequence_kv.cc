@@ -1,14 +1,16 @@
 #include "cache/sequence_kv.h"
 
-#include <cstdlib>
-
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 namespace winnow::cache {
 
 int32_t SequenceKv::num_blocks_held() const {
   int32_t total = static_cast<int32_t>(pinned_.size());
-  for (const Layer& layer : layers_) total += static_cast<int32_t>(layer.blocks.size());
+  for (const Layer& layer : layers_) {
+    total += static_cast<int32_t>(layer.blocks.size()) - layer.dropped;
+  }
   return total;
 }
 
@@ -46,6 +48,7 @@ void SequenceKv::AppendSlots(int32_t layer, int32_t count) {
 void SequenceKv::ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_t num_slots) {
   layers_[layer].blocks = std::move(blocks);
   layers_[layer].num_slots = num_slots;
+  layers_[layer].dropped = 0;
 }
 
 void SequenceKv::Truncate(BlockPool& pool, int32_t layer, int32_t num_slots) {
@@ -56,7 +59,7 @@ void SequenceKv::Truncate(BlockPool& pool, int32_t layer, int32_t num_slots) {
     std::abort();
   }
   l.num_slots = num_slots;
-  const size_t keep = BlocksFor(num_slots, block_size_);
+  const size_t keep = std::max<size_t>(BlocksFor(num_slots, block_size_), l.dropped);
   if (l.blocks.size() > keep) {
     pool.Free(std::span<const int32_t>(l.blocks).subspan(keep));
     l.blocks.resize(keep);
@@ -65,7 +68,7 @@ void SequenceKv::Truncate(BlockPool& pool, int32_t layer, int32_t num_slots) {
 
 void SequenceKv::TrimUnused(BlockPool& pool) {
   for (Layer& layer : layers_) {
-    const size_t keep = BlocksFor(layer.num_slots, block_size_);
+    const size_t keep = std::max<size_t>(BlocksFor(layer.num_slots, block_size_), layer.dropped);
     if (layer.blocks.size() > keep) {
       pool.Free(std::span<const int32_t>(layer.blocks).subspan(keep));
       layer.blocks.resize(keep);
@@ -73,11 +76,22 @@ void SequenceKv::TrimUnused(BlockPool& pool) {
   }
 }
 
+void SequenceKv::DropBlocksBefore(BlockPool& pool, int32_t layer, int32_t slot) {
+  Layer& l = layers_[layer];
+  const int32_t upto = std::min(std::max(slot, 0) / block_size_, l.num_slots / block_size_);
+  if (upto <= l.dropped) return;
+  std::span<int32_t> gone = std::span<int32_t>(l.blocks).subspan(l.dropped, upto - l.dropped);
+  pool.Free(gone);
+  std::fill(gone.begin(), gone.end(), kDroppedBlock);
+  l.dropped = upto;
+}
+
 void SequenceKv::Release(BlockPool& pool) {
   for (Layer& layer : layers_) {
-    pool.Free(layer.blocks);
+    pool.Free(std::span<const int32_t>(layer.blocks).subspan(layer.dropped));
     layer.blocks.clear();
     layer.num_slots = 0;
+    layer.dropped = 0;
   }
   pool.Free(pinned_);
   pinned_.clear();
@@ -109,7 +123,8 @@ int32_t SequenceKv::SharedBlocks(const BlockPool& pool,
   int32_t shared = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const std::vector<int32_t>& blocks = layers_[l].blocks;
-    const size_t first = first_slots.empty() ? 0 : first_slots[l] / block_size_;
+    const size_t first = std::max<size_t>(first_slots.empty() ? 0 : first_slots[l] / block_size_,
+                                          layers_[l].dropped);
     for (size_t i = first; i < blocks.size(); ++i) shared += pool.references(blocks[i]) > 1;
   }
   return shared;
@@ -129,7 +144,8 @@ absl::Status SequenceKv::MakePrivate(BlockPool& pool, std::span<const int32_t> f
   absl::Status status;
   for (size_t l = 0; l < layers_.size(); ++l) {
     std::vector<int32_t>& blocks = layers_[l].blocks;
-    const size_t first = first_slots.empty() ? 0 : first_slots[l] / block_size_;
+    const size_t first = std::max<size_t>(first_slots.empty() ? 0 : first_slots[l] / block_size_,
+                                          layers_[l].dropped);
     for (auto it = blocks.begin() + std::min(first, blocks.size()); it != blocks.end(); ++it) {
       int32_t& b = *it;
       if (pool.references(b) > 1) {

@@ -1,6 +1,7 @@
 // The KV cache of one sequence: for each layer, a block table and the number of filled slots.
 // Slots are filled front to back; slot i of a layer lives in block_table[i / block_size] at
-// offset i % block_size. After compression, slot order is still the tokens' causal order.
+// offset i % block_size. After compression, slot order is still the tokens' causal order. A
+// sliding-window layer may have dropped its leading blocks (kDroppedBlock in the table).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,9 @@ inline int32_t BlocksFor(int32_t slots, int32_t block_size) {
   return (slots + block_size - 1) / block_size;
 }
 
+// The table entry of a block returned by DropBlocksBefore: its slots are no longer readable.
+inline constexpr int32_t kDroppedBlock = -1;
+
 class SequenceKv {
  public:
   SequenceKv(int32_t num_layers, int32_t block_size)
@@ -31,8 +35,10 @@ class SequenceKv {
   int32_t num_slots(int32_t layer) const { return layers_[layer].num_slots; }
   std::span<const int32_t> block_table(int32_t layer) const { return layers_[layer].blocks; }
   int32_t block_size() const { return block_size_; }
-  // Blocks in the layers' tables and pinned ones.
+  // Blocks in the layers' tables (not the dropped ones) and pinned ones.
   int32_t num_blocks_held() const;
+  // Leading blocks of `layer` that DropBlocksBefore returned.
+  int32_t num_dropped(int32_t layer) const { return layers_[layer].dropped; }
   // Slots the reserved blocks of `layer` can hold.
   int32_t capacity(int32_t layer) const {
     return static_cast<int32_t>(layers_[layer].blocks.size()) * block_size_;
@@ -47,13 +53,18 @@ class SequenceKv {
   // pass calls this once it has stored the new K/V). Capacity must have been reserved.
   void AppendSlots(int32_t layer, int32_t count);
   // Replaces a layer's table after compaction. The caller has already freed the old blocks
-  // that are not in `blocks`.
+  // that are not in `blocks`. (A layer that dropped blocks is never compacted.)
   void ReplaceLayer(int32_t layer, std::vector<int32_t> blocks, int32_t num_slots);
   // Shrinks `layer` to its first `num_slots` slots (compaction has moved the kept K/V there)
   // and returns the blocks beyond what they need to the pool at once.
   void Truncate(BlockPool& pool, int32_t layer, int32_t num_slots);
   // Frees blocks beyond what the filled slots need (e.g. a reservation that was not used).
   void TrimUnused(BlockPool& pool);
+  // Returns to the pool the blocks of `layer` that hold only slots before `slot` (a
+  // sliding-window layer's past, which no later token reads); their entries become
+  // kDroppedBlock, so later slots keep their indices. Only for a cache that nothing reads whole
+  // again: no compression scores or compacts it.
+  void DropBlocksBefore(BlockPool& pool, int32_t layer, int32_t slot);
   // Returns every block to the pool (drops this sequence's reference); the cache is then
   // empty.
   void Release(BlockPool& pool);
@@ -88,6 +99,7 @@ class SequenceKv {
   struct Layer {
     std::vector<int32_t> blocks;
     int32_t num_slots = 0;
+    int32_t dropped = 0;  // blocks[0, dropped) are kDroppedBlock
   };
   std::vector<Layer> layers_;
   std::vector<int32_t> pinned_;

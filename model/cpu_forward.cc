@@ -162,6 +162,7 @@ CpuForward::Pass CpuForward::LayOutRows(std::span<const BatchEntry> batch) {
 // Token embeddings (or the caller's embedding rows) and absolute positions.
 absl::Status CpuForward::Embed(std::span<const BatchEntry> batch, const Pass& pass) {
   const int64_t hidden = model_.config().hidden_size;
+  const float scale = model_.config().embedding_scale;
   Scratch& s = *scratch_;
   for (size_t e = 0; e < batch.size(); ++e) {
     const BatchEntry& entry = batch[e];
@@ -174,6 +175,10 @@ absl::Status CpuForward::Embed(std::span<const BatchEntry> batch, const Pass& pa
                     hidden * sizeof(float));
       } else {
         WINNOW_RETURN_IF_ERROR(kernels::GetRow(model_.weights().token_embd, entry.tokens[i], dst));
+        // Gemma scales token embeddings (a caller's rows are already in the residual's scale).
+        if (scale != 1.0f) {
+          for (int64_t j = 0; j < hidden; ++j) dst[j] *= scale;
+        }
       }
       s.positions[row] = entry.start_position + static_cast<int32_t>(i);
     }
@@ -182,12 +187,16 @@ absl::Status CpuForward::Embed(std::span<const BatchEntry> batch, const Pass& pa
 }
 
 void CpuForward::NormRows(const std::vector<float>& weight, int64_t rows) {
+  NormRows(weight, scratch_->x.data(), rows, scratch_->xn.data());
+}
+
+void CpuForward::NormRows(const std::vector<float>& weight, const float* x, int64_t rows,
+                          float* out) {
   const int64_t hidden = model_.config().hidden_size;
-  Scratch& s = *scratch_;
   threads_.ParallelFor(rows, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      kernels::RmsNorm(s.x.data() + r * hidden, weight.data(), hidden, model_.config().rms_norm_eps,
-                       s.xn.data() + r * hidden);
+      kernels::RmsNorm(x + r * hidden, weight.data(), hidden, model_.config().rms_norm_eps,
+                       out + r * hidden);
     }
   });
 }
@@ -227,8 +236,8 @@ absl::Status CpuForward::PreAttention(int32_t layer, const Pass& pass) {
     NormHeads(L.q_norm, s.q.data(), rows * c.num_heads);
     NormHeads(L.k_norm, s.k.data(), rows * c.num_kv_heads);
   }
-  const float* inv_freq = model_.rope_inv_freq().data();
-  const float attn_factor = model_.rope_attn_factor();
+  const float* inv_freq = model_.rope_inv_freq(layer).data();
+  const float attn_factor = model_.rope_attn_factor(layer);
   threads_.ParallelFor(rows, 4, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       kernels::ApplyRope(s.q.data() + r * q_dim, c.num_heads, c.head_dim, c.rope_dim,
@@ -263,6 +272,7 @@ void CpuForward::AppendKv(const BatchEntry& entry, int32_t layer, int32_t first_
   }
   entry.kv->AppendSlots(layer, n);
   *attention = {table.data(), entry.kv->num_slots(layer), n, first_row};
+  attention->window = c.WindowOf(layer);
 }
 
 // The compression hooks on one sequence's attention in `layer`: its selector's slots (the new
@@ -295,23 +305,25 @@ absl::Status CpuForward::AttachAttentionHooks(const BatchEntry& entry, int32_t l
   return absl::OkStatus();
 }
 
-// Query capture, the paged attention and the output projection, added to the residual.
+// Query capture, the paged attention and the output projection (Gemma: normalised), added to
+// the residual.
 absl::Status CpuForward::Attend(std::span<const BatchEntry> batch, int32_t layer,
                                 const cache::BlockPool& pool, const Pass& pass) {
   const ModelConfig& c = model_.config();
   Scratch& s = *scratch_;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   CaptureQueries(batch, pass.first_row, layer, s.q.data(), q_dim, pool);
-  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  kernels::PagedAttention(pool.View(), pass.attention, s.q.data(), c.num_heads, attn_scale,
-                          s.attn.data(), threads_);
+  kernels::PagedAttention(pool.View(), pass.attention, s.q.data(), c.num_heads,
+                          c.AttentionScale(), s.attn.data(), threads_);
+  const LayerWeights& L = model_.weights().layers[layer];
   MatMulInput attn(s.attn.data(), pass.rows, q_dim, activations_, &s.quantized, threads_);
-  WINNOW_RETURN_IF_ERROR(attn.Multiply(model_.weights().layers[layer].wo, s.proj.data()));
+  WINNOW_RETURN_IF_ERROR(attn.Multiply(L.wo, s.proj.data()));
+  if (c.post_norms) NormRows(L.post_attn_norm, s.proj.data(), pass.rows, s.proj.data());
   kernels::AddInPlace(s.x.data(), s.proj.data(), pass.rows * c.hidden_size);
   return absl::OkStatus();
 }
 
-// The feed-forward block (SwiGLU), added to the residual.
+// The feed-forward block (SwiGLU, or Gemma's GeGLU and output norm), added to the residual.
 absl::Status CpuForward::PostAttention(int32_t layer, const Pass& pass) {
   const ModelConfig& c = model_.config();
   const LayerWeights& L = model_.weights().layers[layer];
@@ -323,9 +335,14 @@ absl::Status CpuForward::PostAttention(int32_t layer, const Pass& pass) {
     WINNOW_RETURN_IF_ERROR(xn.Multiply(L.w_gate, s.gate.data()));
     WINNOW_RETURN_IF_ERROR(xn.Multiply(L.w_up, s.up.data()));
   }
-  kernels::SiluMul(s.gate.data(), s.up.data(), rows * c.ffn_size, s.gate.data());
+  if (c.ffn_activation == FfnActivation::kGeluTanh) {
+    kernels::GeluTanhMul(s.gate.data(), s.up.data(), rows * c.ffn_size, s.gate.data());
+  } else {
+    kernels::SiluMul(s.gate.data(), s.up.data(), rows * c.ffn_size, s.gate.data());
+  }
   MatMulInput gate(s.gate.data(), rows, c.ffn_size, activations_, &s.quantized, threads_);
   WINNOW_RETURN_IF_ERROR(gate.Multiply(L.w_down, s.proj.data()));
+  if (c.post_norms) NormRows(L.post_ffn_norm, s.proj.data(), rows, s.proj.data());
   kernels::AddInPlace(s.x.data(), s.proj.data(), rows * c.hidden_size);
   return absl::OkStatus();
 }

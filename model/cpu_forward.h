@@ -58,6 +58,8 @@ class CpuForward : public ForwardBackend {
   absl::Status Logits(std::span<const BatchEntry> batch, const Pass& pass, ForwardOutput* out);
   // RMSNorm of every row of the residual stream into the norm scratch.
   void NormRows(const std::vector<float>& weight, int64_t rows);
+  // RMSNorm of `rows` hidden-size rows of x into out (which may be x).
+  void NormRows(const std::vector<float>& weight, const float* x, int64_t rows, float* out);
   // QK-norm: `heads` head_dim-long vectors of x normalised in place.
   void NormHeads(const std::vector<float>& weight, float* x, int64_t heads);
   void CaptureQueries(std::span<const BatchEntry> batch, std::span<const int32_t> first_row,

@@ -217,6 +217,13 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& model,
                                                              kernels::ThreadPool& threads,
                                                              int32_t device,
                                                              const ForwardLimits& limits) {
+  const ModelConfig& c = model.config();
+  if (c.architecture == "gemma3" || !c.sliding_layers.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA worker does not run ",
+        c.architecture == "gemma3" ? "gemma3" : "sliding-window attention",
+        " models yet (the CPU worker does: --device cpu)"));
+  }
   const cache::KvLayout& layout = pool.layout();
   if (layout.dtype != kernels::KvDtype::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(

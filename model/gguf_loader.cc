@@ -75,6 +75,10 @@ absl::StatusOr<LayerWeights> LoadLayer(const GgufFile& f, const ModelConfig& c, 
     WINNOW_ASSIGN_OR_RETURN(L.k_norm, Vector(f, p + "attn_k_norm.weight", c.head_dim));
   }
   WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, Vector(f, p + "ffn_norm.weight", hidden));
+  if (c.post_norms) {  // Gemma; llama.cpp's converter stores its norms' (1 + weight)
+    WINNOW_ASSIGN_OR_RETURN(L.post_attn_norm, Vector(f, p + "post_attention_norm.weight", hidden));
+    WINNOW_ASSIGN_OR_RETURN(L.post_ffn_norm, Vector(f, p + "post_ffw_norm.weight", hidden));
+  }
   WINNOW_ASSIGN_OR_RETURN(L.w_gate, Matrix(f, p + "ffn_gate.weight", hidden, c.ffn_size));
   WINNOW_ASSIGN_OR_RETURN(L.w_up, Matrix(f, p + "ffn_up.weight", hidden, c.ffn_size));
   WINNOW_ASSIGN_OR_RETURN(L.w_down, Matrix(f, p + "ffn_down.weight", c.ffn_size, hidden));

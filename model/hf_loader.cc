@@ -86,14 +86,27 @@ class Tensors {
   const SafetensorsCheckpoint& checkpoint_;
 };
 
-// One decoder layer's tensors, named as transformers' Llama / Qwen2 / Qwen3 modules name them.
+// An RMSNorm weight as the forward multiplies by it: Gemma's norms scale by (1 + weight), which
+// llama.cpp's converter stores as such and transformers does not.
+absl::StatusOr<std::vector<float>> NormWeight(const Tensors& t, const ModelConfig& c,
+                                              const std::string& name, int64_t n) {
+  WINNOW_ASSIGN_OR_RETURN(std::vector<float> w, t.Vector(name, n));
+  if (c.architecture == "gemma3") {
+    for (float& x : w) x += 1.0f;
+  }
+  return w;
+}
+
+// One decoder layer's tensors, named as transformers' Llama / Qwen2 / Qwen3 / Gemma 3 modules
+// name them (Gemma's post_attention_layernorm follows the attention; its MLP's norm is
+// pre_feedforward_layernorm).
 absl::StatusOr<LayerWeights> LoadLayer(const Tensors& t, const ModelConfig& c, int32_t layer) {
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const std::string p = absl::StrCat("model.layers.", layer, ".");
   LayerWeights L;
-  WINNOW_ASSIGN_OR_RETURN(L.attn_norm, t.Vector(p + "input_layernorm.weight", hidden));
+  WINNOW_ASSIGN_OR_RETURN(L.attn_norm, NormWeight(t, c, p + "input_layernorm.weight", hidden));
   WINNOW_ASSIGN_OR_RETURN(L.wq, t.Matrix(p + "self_attn.q_proj.weight", q_dim, hidden));
   WINNOW_ASSIGN_OR_RETURN(L.wk, t.Matrix(p + "self_attn.k_proj.weight", kv_dim, hidden));
   WINNOW_ASSIGN_OR_RETURN(L.wv, t.Matrix(p + "self_attn.v_proj.weight", kv_dim, hidden));
@@ -104,10 +117,22 @@ absl::StatusOr<LayerWeights> LoadLayer(const Tensors& t, const ModelConfig& c, i
     WINNOW_ASSIGN_OR_RETURN(L.bv, t.Vector(p + "self_attn.v_proj.bias", kv_dim));
   }
   if (c.qk_norm) {
-    WINNOW_ASSIGN_OR_RETURN(L.q_norm, t.Vector(p + "self_attn.q_norm.weight", c.head_dim));
-    WINNOW_ASSIGN_OR_RETURN(L.k_norm, t.Vector(p + "self_attn.k_norm.weight", c.head_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.q_norm,
+                            NormWeight(t, c, p + "self_attn.q_norm.weight", c.head_dim));
+    WINNOW_ASSIGN_OR_RETURN(L.k_norm,
+                            NormWeight(t, c, p + "self_attn.k_norm.weight", c.head_dim));
   }
-  WINNOW_ASSIGN_OR_RETURN(L.ffn_norm, t.Vector(p + "post_attention_layernorm.weight", hidden));
+  if (c.post_norms) {
+    WINNOW_ASSIGN_OR_RETURN(L.post_attn_norm,
+                            NormWeight(t, c, p + "post_attention_layernorm.weight", hidden));
+    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm,
+                            NormWeight(t, c, p + "pre_feedforward_layernorm.weight", hidden));
+    WINNOW_ASSIGN_OR_RETURN(L.post_ffn_norm,
+                            NormWeight(t, c, p + "post_feedforward_layernorm.weight", hidden));
+  } else {
+    WINNOW_ASSIGN_OR_RETURN(L.ffn_norm,
+                            NormWeight(t, c, p + "post_attention_layernorm.weight", hidden));
+  }
   WINNOW_ASSIGN_OR_RETURN(L.w_gate, t.Matrix(p + "mlp.gate_proj.weight", c.ffn_size, hidden));
   WINNOW_ASSIGN_OR_RETURN(L.w_up, t.Matrix(p + "mlp.up_proj.weight", c.ffn_size, hidden));
   WINNOW_ASSIGN_OR_RETURN(L.w_down, t.Matrix(p + "mlp.down_proj.weight", hidden, c.ffn_size));
@@ -120,7 +145,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const Tensors& t, const json& config, M
   ModelWeights w;
   WINNOW_ASSIGN_OR_RETURN(w.token_embd,
                           t.Matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size));
-  WINNOW_ASSIGN_OR_RETURN(w.output_norm, t.Vector("model.norm.weight", c.hidden_size));
+  WINNOW_ASSIGN_OR_RETURN(w.output_norm, NormWeight(t, c, "model.norm.weight", c.hidden_size));
   // transformers does not save a tied lm_head.
   const json& tie = config.contains("tie_word_embeddings") ? config["tie_word_embeddings"] : json();
   c.tied_embeddings = !t.Has("lm_head.weight") && (!tie.is_boolean() || tie.get<bool>());

@@ -6,8 +6,10 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/gguf_loader.h"
 #include "model/hf_loader.h"
+#include "model/weight_quantize.h"
 
 namespace winnow::model {
 namespace {
@@ -59,7 +61,7 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c,
 }  // namespace
 
 Model::Model(Parts parts)
-    : storage_(std::move(parts.storage)),
+    : storage_{std::move(parts.storage)},
       config_(std::move(parts.config)),
       tokenizer_(std::move(parts.tokenizer)),
       chat_template_(std::move(parts.chat_template)),
@@ -67,14 +69,32 @@ Model::Model(Parts parts)
       generation_defaults_(parts.generation_defaults) {
   rope_inv_freq_ =
       RopeInverseFrequencies(config_, weights_.rope_freq_factors, &rope_attn_factor_);
+  if (config_.rope_theta_sliding > 0.0f) {
+    // Gemma 3's sliding layers: their own base, no scaling.
+    ModelConfig local = config_;
+    local.rope_theta = config_.rope_theta_sliding;
+    local.rope_scaling = RopeScaling{};
+    float unused;
+    rope_inv_freq_sliding_ = RopeInverseFrequencies(local, {}, &unused);
+  }
 }
 
 Model::~Model() = default;
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
-                                                   const std::string& chat_template_path) {
-  if (std::filesystem::is_directory(path)) return LoadHfModel(path, chat_template_path);
-  return LoadGgufModel(path, chat_template_path);
+                                                   const std::string& chat_template_path,
+                                                   const CpuWeightOptions& cpu_weights) {
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      std::filesystem::is_directory(path) ? LoadHfModel(path, chat_template_path)
+                                          : LoadGgufModel(path, chat_template_path);
+  if (!model.ok() || !cpu_weights.type.has_value()) return model;
+  // After the loader, whatever the format: the weights are still only views here, and no
+  // forward has read them yet.
+  WINNOW_ASSIGN_OR_RETURN(
+      std::shared_ptr<const void> quantized,
+      QuantizeWeights(*cpu_weights.type, cpu_weights.threads, &(*model)->weights_));
+  (*model)->storage_.push_back(std::move(quantized));
+  return model;
 }
 
 cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) const {
@@ -110,7 +130,8 @@ absl::Status Model::ValidateBatch(std::span<const BatchEntry> batch,
       if (id == kEmbeddingInput) {
         ++embedding_rows;
       } else if (id < 0 || id >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary"));
       }
     }
     if (static_cast<int64_t>(entry.embeddings.size()) != embedding_rows * config_.hidden_size) {

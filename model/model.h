@@ -32,6 +32,8 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;  // head_dim each; empty unless the model has QK-norm
   std::vector<float> ffn_norm;
   kernels::WeightMatrix w_gate, w_up, w_down;
+  // Gemma: the norms of the attention's and the MLP's outputs; empty unless config.post_norms.
+  std::vector<float> post_attn_norm, post_ffn_norm;
 };
 
 // Sampling defaults the model ships (a Hugging Face directory's generation_config.json): what a
@@ -52,10 +54,19 @@ struct ModelWeights {
   std::vector<float> rope_freq_factors;  // per rotated pair; empty unless the file has them
 };
 
+// --cpu-weight-type: the float weight matrices quantised at load for the CPU forward
+// (model/weight_quantize.h). The CUDA forward uploads the weights to bf16 as they are stored:
+// callers leave `type` unset for it.
+struct CpuWeightOptions {
+  std::optional<kernels::GgmlType> type;  // unset ("none"): the weights run as stored
+  int32_t threads = 0;                    // threads quantising; 0: one per hardware thread
+};
+
 class Model {
  public:
   // What a loader hands over. `storage` owns what the weight views point into (the GGUF file's
-  // mapping, a safetensors checkpoint's).
+  // mapping, a safetensors checkpoint's); the model adds the bytes of the weights it
+  // quantises at load (CpuWeightOptions).
   struct Parts {
     std::shared_ptr<const void> storage;
     ModelConfig config;
@@ -69,8 +80,11 @@ class Model {
   // (model/gguf_loader.h) or a Hugging Face directory (model/hf_loader.h). Errors name the key
   // or tensor at fault.
   // `chat_template_path`, when not empty, names a Jinja file that replaces the model's template.
+  // `cpu_weights.type`, when set, rewrites the float weight matrices of either format in that
+  // type (QuantizeWeights); matrices a GGUF stores quantised stay as they are.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
-                                                     const std::string& chat_template_path = "");
+                                                     const std::string& chat_template_path = "",
+                                                     const CpuWeightOptions& cpu_weights = {});
   explicit Model(Parts parts);
   ~Model();
   Model(const Model&) = delete;
@@ -96,18 +110,29 @@ class Model {
   // positions within the context, and reserved KV capacity. Errors name the entry.
   absl::Status ValidateBatch(std::span<const BatchEntry> batch,
                              const cache::BlockPool& pool) const;
-  // RoPE's per-pair inverse frequencies (rope_dim / 2, scaling folded in) and attention factor.
+  // RoPE's per-pair inverse frequencies (rope_dim / 2, scaling folded in) and attention factor
+  // of the global layers, and of `layer` (a sliding layer may rotate with its own base).
   std::span<const float> rope_inv_freq() const { return rope_inv_freq_; }
   float rope_attn_factor() const { return rope_attn_factor_; }
+  std::span<const float> rope_inv_freq(int32_t layer) const {
+    return config_.IsSliding(layer) && !rope_inv_freq_sliding_.empty() ? rope_inv_freq_sliding_
+                                                                       : rope_inv_freq_;
+  }
+  float rope_attn_factor(int32_t layer) const {
+    return config_.IsSliding(layer) && !rope_inv_freq_sliding_.empty() ? 1.0f
+                                                                       : rope_attn_factor_;
+  }
 
  private:
-  std::shared_ptr<const void> storage_;
+  // Parts::storage, then the buffer of the weights quantised at load, if any.
+  std::vector<std::shared_ptr<const void>> storage_;
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   absl::StatusOr<ChatTemplate> chat_template_;
   ModelWeights weights_;
   GenerationDefaults generation_defaults_;
   std::vector<float> rope_inv_freq_;
+  std::vector<float> rope_inv_freq_sliding_;  // empty unless config.rope_theta_sliding is set
   float rope_attn_factor_ = 1.0f;
 };
 

@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <optional>
@@ -30,18 +31,46 @@ absl::StatusOr<double> FloatOr(const GgufFile& file, const std::string& key, dou
   return value;
 }
 
+// Every `pattern`-th layer attends globally, the others through the window (Gemma 3: 6).
+std::vector<bool> SlidingEveryLayerBut(int32_t num_layers, int32_t pattern) {
+  std::vector<bool> sliding(num_layers);
+  for (int32_t l = 0; l < num_layers; ++l) sliding[l] = (l + 1) % pattern != 0;
+  return sliding;
+}
+
+// What llama.cpp's gemma3 loader fixes rather than reads: the 5-in-6 sliding pattern, the
+// sliding layers' rope base 10000 without scaling, and the query scale (1/sqrt(head_dim), but
+// 1/sqrt(hidden/heads) for the 62-layer 27B model, whose query_pre_attn_scalar is that).
+absl::Status ReadGemma3Gguf(const GgufFile& file, ModelConfig& c) {
+  absl::StatusOr<int64_t> window = file.GetInt("gemma3.attention.sliding_window");
+  if (window.ok() && *window > 0) {
+    c.sliding_window = static_cast<int32_t>(std::min<int64_t>(*window, int64_t{1} << 30));
+    c.sliding_layers = SlidingEveryLayerBut(c.num_layers, 6);
+    c.rope_theta_sliding = 10000.0f;
+  } else if (!window.ok() && !absl::IsNotFound(window.status())) {
+    return window.status();
+  }
+  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
+  c.post_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  const float query_scalar = c.num_layers == 62 ? static_cast<float>(c.hidden_size / c.num_heads)
+                                                : static_cast<float>(c.head_dim);
+  c.attention_scale = 1.0f / std::sqrt(query_scalar);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
   ModelConfig c;
   WINNOW_ASSIGN_OR_RETURN(const std::string arch, file.GetString("general.architecture"));
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma3") {
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported architecture '", arch, "' (general.architecture); winnow runs llama, "
-        "qwen2 and qwen3 models"));
+        "qwen2, qwen3 and gemma3 models"));
   }
   c.architecture = arch;
-  c.rope_halves = arch == "qwen2" || arch == "qwen3";
+  c.rope_halves = arch != "llama";
   c.name = file.GetString("general.name").value_or("");
   const std::string p = c.architecture + ".";
 
@@ -96,8 +125,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& file) {
         absl::StrCat("unsupported rope scaling type '", scaling, "' (", p, "rope.scaling.type)"));
   }
 
+  if (arch == "gemma3") WINNOW_RETURN_IF_ERROR(ReadGemma3Gguf(file, c));
   WINNOW_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+float ModelConfig::AttentionScale() const {
+  return attention_scale > 0.0f ? attention_scale
+                                : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
 absl::Status ModelConfig::Validate() const {
@@ -109,6 +144,12 @@ absl::Status ModelConfig::Validate() const {
   if (rope_dim > head_dim || rope_dim % 2 != 0 || rope_dim > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("the rope dimension count ", rope_dim, " does not fit head_dim ", head_dim));
+  }
+  if (!sliding_layers.empty() &&
+      (static_cast<int32_t>(sliding_layers.size()) != num_layers || sliding_window <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sliding-window layers need a positive window (", sliding_window, ") and one entry per "
+        "layer (", sliding_layers.size(), " for ", num_layers, ")"));
   }
   return absl::OkStatus();
 }
@@ -156,11 +197,17 @@ absl::StatusOr<double> HfNumber(const json& obj, const std::string& key, double 
 }
 
 // rope_parameters (transformers 5) or rope_theta + rope_scaling (earlier) into the config.
-absl::Status ReadHfRope(const json& config, ModelConfig& c) {
-  const bool v5 = config.contains("rope_parameters") && config["rope_parameters"].is_object();
-  const std::string path = v5 ? "rope_parameters." : "rope_scaling.";
-  const json scaling = v5 ? config["rope_parameters"]
-                          : config.contains("rope_scaling") ? config["rope_scaling"] : json();
+// `v5_parameters`, when given, replaces config.rope_parameters (Gemma 3's per-layer-type entry),
+// named `v5_path` in errors.
+absl::Status ReadHfRope(const json& config, ModelConfig& c, const json* v5_parameters = nullptr,
+                        const std::string& v5_path = "rope_parameters.") {
+  const bool v5 = v5_parameters != nullptr ||
+                  (config.contains("rope_parameters") && config["rope_parameters"].is_object());
+  const std::string path = v5 ? v5_path : "rope_scaling.";
+  const json scaling = v5_parameters != nullptr ? *v5_parameters
+                       : v5                     ? config["rope_parameters"]
+                       : config.contains("rope_scaling") ? config["rope_scaling"]
+                                                         : json();
   double theta;
   WINNOW_ASSIGN_OR_RETURN(theta, HfNumber(config, "rope_theta", 10000.0));
   if (v5) {
@@ -200,20 +247,119 @@ absl::Status ReadHfRope(const json& config, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Gemma 3's text model: GeGLU, post norms, scaled embeddings and queries, no soft-capping, and
+// rope per layer type (transformers 5: rope_parameters.{full,sliding}_attention; earlier:
+// rope_theta + rope_scaling for the global layers, rope_local_base_freq for the sliding ones).
+absl::Status ReadGemma3Hf(const json& config, ModelConfig& c) {
+  const std::string act = HfString(config, "hidden_activation",
+                                   HfString(config, "hidden_act", "gelu_pytorch_tanh"));
+  if (act != "gelu_pytorch_tanh") {
+    return HfError("hidden_activation",
+                   absl::StrCat("'", act, "' is not supported (gelu_pytorch_tanh)"));
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (config.contains(key) && !config[key].is_null()) {
+      return HfError(key, "is not supported (Gemma 3 sets it to null)");
+    }
+  }
+  if (HfBool(config, "use_bidirectional_attention", false)) {
+    return HfError("use_bidirectional_attention", "is not supported (causal attention only)");
+  }
+  double query_scalar;
+  WINNOW_ASSIGN_OR_RETURN(query_scalar, HfNumber(config, "query_pre_attn_scalar", 256.0));
+  if (query_scalar <= 0) return HfError("query_pre_attn_scalar", "must be positive");
+  c.attention_scale = static_cast<float>(1.0 / std::sqrt(query_scalar));
+  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
+  c.post_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+
+  const json* per_type = config.contains("rope_parameters") ? &config["rope_parameters"] : nullptr;
+  if (per_type == nullptr || !per_type->is_object() || !per_type->contains("full_attention")) {
+    double local;
+    WINNOW_ASSIGN_OR_RETURN(local, HfNumber(config, "rope_local_base_freq", 10000.0));
+    c.rope_theta_sliding = static_cast<float>(local);
+    return ReadHfRope(config, c);
+  }
+  const json& global = (*per_type)["full_attention"];
+  WINNOW_RETURN_IF_ERROR(ReadHfRope(config, c, &global, "rope_parameters.full_attention."));
+  const json sliding = per_type->value("sliding_attention", json::object());
+  if (!sliding.is_object() || HfString(sliding, "rope_type", "default") != "default") {
+    return HfError("rope_parameters.sliding_attention", "must be a default rope (no scaling)");
+  }
+  double local;
+  WINNOW_ASSIGN_OR_RETURN(local, HfNumber(sliding, "rope_theta", 10000.0,
+                                          "rope_parameters.sliding_attention."));
+  c.rope_theta_sliding = static_cast<float>(local);
+  return absl::OkStatus();
+}
+
+// Which layers slide: layer_types where the config lists them (transformers 5 writes it for most
+// families); else Gemma 3's sliding_window_pattern, Qwen's use_sliding_window from
+// max_window_layers on, and every layer for the others (Mistral). No window, or one as long as
+// the context, leaves every layer global.
+absl::Status ReadHfSlidingWindow(const json& config, const std::string& type, ModelConfig& c) {
+  if (!config.contains("sliding_window") || config["sliding_window"].is_null()) {
+    return absl::OkStatus();
+  }
+  int32_t window;
+  WINNOW_ASSIGN_OR_RETURN(window, HfInt(config, "sliding_window"));
+  std::vector<bool> sliding(c.num_layers, false);
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  if (config.contains("layer_types") && config["layer_types"].is_array()) {
+    const json& types = config["layer_types"];
+    if (static_cast<int32_t>(types.size()) != c.num_layers) {
+      return HfError("layer_types", absl::StrCat("has ", types.size(), " entries for ",
+                                                 c.num_layers, " layers"));
+    }
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention") {
+        return HfError(absl::StrCat("layer_types[", l, "]"),
+                       absl::StrCat(types[l].dump(),
+                                    " is not sliding_attention or full_attention"));
+      }
+      sliding[l] = t == "sliding_attention";
+    }
+  } else if (type == "gemma3_text") {
+    int32_t pattern;
+    WINNOW_ASSIGN_OR_RETURN(pattern, HfInt(config, "sliding_window_pattern", 6));
+    sliding = SlidingEveryLayerBut(c.num_layers, pattern);
+  } else if (qwen) {
+    if (!HfBool(config, "use_sliding_window", false)) return absl::OkStatus();
+    int32_t first;
+    WINNOW_ASSIGN_OR_RETURN(first, HfInt(config, "max_window_layers", c.num_layers));
+    for (int32_t l = first; l < c.num_layers; ++l) sliding[l] = true;
+  } else {
+    sliding.assign(c.num_layers, true);
+  }
+  if (window >= c.context_length || std::find(sliding.begin(), sliding.end(), true) ==
+                                        sliding.end()) {
+    return absl::OkStatus();
+  }
+  c.sliding_window = window;
+  c.sliding_layers = std::move(sliding);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromHfConfig(const json& config) {
   if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   const std::string type = HfString(config, "model_type", "");
-  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3") {
-    return HfError("model_type", absl::StrCat("'", type, "' is not supported (llama, mistral, "
-                                              "qwen2, qwen3)"));
+  if (type == "gemma3") {
+    return HfError("model_type", "'gemma3' is Gemma 3's vision-language checkpoint; winnow serves "
+                                 "its text model (model_type gemma3_text)");
   }
-  if (const std::string act = HfString(config, "hidden_act", "silu"); act != "silu") {
+  const bool gemma = type == "gemma3_text";
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" && !gemma) {
+    return HfError("model_type", absl::StrCat("'", type, "' is not supported (llama, mistral, "
+                                              "qwen2, qwen3, gemma3_text)"));
+  }
+  if (const std::string act = HfString(config, "hidden_act", "silu"); act != "silu" && !gemma) {
     return HfError("hidden_act", absl::StrCat("'", act, "' is not supported (silu)"));
   }
   ModelConfig c;
-  c.architecture = type == "mistral" ? "llama" : type;
+  c.architecture = type == "mistral" ? "llama" : gemma ? "gemma3" : type;
   // transformers' rotate_half pairs dimension i with i + d/2 in every family.
   c.rope_halves = true;
   WINNOW_ASSIGN_OR_RETURN(c.num_layers, HfInt(config, "num_hidden_layers"));
@@ -229,17 +375,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromHfConfig(const json& config) {
   c.rms_norm_eps = static_cast<float>(eps);
   WINNOW_ASSIGN_OR_RETURN(rotary, HfNumber(config, "partial_rotary_factor", 1.0));
   c.rope_dim = static_cast<int32_t>(c.head_dim * rotary);
-  WINNOW_RETURN_IF_ERROR(ReadHfRope(config, c));
-  // Qwen's configs carry a sliding_window that only use_sliding_window turns on.
-  const bool windowed = (type != "qwen2" && type != "qwen3") ||
-                        HfBool(config, "use_sliding_window", false);
-  if (windowed && config.contains("sliding_window") && config["sliding_window"].is_number() &&
-      config["sliding_window"].get<int64_t>() < c.context_length) {
-    return HfError("sliding_window",
-                   absl::StrCat(config["sliding_window"].dump(),
-                                " is shorter than max_position_embeddings ", c.context_length,
-                                ": sliding-window attention is not supported"));
-  }
+  WINNOW_RETURN_IF_ERROR(gemma ? ReadGemma3Hf(config, c) : ReadHfRope(config, c));
+  WINNOW_RETURN_IF_ERROR(ReadHfSlidingWindow(config, type, c));
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", s.message()));
   }

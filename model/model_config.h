@@ -14,6 +14,10 @@ namespace winnow::model {
 
 enum class RopeScalingType { kNone, kLinear, kYarn, kLlama3 };
 
+// The MLP's gate activation: SwiGLU (Llama, Qwen, Mistral) or GeGLU with GELU's tanh
+// approximation (Gemma).
+enum class FfnActivation { kSilu, kGeluTanh };
+
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   float factor = 1.0f;
@@ -28,7 +32,8 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2" or "qwen3" (a Mistral checkpoint is "llama")
+  // "llama", "qwen2", "qwen3" or "gemma3" (a Mistral checkpoint is "llama")
+  std::string architecture;
   std::string name;
   int32_t num_layers = 0;
   int32_t hidden_size = 0;
@@ -49,9 +54,31 @@ struct ModelConfig {
   // checkpoint); else adjacent dimensions (GGUF llama, whose converter permutes Q and K).
   bool rope_halves = false;
 
+  // Sliding-window attention: a layer marked in sliding_layers attends to the last
+  // `sliding_window` positions only (Mistral: every layer; Gemma 3: five of every six), and
+  // rotates with rope_theta_sliding when that is set (Gemma 3's local base, without scaling).
+  int32_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // [layer]; empty when no layer slides
+  float rope_theta_sliding = 0.0f;
+
+  // Gemma: embeddings scaled by sqrt(hidden_size), a norm after attention and after the MLP
+  // (before each residual add), GeGLU, and queries scaled by query_pre_attn_scalar^-1/2.
+  float embedding_scale = 1.0f;
+  bool post_norms = false;
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  float attention_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+
+  bool IsSliding(int32_t layer) const {
+    return !sliding_layers.empty() && sliding_layers[layer];
+  }
+  // The window of `layer` (0: full attention), what the attention kernels take.
+  int32_t WindowOf(int32_t layer) const { return IsSliding(layer) ? sliding_window : 0; }
+  float AttentionScale() const;
+
   // Reads and validates the `<arch>.*` keys; errors name the key.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
-  // A Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3; rope settings as
+  // A Hugging Face config.json (model_type llama, mistral, qwen2, qwen3 or gemma3_text; rope
+  // settings as
   // rope_parameters or the older rope_theta + rope_scaling). Errors say "config.json: <field>".
   // What only the weights say (tied embeddings, QKV biases, QK-norm) the loader completes;
   // Llama-3 rope scaling leaves its frequency factors to RopeFrequencyFactors.

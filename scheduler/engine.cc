@@ -176,6 +176,14 @@ cache::policies::ModelDims DimsOf(const model::ModelConfig& c, int32_t block_siz
   return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, block_size};
 }
 
+// Each layer's sliding window (0: global); empty when no layer slides.
+std::vector<int32_t> LayerWindows(const model::ModelConfig& c) {
+  if (c.sliding_layers.empty()) return {};
+  std::vector<int32_t> windows(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) windows[l] = c.WindowOf(l);
+  return windows;
+}
+
 }  // namespace
 
 // The engine loop wires the three parts: the scheduler decides, the worker executes, the
@@ -191,7 +199,8 @@ struct Engine::Impl {
         pool(std::move(p)),
         contexts(l.prefix_caching ? std::make_unique<cache::CompressedPrefixCache>(*pool)
                                   : nullptr),
-        scheduler({l.max_batched_tokens, l.max_seqs}, *pool, contexts.get()),
+        scheduler({l.max_batched_tokens, l.max_seqs, LayerWindows(m.config())}, *pool,
+                  contexts.get()),
         worker(std::move(w)),
         output(m.tokenizer(), l.context_length, obs) {}
 

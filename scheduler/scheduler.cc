@@ -447,12 +447,26 @@ void Scheduler::OnChunkComputed(const ScheduledChunk& chunk) {
       spdlog::error("scheduler: request {}'s next context stage: {}", s.id, started.ToString());
     }
   }
-  if (s.prefix_keys.empty() || s.compression != nullptr) return;
+  if (s.compression != nullptr) return;
+  PublishPrefix(s);  // first: a block is keyed before it may be dropped
+  DropBehindWindows(s);
+}
+
+void Scheduler::PublishPrefix(Sequence& s) {
+  if (s.prefix_keys.empty()) return;
   const int32_t full = std::min(std::min(s.num_computed, s.prompt_len) / pool_.layout().block_size,
                                 static_cast<int32_t>(s.prefix_keys.size()));
   if (full <= s.published_blocks) return;
   cache::PublishPrefixBlocks(pool_, s.prefix_keys, s.published_blocks, full, s.kv);
   s.published_blocks = full;
+}
+
+void Scheduler::DropBehindWindows(Sequence& s) {
+  const std::vector<int32_t>& windows = limits_.layer_windows;
+  for (int32_t l = 0; l < static_cast<int32_t>(windows.size()); ++l) {
+    // The next token, at slot num_slots, sees [num_slots - window + 1, num_slots].
+    if (windows[l] > 0) s.kv.DropBlocksBefore(pool_, l, s.kv.num_slots(l) - windows[l] + 1);
+  }
 }
 
 void Scheduler::Release(Sequence& seq) {

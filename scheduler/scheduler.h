@@ -44,6 +44,9 @@ namespace winnow::scheduler {
 struct SchedulerLimits {
   int32_t max_batched_tokens = 2048;  // tokens fed to one forward (prefill chunks + decodes)
   int32_t max_seqs = 64;              // sequences holding KV blocks at once
+  // [layer] its sliding window (0: full attention; empty: none slides). An uncompressed
+  // sequence's blocks behind a layer's window return to the pool as the window moves on.
+  std::vector<int32_t> layer_windows;
 };
 
 // A lookup in the prefix cache by an admitted sequence.
@@ -100,7 +103,8 @@ class Scheduler {
   // After the worker ran `chunk`: its tokens' K/V are in the cache. Advances num_computed and,
   // with prefix caching, keys the full prompt blocks now computed so later prompts reuse them
   // (not a compressing sequence's: its compaction rewrites them), or publishes the compressed
-  // context the chunk completed (a sequence with a context key).
+  // context the chunk completed (a sequence with a context key). Then drops the blocks that
+  // fell behind sliding windows.
   void OnChunkComputed(const ScheduledChunk& chunk);
 
   // Returns every block a sequence holds to the pool and marks it finished.
@@ -111,6 +115,11 @@ class Scheduler {
  private:
   // Publishes the compressed context `s` has just compressed.
   void PublishContext(Sequence& s);
+  // Keys the full prompt blocks `s` has computed since the last call (prefix caching).
+  void PublishPrefix(Sequence& s);
+  // Returns the blocks no later token of `s` reads: on each sliding-window layer, those wholly
+  // before the next token's window. Not a compressing sequence's (its policy reads whole layers).
+  void DropBehindWindows(Sequence& s);
 
   SchedulerLimits limits_;
   cache::BlockPool& pool_;

@@ -25,6 +25,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/template/jinja.h"
+#include "model/weight_quantize.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/engine.h"
 #include "server/http/http_server.h"
@@ -346,10 +347,21 @@ bool StartListeners(Daemon* d) {
   return StartMetrics(d) && StartTracing(d) && StartHttp(d) && StartGrpc(d);
 }
 
+// --cpu-weight-type is the CPU forward's: the CUDA one uploads the weights to bf16 as stored.
+model::CpuWeightOptions CpuWeightsFor(const ServeOptions& options) {
+  if (!options.device.is_cuda()) return {options.cpu_weight_type, options.threads};
+  if (options.cpu_weight_type.has_value()) {
+    spdlog::warn("--cpu-weight-type {} is ignored on {}: the GPU runs the weights as stored",
+                 model::CpuWeightTypeName(options.cpu_weight_type), options.device.ToString());
+  }
+  return {};
+}
+
 bool LoadModel(Daemon* d) {
   const ServeOptions& options = d->options;
   d->load_start = absl::Now();
-  auto loaded = model::Model::Load(options.model, options.chat_template);
+  auto loaded =
+      model::Model::Load(options.model, options.chat_template, CpuWeightsFor(options));
   if (!loaded.ok()) {
     spdlog::error("cannot load model '{}': {}", options.model,
                   std::string(loaded.status().message()));

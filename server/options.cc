@@ -20,6 +20,7 @@
 #include "base/cli.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "model/weight_quantize.h"
 #include "server/tracing/otlp_exporter.h"
 #include "yaml-cpp/yaml.h"
 
@@ -275,6 +276,15 @@ const std::vector<Setting>& Settings() {
                 return absl::OkStatus();
               },
               "{f32,q8}"},
+      Setting{"cpu-weight-type",
+              "cpu: quantise the model's float weight matrices at load (a Hugging Face "
+              "directory's; a GGUF's float tensors, its quantised ones stay) to q8_0, q4_0, "
+              "q4_1, q5_0 or q5_1, or none: run them as stored (none); ignored on cuda",
+              [](const std::string& v, ServeOptions* o) -> absl::Status {
+                WINNOW_ASSIGN_OR_RETURN(o->cpu_weight_type, model::ParseCpuWeightType(v));
+                return absl::OkStatus();
+              },
+              "{none,q8_0,q4_0,q4_1,q5_0,q5_1}"},
       DurationSetting("drain-timeout",
                       "on SIGTERM, how long in-flight requests may finish, e.g. 30s (30s)",
                       &ServeOptions::drain_timeout),
@@ -642,6 +652,7 @@ std::string ServeOptions::DebugString() const {
       " cuda_graphs=", cuda_graphs,
       " kv_cache_dtype=", kernels::KvDtypeName(kv_cache_dtype), " device=", device.ToString(),
       " threads=", threads, " cpu_activations=", std::string(model::CpuActivationsName(cpu_activations)),
+      " cpu_weight_type=", model::CpuWeightTypeName(cpu_weight_type),
       " drain_timeout=", absl::FormatDuration(drain_timeout),
       " max_prompt_tokens=", max_prompt_tokens, " max_tokens_limit=", max_tokens_limit,
       " inject_fatal_error_at=", inject_fatal_error_at,

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/cpu/ggml_types.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "model/cpu_activations.h"
 #include "scheduler/device.h"
@@ -55,6 +57,9 @@ struct ServeOptions {
   scheduler::Device device;
   int32_t threads = 0;  // 0: one per hardware thread
   model::CpuActivations cpu_activations = model::kDefaultCpuActivations;
+  // cpu: the model's float weight matrices quantised at load to this type; unset: as stored.
+  // Ignored on cuda, which uploads the weights to bf16 as stored.
+  std::optional<kernels::GgmlType> cpu_weight_type;
   absl::Duration drain_timeout = absl::Seconds(30);
   int32_t max_prompt_tokens = 0;  // 0: the model's context length
   int32_t max_tokens_limit = 4096;

@@ -17,12 +17,24 @@ struct WorkItem {
   int32_t kv_head;
 };
 
+// The first slot new token `token` sees: 0, or with a window the oldest slot inside it.
+int32_t FirstVisible(const AttentionSequence& seq, int32_t token) {
+  const int32_t last = seq.num_slots - seq.num_new + token;
+  return seq.window > 0 ? std::max(0, last + 1 - seq.window) : 0;
+}
+
 // The slots new token `token` attends to, as a list, for the sparse path: the selected past slots
-// then the new tokens up to itself.
+// then the new tokens up to itself, without those before its window.
 void SparseVisible(const AttentionSequence& seq, int32_t token, std::vector<int32_t>& slots) {
   const int32_t past = seq.num_slots - seq.num_new;
-  slots.assign(seq.selected, seq.selected + seq.num_selected);
-  for (int32_t i = 0; i <= token; ++i) slots.push_back(past + i);
+  const int32_t first = FirstVisible(seq, token);
+  slots.clear();
+  for (int32_t j = 0; j < seq.num_selected; ++j) {
+    if (seq.selected[j] >= first) slots.push_back(seq.selected[j]);
+  }
+  for (int32_t i = 0; i <= token; ++i) {
+    if (past + i >= first) slots.push_back(past + i);
+  }
 }
 
 // o[i] += Σ_j s[j] * rows[j][i] for j < n, each element summed in j order with one fused
@@ -108,10 +120,11 @@ constexpr int32_t kTokenTile = 8;
 // heads that share `kv_head` (a GQA group). Two passes over the visible keys: scores and their
 // max, then exp-weights applied to V. Each key and value block is converted to float32 once for
 // all the tokens and heads (into `rows`, max(block_size, 8) x head_dim floats, unused for
-// f32). `slots` (sparse path, count = 1) lists the visible slots; when null, slots [0, visible)
-// are. Every output is the same sum in the same order whatever the dtype, the tile or the loop
-// nesting, so a token's result depends only on its own inputs. `scores` holds count x group x
-// (visible of the last token) floats.
+// f32). `slots` (sparse path, count = 1) lists the visible slots; when null, slots
+// [first, visible) are (first = 0 without a window). Every output is the same sum in the same
+// order whatever the dtype, the tile or the loop nesting, so a token's result depends only on
+// its own inputs. `scores` holds count x group x (visible of the last token) floats, indexed by
+// slot.
 class TokenTile {
  public:
   TokenTile(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0, int32_t count,
@@ -144,6 +157,10 @@ class TokenTile {
   int32_t VisibleOf(int32_t t) const {
     return slots_ != nullptr ? static_cast<int32_t>(slots_->size())
                              : seq_.num_slots - seq_.num_new + token0_ + t + 1;
+  }
+  // The first visible entry of token t's scores (the sparse path lists only visible slots).
+  int32_t FirstOf(int32_t t) const {
+    return slots_ != nullptr ? 0 : FirstVisible(seq_, token0_ + t);
   }
   float* ScoreRow(int32_t t, int32_t g) const {
     return scores_ + t * stride_ + int64_t{g} * max_visible_;
@@ -178,14 +195,20 @@ class TokenTile {
     }
   }
 
+  // The blocks from the one holding the tile's first visible slot; token t scores the slots
+  // [lo, hi) of each that it sees.
   void ScoreBlocks(float scale) {
-    for (int32_t start = 0; start < max_visible_; start += kv_.block_size) {
-      const int32_t n = std::min(kv_.block_size, max_visible_ - start);
+    const int32_t bs = kv_.block_size;
+    for (int32_t start = FirstOf(0) / bs * bs; start < max_visible_; start += bs) {
+      const int32_t n = std::min(bs, max_visible_ - start);
       const float* keys = kv_.Rows(KeyBlock(start), n, rows_);
       for (int32_t t = 0; t < count_; ++t) {
-        const int32_t nt = std::min(n, VisibleOf(t) - start);
+        const int32_t lo = std::max(start, FirstOf(t));
+        const int32_t hi = std::min(start + n, VisibleOf(t));
+        if (hi <= lo) continue;
         for (int32_t g = 0; g < group_; ++g) {
-          ScaledDots(Query(t, g), keys, nt, kv_.head_dim, scale, ScoreRow(t, g) + start);
+          ScaledDots(Query(t, g), keys + int64_t{lo - start} * kv_.head_dim, hi - lo,
+                     kv_.head_dim, scale, ScoreRow(t, g) + lo);
         }
       }
     }
@@ -194,9 +217,9 @@ class TokenTile {
   // Softmax weights, normalised in place; the outputs zeroed for the weighted sums.
   void Softmax() {
     for (int32_t t = 0; t < count_; ++t) {
-      const int32_t visible = VisibleOf(t);
+      const int32_t visible = VisibleOf(t) - FirstOf(t);
       for (int32_t g = 0; g < group_; ++g) {
-        float* s = ScoreRow(t, g);
+        float* s = ScoreRow(t, g) + FirstOf(t);
         const float max_score = MaxOf(s, visible);
         vec::ExpShifted(s, visible, max_score);
         const float inv_sum = static_cast<float>(1.0 / SumAsDouble(s, visible));
@@ -217,13 +240,17 @@ class TokenTile {
   }
 
   void WeighBlocks() {
-    for (int32_t start = 0; start < max_visible_; start += kv_.block_size) {
-      const int32_t n = std::min(kv_.block_size, max_visible_ - start);
+    const int32_t bs = kv_.block_size;
+    for (int32_t start = FirstOf(0) / bs * bs; start < max_visible_; start += bs) {
+      const int32_t n = std::min(bs, max_visible_ - start);
       const float* values = kv_.Rows(ValueBlock(start), n, rows_);
       for (int32_t t = 0; t < count_; ++t) {
-        const int32_t nt = std::min(n, VisibleOf(t) - start);
+        const int32_t lo = std::max(start, FirstOf(t));
+        const int32_t hi = std::min(start + n, VisibleOf(t));
+        if (hi <= lo) continue;
         for (int32_t g = 0; g < group_; ++g) {
-          WeightedRowSum(ScoreRow(t, g) + start, values, nt, kv_.head_dim, Output(t, g));
+          WeightedRowSum(ScoreRow(t, g) + lo, values + int64_t{lo - start} * kv_.head_dim,
+                         hi - lo, kv_.head_dim, Output(t, g));
         }
       }
     }
@@ -238,7 +265,9 @@ class TokenTile {
         const float* s = ScoreRow(t, g);
         float* p =
             seq_.probs + (static_cast<int64_t>(token0_ + t) * num_heads + h) * seq_.num_slots;
-        for (int32_t j = 0; j < VisibleOf(t); ++j) p[slots_ != nullptr ? (*slots_)[j] : j] = s[j];
+        for (int32_t j = FirstOf(t); j < VisibleOf(t); ++j) {
+          p[slots_ != nullptr ? (*slots_)[j] : j] = s[j];
+        }
       }
     }
   }

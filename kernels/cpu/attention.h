@@ -44,7 +44,7 @@ struct PagedKvView {
 
 // One sequence's part of a batched attention call. Its new tokens' K/V are already in the
 // cache, as the last `num_new` of its `num_slots` slots; new token i sees slots
-// [0, num_slots - num_new + i].
+// [0, num_slots - num_new + i], or with a `window` only the last `window` of those.
 struct AttentionSequence {
   const int32_t* block_table = nullptr;
   int32_t num_slots = 0;
@@ -52,12 +52,15 @@ struct AttentionSequence {
   int32_t first_row = 0;  // row of its first new token in q/out
   // Optional sparse attention (decode-time selection): when `selected` is set, the new tokens
   // attend only to the num_selected past slots it lists (ascending, < num_slots - num_new) plus,
-  // causally, the new tokens themselves.
+  // causally, the new tokens themselves; a window drops those before it.
   const int32_t* selected = nullptr;
   int32_t num_selected = 0;
   // Optional: receives the attention probabilities, probs[(i * num_heads + h) * num_slots + j]
   // for new token i, query head h, slot j (0 where not attended). The caller zero-fills it.
   float* probs = nullptr;
+  // Sliding-window attention when > 0: new token i sees slots [last - window + 1, last], last
+  // being its own slot (transformers' kv_idx > q_idx - sliding_window, in slots).
+  int32_t window = 0;
 };
 
 // q and out: rows x num_heads x head_dim. Query head h reads KV head h / (num_heads /

@@ -11,6 +11,10 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
 // out[i] = silu(gate[i]) * up[i]. `out` may alias either input.
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (PyTorch's
+// gelu(approximate="tanh"), Gemma's gelu_pytorch_tanh). `out` may alias either input.
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
+
 // x[i] += y[i].
 void AddInPlace(float* x, const float* y, int64_t n);
 

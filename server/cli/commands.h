@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,14 @@ struct CommonFlags {
   std::string chat_template;  // replaces the model's chat template when set
   int32_t threads = 0;  // 0: one per hardware thread
   model::CpuActivations activations = model::kDefaultCpuActivations;
+  std::optional<kernels::GgmlType> cpu_weight_type;  // --cpu-weight-type; unset: none
 
   scheduler::WorkerOptions Worker() const { return {threads, activations}; }
+  // What Model::Load quantises for the CPU forward; commands on the CUDA forward pass {}.
+  model::CpuWeightOptions CpuWeights() const { return {cpu_weight_type, threads}; }
 };
-// Sets up `app` with base::ConfigureApp and adds --model, --threads and --cpu-activations.
+// Sets up `app` with base::ConfigureApp and adds --model, --threads, --cpu-activations and
+// --cpu-weight-type.
 void AddCommonFlags(CLI::App& app, CommonFlags* flags);
 
 // --kv-cache-dtype f32|f16|bf16|q8_0 (default f16, as the daemon's), stored in *dtype.

@@ -248,8 +248,11 @@ absl::Status ResolveDevice(bool kv_cache_dtype_given, GenerateFlags* f,
 }
 
 absl::Status Generate(const GenerateFlags& f, const scheduler::Device& device) {
-  WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
-                          model::Model::Load(f.common.model, f.common.chat_template));
+  // The CUDA forward uploads the weights to bf16 as stored: --cpu-weight-type is the CPU's.
+  WINNOW_ASSIGN_OR_RETURN(
+      std::unique_ptr<model::Model> model,
+      model::Model::Load(f.common.model, f.common.chat_template,
+                         device.is_cuda() ? model::CpuWeightOptions{} : f.common.CpuWeights()));
   server::RequestLimits limits;
   limits.context_length = model->config().context_length;
   limits.default_max_tokens = f.max_tokens;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/cli.h"
+#include "model/weight_quantize.h"
 #include "server/cli/commands.h"
 #include "server/logging.h"
 
@@ -23,8 +24,8 @@ constexpr const char* kUsage =
     "  serve     [--port 50051] [--metrics-port 9090] ... (serve --help)  gRPC inference daemon\n"
     "\n"
     "every command takes --model PATH (default: $WINNOW_MODEL or\n"
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N, --cpu-activations q8|f32 and\n"
-    "--help.\n";
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf), --threads N, --cpu-activations q8|f32,\n"
+    "--cpu-weight-type none|q8_0|q4_0|q4_1|q5_0|q5_1 and --help.\n";
 
 }  // namespace
 
@@ -65,6 +66,13 @@ void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
       "must be f32 or q8",
       absl::StrCat("activations of the CPU matmuls: q8 (8-bit, integer dot products) or f32 (",
                    std::string(model::CpuActivationsName(model::kDefaultCpuActivations)), ")"));
+  AddChoiceFlag<std::optional<kernels::GgmlType>>(
+      app, "--cpu-weight-type", &flags->cpu_weight_type, model::ParseCpuWeightType,
+      "{none,q8_0,q4_0,q4_1,q5_0,q5_1}",
+      absl::StrCat("must be one of ", model::CpuWeightTypeNames()),
+      "CPU forward: quantise the model's float weight matrices at load (a Hugging Face "
+      "directory's; a GGUF's float tensors, its quantised ones stay) to this ggml type, or "
+      "none: run them as stored (none). Ignored by generate --device cuda");
 }
 
 void AddKvCacheDtypeFlag(CLI::App& app, kernels::KvDtype* dtype) {

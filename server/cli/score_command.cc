@@ -61,7 +61,7 @@ int RunScore(const std::vector<std::string>& args) {
   if (chunk_size == 0) chunk_size = static_cast<int32_t>(tokens->size());
 
   absl::StatusOr<std::unique_ptr<model::Model>> model =
-      model::Model::Load(common.model, common.chat_template);
+      model::Model::Load(common.model, common.chat_template, common.CpuWeights());
   if (!model.ok()) return Fail(model.status());
   const int32_t vocab = (*model)->config().vocab_size;
   for (int32_t id : *tokens) {

@@ -5,9 +5,12 @@
   generation_config.json. Teacher-forced, winnow's argmax equals transformers' at every position
   of a real prompt (|Δ logprob| ≤ 1e-3); greedy continuations are equal; the tokenizer equals
   transformers'; the daemon serves a chat from the directory and stops on its EOS.
-* Tiny random checkpoints that transformers writes (llama with Llama-3 rope scaling, mistral,
-  qwen2 with QKV biases, one with YaRN, qwen3 with QK-norm; f32, f16 and bf16; tied and
-  untied; one sharded),
+* The same directory under --cpu-weight-type: q8_0 and q4_0 score like transformers running the
+  weights gguf-py quantises; q8_0 stays close to the weights as stored.
+* Tiny random checkpoints that transformers writes (llama with Llama-3 rope scaling, mistral
+  with and without its sliding window, qwen2 with QKV biases, one with YaRN, qwen3 with
+  QK-norm, gemma3_text with a sliding and a global layer; f32, f16 and bf16; tied and untied;
+  one sharded),
   compared logit for logit on random ids as test_reference_tiny does for GGUF files.
 * Errors name the file and the field or tensor: a missing tensor, a wrong shape, an
   unsupported model_type.
@@ -195,6 +198,75 @@ def test_generation_config_gives_the_sampling_defaults(hf_dir, winnow_bin, tmp_p
     assert "generation_config.json: sampling.temperature = -1" in str(err.value)
 
 
+# --- --cpu-weight-type: the directory's matrices quantised at load ------------------------------
+
+# Measured on PROMPTS joined (38 tokens) with the default q8 activations against the weights as
+# stored: q8_0 mean |Δ logprob| 0.10, max 0.38 (f32 activations: 0.038, 0.17); q4_0 0.99, 3.1.
+# README, "Serving your own model", has every type over more text.
+Q8_0_MEAN_DELTA, Q8_0_MAX_DELTA = 0.2, 0.8
+
+
+def score_weights(winnow_bin, path, tmp_path, ids, weight_type, activations):
+    tokens_file = tmp_path / "tokens.json"
+    tokens_file.write_text(json.dumps(ids))
+    return run_winnow_json(winnow_bin, "score", "--model", str(path), "--tokens-file",
+                           str(tokens_file), "--kv-cache-dtype", "f32", "--cpu-activations",
+                           activations, "--cpu-weight-type", weight_type)
+
+
+def gguf_py_quantized(hf_dir, qtype):
+    """transformers on the directory with every 2-D weight quantised and dequantised by gguf-py:
+    the model --cpu-weight-type runs."""
+    from gguf.quants import dequantize, quantize
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():  # the tied embeddings and head are one parameter
+            if p.dim() == 2:
+                w = p.numpy()
+                p.copy_(torch.from_numpy(dequantize(quantize(w, qtype), qtype).reshape(w.shape)))
+    return model.eval()
+
+
+@pytest.mark.parametrize("weight_type", ["q8_0", "q4_0"])
+def test_quantized_weights_score_like_transformers_on_gguf_py_weights(
+        weight_type, hf_dir, hf_reference, winnow_bin, tmp_path):
+    """Whatever the type loses, winnow computes the same model as the reference quantiser's."""
+    from gguf import GGMLQuantizationType
+
+    _, tokenizer = hf_reference
+    ids = tokenizer(" ".join(PROMPTS))["input_ids"]
+    model = gguf_py_quantized(hf_dir, GGMLQuantizationType[weight_type.upper()])
+    ours = score_weights(winnow_bin, hf_dir, tmp_path, ids, weight_type, "f32")
+    check_logits(ours, reference_logits(model, ids), ids)
+
+
+def test_q8_0_weights_stay_close_to_the_stored_ones(hf_dir, hf_reference, winnow_bin, tmp_path):
+    """With the default activations: small |Δ logprob|, the same greedy tokens on the first
+    prompt. q4_0 moves further (a 4-bit step), which the same bounds catch."""
+    _, tokenizer = hf_reference
+    ids = tokenizer(" ".join(PROMPTS))["input_ids"]
+    plain = score_weights(winnow_bin, hf_dir, tmp_path, ids, "none", "q8")
+
+    def delta(weight_type):
+        ours = score_weights(winnow_bin, hf_dir, tmp_path, ids, weight_type, "q8")
+        return np.abs(np.array(ours["logprob_next"]) - np.array(plain["logprob_next"]))
+
+    q8 = delta("q8_0")
+    assert q8.mean() < Q8_0_MEAN_DELTA and q8.max() < Q8_0_MAX_DELTA, (q8.mean(), q8.max())
+    q4 = delta("q4_0")
+    assert q4.mean() > Q8_0_MEAN_DELTA, q4.mean()  # the bounds can fail
+
+    def greedy(weight_type):
+        return run_winnow_json(winnow_bin, "generate", "--model", str(hf_dir), "--prompt",
+                               PROMPTS[0], "--max-tokens", "20", "--ignore-eos", "--json",
+                               "--kv-cache-dtype", "f32", "--cpu-weight-type",
+                               weight_type)["token_ids"]
+
+    assert greedy("q8_0") == greedy("none")
+
+
 # --- Tiny random checkpoints ------------------------------------------------------------------
 
 HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 64, 4, 2, 128, 2
@@ -212,6 +284,13 @@ VARIANTS = {
     # max_position_embeddings (1024) = factor x original: transformers then derives the same
     # attention factor from either.
     "qwen2-yarn-f32": ("qwen2", torch.float32, False, {"rope_parameters": YARN_ROPE}, False),
+    # A window of 24 positions on every layer, crossed by the 300-token prompt.
+    "mistral-window-f32": ("mistral", torch.float32, False, {"sliding_window": 24}, False),
+    # Gemma 3: a sliding layer (window 24, rope base 10^4) then a global one (10^6), GeGLU,
+    # post norms, QK-norm, query_pre_attn_scalar 256 (not head_dim 16), scaled embeddings.
+    "gemma3-bf16": ("gemma3_text", torch.bfloat16, True,
+                    {"sliding_window": 24, "head_dim": 16, "query_pre_attn_scalar": 256,
+                     "layer_types": ["sliding_attention", "full_attention"]}, False),
 }
 
 
@@ -222,6 +301,7 @@ def write_tiny(folder, name, model_type, dtype, tied, overrides, shard, tokenize
         model_type, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=vocab,
         max_position_embeddings=1024, tie_word_embeddings=tied, rms_norm_eps=1e-6, **overrides)
+    assert config.model_type == model_type
     torch.manual_seed(len(name))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger than the default init, so that logits spread
@@ -258,6 +338,18 @@ def test_tiny_logits_match_transformers(name, length, tiny_dirs, winnow_bin, tmp
     path, model = tiny_dirs[name]
     ids = np.random.default_rng(length).integers(3, 2000, size=length).tolist()
     check_logits(score(winnow_bin, path, tmp_path, ids), reference_logits(model, ids), ids)
+
+
+@pytest.mark.parametrize("name", ["mistral-window-f32", "gemma3-bf16"])
+def test_the_sliding_window_matters(name, tiny_dirs):
+    """Without its window the reference's logits differ on the 300-token prompt."""
+    from transformers import AutoModelForCausalLM
+
+    path, windowed = tiny_dirs[name]
+    plain = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                 sliding_window=4096)
+    ids = list(range(3, 303))
+    assert (reference_logits(windowed, ids) - reference_logits(plain, ids)).abs().max() > 1e-2
 
 
 def test_llama3_rope_scaling_matters(tiny_dirs):
@@ -301,9 +393,9 @@ def test_errors_name_the_file_and_field(tiny_dirs, winnow_bin, tmp_path):
 
     shutil.copy(source / "model.safetensors", broken / "model.safetensors")
     config = json.loads((source / "config.json").read_text())
-    config["model_type"] = "gemma3"
+    config["model_type"] = "gemma2"
     (broken / "config.json").write_text(json.dumps(config))
-    assert "config.json: model_type 'gemma3' is not supported" in failure(winnow_bin, broken,
+    assert "config.json: model_type 'gemma2' is not supported" in failure(winnow_bin, broken,
                                                                           tmp_path)
     config["model_type"] = "qwen3"
     config["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0}

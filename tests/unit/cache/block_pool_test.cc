@@ -76,6 +76,33 @@ TEST(SequenceKvTest, TrimUnusedReturnsReservationBeyondFilledSlots) {
   kv.Release(**pool);
 }
 
+TEST(SequenceKvTest, DropBlocksBeforeReturnsWholeBlocksAndKeepsSlotIndices) {
+  auto pool = BlockPool::Create(SmallLayout(), 16);
+  ASSERT_TRUE(pool.ok());
+  SequenceKv kv(3, 4);
+  ASSERT_TRUE(kv.Reserve(**pool, 15));  // 4 blocks per layer
+  for (int l = 0; l < 3; ++l) kv.AppendSlots(l, 15);
+  const int32_t last_block = kv.block_table(1)[3];
+  kv.DropBlocksBefore(**pool, 1, 11);  // slots 0..7 are behind: blocks 0 and 1 go
+  EXPECT_EQ(kv.num_dropped(1), 2);
+  EXPECT_EQ(kv.block_table(1)[0], kDroppedBlock);
+  EXPECT_EQ(kv.block_table(1)[1], kDroppedBlock);
+  EXPECT_EQ(kv.block_table(1)[3], last_block);  // slot 14 still at block_table[14 / 4]
+  EXPECT_EQ(kv.num_slots(1), 15);
+  EXPECT_EQ(kv.num_blocks_held(), 10);
+  EXPECT_EQ((*pool)->num_free(), 6);
+  kv.DropBlocksBefore(**pool, 1, 5);    // behind what was dropped: nothing
+  kv.DropBlocksBefore(**pool, 1, 100);  // never the block the last slot is in
+  EXPECT_EQ(kv.num_dropped(1), 3);
+  EXPECT_EQ(kv.BlocksNeeded(1), 0);     // the table still counts 16 slots of capacity
+  ASSERT_TRUE(kv.Reserve(**pool, 2));   // one more block per layer
+  EXPECT_EQ(kv.num_blocks_held(), 12);
+  EXPECT_EQ(kv.BlocksFreedByRelease(**pool), 12);
+  kv.Release(**pool);
+  EXPECT_EQ((*pool)->num_free(), 16);
+  EXPECT_EQ((*pool)->num_references(), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reference counts and the content index (prefix caching).
 

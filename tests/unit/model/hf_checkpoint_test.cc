@@ -1,8 +1,10 @@
 // Hugging Face checkpoints: safetensors parsing (every offset checked, errors naming the
 // tensor) and config.json into ModelConfig (both rope spellings, the errors naming the field).
 // tests/python/test_hf_model.py loads whole directories against transformers.
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -148,7 +150,8 @@ TEST(HfConfigTest, ErrorsNameTheField) {
     const char* needle;
   };
   const std::vector<Case> cases = {
-      {"model_type", "gemma3", "config.json: model_type 'gemma3' is not supported"},
+      {"model_type", "gemma2", "config.json: model_type 'gemma2' is not supported"},
+      {"model_type", "gemma3", "config.json: model_type 'gemma3' is Gemma 3's vision-language"},
       {"model_type", 7, "config.json: model_type '' is not supported"},
       {"hidden_act", "gelu", "config.json: hidden_act 'gelu' is not supported"},
       {"num_hidden_layers", nullptr, "config.json: num_hidden_layers is missing"},
@@ -157,8 +160,8 @@ TEST(HfConfigTest, ErrorsNameTheField) {
       {"rms_norm_eps", "small", "config.json: rms_norm_eps must be a number"},
       {"rope_scaling", json{{"rope_type", "dynamic"}, {"factor", 2.0}},
        "config.json: rope_scaling.rope_type 'dynamic' is not supported"},
-      {"use_sliding_window", true,
-       "config.json: sliding_window 4096 is shorter than max_position_embeddings 40960"},
+      {"layer_types", json::array({"full_attention"}),
+       "config.json: layer_types has 1 entries for 28 layers"},
   };
   for (const Case& c : cases) {
     json config = Qwen3Config();
@@ -168,6 +171,98 @@ TEST(HfConfigTest, ErrorsNameTheField) {
     EXPECT_NE(parsed.status().message().find(c.needle), std::string::npos) << parsed.status();
   }
   EXPECT_FALSE(ModelConfig::FromHfConfig(json::array()).ok());
+}
+
+TEST(HfConfigTest, SlidingLayersAsEachFamilyWritesThem) {
+  json config = Qwen3Config();
+  config["num_hidden_layers"] = 4;
+  auto c = ModelConfig::FromHfConfig(config);  // use_sliding_window false: no window
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->sliding_layers.empty());
+  EXPECT_EQ(c->WindowOf(3), 0);
+  config["use_sliding_window"] = true;  // Qwen, no layer_types: from max_window_layers on
+  config["max_window_layers"] = 1;
+  c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_layers, (std::vector<bool>{false, true, true, true}));
+  EXPECT_EQ(c->WindowOf(0), 0);
+  EXPECT_EQ(c->WindowOf(1), 4096);
+  config["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                           "full_attention"};  // transformers 5 lists them
+  c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_layers, (std::vector<bool>{true, false, true, false}));
+  config["layer_types"][2] = "chunked_attention";
+  EXPECT_NE(ModelConfig::FromHfConfig(config).status().message().find(
+                "config.json: layer_types[2] \"chunked_attention\" is not"),
+            std::string::npos);
+  config.erase("layer_types");
+  config["model_type"] = "mistral";  // every layer
+  c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "llama");
+  EXPECT_EQ(c->sliding_layers, std::vector<bool>(4, true));
+  config["sliding_window"] = 40960;  // as long as the context: every layer global
+  c = ModelConfig::FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->sliding_layers.empty());
+}
+
+json Gemma3Config() {
+  return {{"model_type", "gemma3_text"}, {"hidden_size", 640},
+          {"intermediate_size", 2048},   {"num_hidden_layers", 7},
+          {"num_attention_heads", 4},    {"num_key_value_heads", 1},
+          {"head_dim", 256},             {"max_position_embeddings", 32768},
+          {"vocab_size", 262144},        {"rms_norm_eps", 1e-6},
+          {"query_pre_attn_scalar", 256}, {"sliding_window", 512},
+          {"hidden_activation", "gelu_pytorch_tanh"},
+          {"attn_logit_softcapping", nullptr}, {"final_logit_softcapping", nullptr},
+          {"rope_parameters",
+           {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0},
+                                {"rope_theta", 1000000.0}}},
+            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}}}};
+}
+
+TEST(HfConfigTest, ReadsAGemma3TextConfig) {
+  auto c = ModelConfig::FromHfConfig(Gemma3Config());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "gemma3");
+  EXPECT_FLOAT_EQ(c->embedding_scale, std::sqrt(640.0f));
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_EQ(c->ffn_activation, FfnActivation::kGeluTanh);
+  EXPECT_FLOAT_EQ(c->AttentionScale(), 1.0f / 16.0f);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_FLOAT_EQ(c->rope_theta_sliding, 10000.0f);
+  // No layer_types: the pattern of 6, the sixth layer global.
+  EXPECT_EQ(c->sliding_layers,
+            (std::vector<bool>{true, true, true, true, true, false, true}));
+  EXPECT_EQ(c->WindowOf(0), 512);
+  EXPECT_EQ(c->WindowOf(5), 0);
+
+  json older = Gemma3Config();  // transformers 4: rope_theta, rope_scaling, rope_local_base_freq
+  older.erase("rope_parameters");
+  older["rope_theta"] = 1000000.0;
+  older["rope_local_base_freq"] = 20000.0;
+  older["sliding_window_pattern"] = 2;
+  c = ModelConfig::FromHfConfig(older);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->rope_theta_sliding, 20000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(c->sliding_layers,
+            (std::vector<bool>{true, false, true, false, true, false, true}));
+
+  using Case = std::tuple<std::string, json, std::string>;
+  for (const auto& [field, value, needle] : std::vector<Case>{
+           {"final_logit_softcapping", 30.0, "config.json: final_logit_softcapping is not"},
+           {"hidden_activation", "gelu", "config.json: hidden_activation 'gelu' is not"},
+           {"query_pre_attn_scalar", -1, "config.json: query_pre_attn_scalar must be positive"},
+           {"use_bidirectional_attention", true, "use_bidirectional_attention is not"}}) {
+    json config = Gemma3Config();
+    config[field] = value;
+    auto parsed = ModelConfig::FromHfConfig(config);
+    EXPECT_NE(parsed.status().message().find(needle), std::string::npos) << parsed.status();
+  }
 }
 
 }  // namespace

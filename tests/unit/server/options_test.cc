@@ -232,6 +232,25 @@ TEST(ServeOptionsTest, UnknownWinnowVariablesWarnWithTheClosestSetting) {
   EXPECT_TRUE(Parse({}, {{"WINNOW_PORT", "7000"}})->unknown_env.empty());
 }
 
+TEST(ServeOptionsTest, CpuWeightTypeFromEveryLayerAndErrorsNameTheSource) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->cpu_weight_type.has_value());  // none: the weights as stored
+  auto flag = Parse({"--cpu-weight-type", "q4_0"}, {{"WINNOW_CPU_WEIGHT_TYPE", "q8_0"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->cpu_weight_type, kernels::GgmlType::kQ4_0);
+  auto env = Parse({}, {{"WINNOW_CPU_WEIGHT_TYPE", "q5_1"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->cpu_weight_type, kernels::GgmlType::kQ5_1);
+  EXPECT_NE(env->DebugString().find("cpu_weight_type=q5_1"), std::string::npos);
+  auto none = Parse({"--cpu-weight-type=none"});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->cpu_weight_type.has_value());
+  auto bad = Parse({"--cpu-weight-type", "q4_k"});
+  EXPECT_EQ(bad.status().message(),
+            "--cpu-weight-type must be one of none, q8_0, q4_0, q4_1, q5_0, q5_1; got 'q4_k'");
+}
+
 TEST(ServeOptionsTest, UsageListsEverySetting) {
   const std::string usage = ServeUsage();
   for (const char* flag : {"--model", "--max-seqs", "--kv-cache-bytes", "--drain-timeout",

@@ -212,5 +212,58 @@ TEST(PagedAttentionTest, ProbabilityOutputAndSparseSelectionMatchReference) {
   }
 }
 
+// Probabilities and output of row r, head h over exactly the slots `attended`, from the dense
+// reference renormalised over them.
+void ExpectAttendsTo(Fixture& f, int32_t r, int32_t h, const std::vector<int32_t>& attended,
+                     const float* probs, const float* out, float scale) {
+  const std::vector<double> full = f.Reference(r, h, attended.back() + 1, scale);
+  double z = 0;
+  for (int32_t j : attended) z += full[j];
+  std::vector<double> expect_out(kDim, 0.0);
+  for (int32_t j = 0; j < kSlots; ++j) {
+    const bool seen = std::find(attended.begin(), attended.end(), j) != attended.end();
+    const double p = seen ? full[j] / z : 0.0;
+    EXPECT_NEAR(probs[j], p, 1e-5) << "row " << r << " head " << h << " slot " << j;
+    for (int32_t d = 0; d < kDim && seen; ++d) expect_out[d] += p * f.Value(h / 2, j)[d];
+  }
+  for (int32_t d = 0; d < kDim; ++d) EXPECT_NEAR(out[h * kDim + d], expect_out[d], 1e-5);
+}
+
+TEST(PagedAttentionTest, SlidingWindowSeesOnlyTheLastWindowSlots) {
+  // A 9-token prefill chunk over slots 14..22 with a window of 6 (which starts mid-block and
+  // moves across block boundaries); then the same window with a sparse selection.
+  constexpr int32_t kNew = 9, kWindow = 6;
+  Fixture f(kNew);
+  ThreadPool threads(2);
+  const float scale = 1.0f / std::sqrt(float{kDim});
+  std::vector<float> out(kNew * kHeads * kDim), probs(kNew * kHeads * kSlots, 0.0f);
+  AttentionSequence seq{f.kv.block_table(0).data(), kSlots, kNew, 0};
+  seq.window = kWindow;
+  seq.probs = probs.data();
+  PagedAttention(f.View(), {&seq, 1}, f.q.data(), kHeads, scale, out.data(), threads);
+  for (int32_t i = 0; i < kNew; ++i) {
+    const int32_t last = kSlots - kNew + i;
+    std::vector<int32_t> attended;
+    for (int32_t j = last - kWindow + 1; j <= last; ++j) attended.push_back(j);
+    for (int32_t h = 0; h < kHeads; ++h) {
+      ExpectAttendsTo(f, i, h, attended, probs.data() + (i * kHeads + h) * kSlots,
+                      out.data() + i * kHeads * kDim, scale);
+    }
+  }
+  // Decode with a selection: slots before the window (0, 5, 16) drop out, 18 and 20 stay.
+  const std::vector<int32_t> selected = {0, 5, 16, 18, 20};
+  std::vector<float> sparse_out(kHeads * kDim), sparse_probs(kHeads * kSlots, 0.0f);
+  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
+  sparse.window = kWindow;
+  sparse.selected = selected.data();
+  sparse.num_selected = static_cast<int32_t>(selected.size());
+  sparse.probs = sparse_probs.data();
+  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, sparse_out.data(), threads);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    ExpectAttendsTo(f, 0, h, {18, 20, 22}, sparse_probs.data() + h * kSlots, sparse_out.data(),
+                    scale);
+  }
+}
+
 }  // namespace
 }  // namespace winnow::kernels

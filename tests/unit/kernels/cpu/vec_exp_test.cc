@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -80,6 +81,29 @@ TEST(SiluMulTest, MatchesLibmAndIgnoresPosition) {
     EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-30) << "g = " << g;
     float alone;
     winnow::kernels::SiluMul(&gate[i], &up[i], 1, &alone);
+    EXPECT_EQ(alone, out[i]) << "g = " << g;
+  }
+}
+
+// GeluTanhMul against PyTorch's gelu(approximate="tanh") in double, with the same
+// position independence.
+TEST(GeluTanhMulTest, MatchesTheTanhFormulaAndIgnoresPosition) {
+  std::vector<float> gate = Inputs(), up(gate.size());
+  for (size_t i = 0; i < up.size(); ++i) up[i] = 0.5f + static_cast<float>(i % 7);
+  std::vector<float> out(gate.size());
+  winnow::kernels::GeluTanhMul(gate.data(), up.data(), static_cast<int64_t>(gate.size()),
+                               out.data());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    // 0.5 g (1 + tanh(inner)) written without its cancellation for very negative g.
+    const double inner = std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g);
+    const double want = g / (1.0 + std::exp(-2.0 * inner)) * up[i];
+    // The exponent carries float rounding in proportion to its size; past exp's clamp (about
+    // g < -10) the result is below 1e-35 instead of smaller still.
+    const double tolerance = (1e-6 + 5e-7 * std::fabs(inner)) * std::fabs(want) + 1e-34;
+    EXPECT_NEAR(out[i], want, tolerance) << "g = " << g;
+    float alone;
+    winnow::kernels::GeluTanhMul(&gate[i], &up[i], 1, &alone);
     EXPECT_EQ(alone, out[i]) << "g = " << g;
   }
 }
