@@ -295,8 +295,8 @@ absl::Status ReadGemma3Hf(const json& config, ModelConfig& c) {
 
 // Which layers slide: layer_types where the config lists them (transformers 5 writes it for most
 // families); else Gemma 3's sliding_window_pattern, Qwen's use_sliding_window from
-// max_window_layers on, and every layer for the others (Mistral). No window, or one as long as
-// the context, leaves every layer global.
+// max_window_layers on, and every layer for the others (Mistral). No window, or (but for
+// Gemma 3's rope bases) one as long as the context, leaves every layer global.
 absl::Status ReadHfSlidingWindow(const json& config, const std::string& type, ModelConfig& c) {
   if (!config.contains("sliding_window") || config["sliding_window"].is_null()) {
     return absl::OkStatus();
@@ -332,8 +332,10 @@ absl::Status ReadHfSlidingWindow(const json& config, const std::string& type, Mo
   } else {
     sliding.assign(c.num_layers, true);
   }
-  if (window >= c.context_length || std::find(sliding.begin(), sliding.end(), true) ==
-                                        sliding.end()) {
+  // A window as long as the context changes nothing, unless the sliding layers also rotate
+  // with their own base (Gemma 3).
+  const bool any = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+  if (!any || (window >= c.context_length && c.rope_theta_sliding == 0.0f)) {
     return absl::OkStatus();
   }
   c.sliding_window = window;

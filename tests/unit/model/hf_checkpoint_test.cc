@@ -239,6 +239,12 @@ TEST(HfConfigTest, ReadsAGemma3TextConfig) {
             (std::vector<bool>{true, true, true, true, true, false, true}));
   EXPECT_EQ(c->WindowOf(0), 512);
   EXPECT_EQ(c->WindowOf(5), 0);
+  json unbounded = Gemma3Config();  // a window past the context: the rope bases still differ
+  unbounded["sliding_window"] = 65536;
+  c = ModelConfig::FromHfConfig(unbounded);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsSliding(0));
+  EXPECT_FALSE(c->IsSliding(5));
 
   json older = Gemma3Config();  // transformers 4: rope_theta, rope_scaling, rope_local_base_freq
   older.erase("rope_parameters");
