@@ -38,6 +38,8 @@
 #include "model/cpu_forward.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 
 namespace winnow::bench {
 namespace {
@@ -374,4 +376,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace winnow::bench
 
-int main(int argc, char** argv) { return winnow::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Library warnings (a tokenizer's) go to stderr: stdout carries the --json report.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("engine_bench"));
+  return winnow::bench::Main(argc, argv);
+}
