@@ -168,12 +168,16 @@ def generate(client, ids, max_tokens, policy=""):
 def test_sliding_layers_return_the_blocks_behind_their_window(model):
     """15 of the 18 layers slide: past the window they hold about 33 blocks of 16, not the
     prompt's 94. In a pool of 2,000 blocks, where one such request would need 1,710 without
-    dropping, three at once run on returned blocks, and their outputs equal the solo runs'."""
+    dropping, three at once run on returned blocks, and their outputs equal the solo runs'; a
+    repeated prompt attaches its cached prefix (keyed before the drop) to the same output."""
     prompts = [prompt_ids(1500, seed) for seed in range(3)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WINNOW_MODEL", str(model))
         with Daemon("--kv-blocks", "2000", "--block-size", "16") as daemon:
             solo = [generate(daemon.client, p, 8) for p in prompts]
+            # The last prompt again at once: its prompt blocks were keyed for the prefix cache
+            # before the sliding layers dropped them, and those still cached attach.
+            again, final = generate(daemon.client, prompts[2], 8)
             with cf.ThreadPoolExecutor(3) as pool:
                 together = list(pool.map(lambda p: generate(daemon.client, p, 8), prompts))
     usage = solo[0][1].usage
@@ -182,6 +186,9 @@ def test_sliding_layers_return_the_blocks_behind_their_window(model):
     assert usage.kv_blocks_final <= 3 * full + 15 * sliding
     assert usage.kv_blocks_final >= 3 * full + 15 * (sliding - 1)
     assert [t for t, _ in together] == [t for t, _ in solo]
+    assert again == solo[2][0]
+    print(f"cached prompt tokens on the repeat: {final.usage.cached_prompt_tokens}")
+    assert final.usage.cached_prompt_tokens > 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)
