@@ -570,5 +570,39 @@ TEST_F(CudaModelTest, RefusesWhatItCannotRun) {
   EXPECT_NE(refused.status().message().find("kv_cache_dtype f16"), std::string::npos);
 }
 
+// Runs without a GPU: the refusal comes before any CUDA call. The weights are never read.
+TEST(CudaModelCreateTest, RefusesGemma3AndSlidingWindowsByName) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.rope_dim = 16;
+  c.vocab_size = 32;
+  c.context_length = 128;
+  c.sliding_window = 8;
+  c.sliding_layers = {true, false};
+  kernels::ThreadPool threads(1);
+  for (const char* arch : {"llama", "gemma3"}) {
+    c.architecture = arch;
+    Model::Parts parts;
+    parts.config = c;
+    Model model(std::move(parts));
+    auto pool = cache::BlockPool::Create(model.KvLayoutFor(kBlock, kernels::KvDtype::kBF16), 4,
+                                         /*host_arena=*/false);
+    ASSERT_TRUE(pool.ok());
+    auto refused = CudaModel::Create(model, **pool, threads, 0);
+    ASSERT_FALSE(refused.ok()) << arch;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(refused.status().message().find(std::string(arch) == "gemma3"
+                                                  ? "does not run gemma3 models"
+                                                  : "does not run sliding-window attention"),
+              std::string::npos)
+        << refused.status();
+  }
+}
+
 }  // namespace
 }  // namespace winnow::model
