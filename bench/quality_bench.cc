@@ -370,7 +370,7 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::CpuForward& forward,
   run->forced = forced;
   WINNOW_ASSIGN_OR_RETURN(run->kv, CloneKv(pre.kv, pool));
   pol::PolicyContext context;
-  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
+  context.dims = forward.model().PolicyDims(kBlockSize);
   context.layout = task.layout;
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> session =
       CreateSession(policy, budget, context, opt);
@@ -502,7 +502,7 @@ absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& p
                                  const std::string& policy, double budget, const Options& opt) {
   const model::ModelConfig& c = forward.model().config();
   pol::PolicyContext context;
-  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kBlockSize};
+  context.dims = forward.model().PolicyDims(kBlockSize);
   context.layout = task.layout;
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::CompressionSession> session,
                           CreateSession(policy, budget, context, opt));

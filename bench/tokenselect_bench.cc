@@ -375,7 +375,7 @@ void ModelLevel(const Options& opt) {
   std::vector<std::vector<float>> reference_logits;
   for (const ModelSetting& setting : ModelSettings()) {
     cache::policies::PolicyContext context;
-    context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, kModelBlock};
+    context.dims = m->PolicyDims(kModelBlock);
     context.layout.num_tokens = n;
     std::unique_ptr<cache::CompressionSession> session;
     if (!setting.policy.empty()) {

@@ -129,7 +129,7 @@ void CompressionSession::PlanLayerOnDevice(int32_t layer, const SequenceKv& kv,
   request.device_rows = capture_.device_rows;
   request.visible = visible;
   request.num_heads = dims_.num_heads;
-  request.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  request.scale = dims_.AttentionScale();
   request.window = device_spec_->window;
   request.kernel = device_spec_->kernel;
   request.pooling = device_spec_->pooling;
@@ -150,7 +150,7 @@ kernels::ScoreInput CompressionSession::LayerScoreInput(const SequenceKv& kv, in
   in.num_rows = static_cast<int32_t>(visible.size());
   in.visible = visible.data();
   in.num_heads = dims_.num_heads;
-  in.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));
+  in.scale = dims_.AttentionScale();
   return in;
 }
 

@@ -4,6 +4,7 @@
 // from the policy interface so that the pool and the device seam need not know the policies.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -20,8 +21,13 @@ struct ModelDims {
   int32_t num_kv_heads = 0;  // KV heads; query head h reads KV head h / (num_heads/num_kv_heads)
   int32_t head_dim = 0;
   int32_t block_size = 0;    // slots per KV block
+  float attention_scale = 0.0f;  // the model's softmax scale; 0: 1 / sqrt(head_dim)
 
   int32_t group_size() const { return num_heads / num_kv_heads; }
+  float AttentionScale() const {
+    return attention_scale > 0.0f ? attention_scale
+                                  : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
 };
 
 // Per layer, per KV head: the slots to keep, strictly ascending, the same count for every head

@@ -102,6 +102,11 @@ cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) c
                          dtype};
 }
 
+cache::policies::ModelDims Model::PolicyDims(int32_t block_size) const {
+  const ModelConfig& c = config_;
+  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, block_size, c.AttentionScale()};
+}
+
 absl::Status Model::ValidateBatch(std::span<const BatchEntry> batch,
                                   const cache::BlockPool& pool) const {
   const cache::KvLayout& layout = pool.layout();

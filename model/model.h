@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache/block_pool.h"
+#include "cache/keep_plan.h"
 #include "kernels/cpu/matmul.h"
 #include "model/batch.h"
 #include "model/chat_template.h"
@@ -104,6 +105,9 @@ class Model {
   // The KV pool geometry this model needs, with rows stored as `dtype`.
   cache::KvLayout KvLayoutFor(int32_t block_size,
                               kernels::KvDtype dtype = kernels::KvDtype::kF32) const;
+  // The shape the compression policies score in (cache/keep_plan.h), the attention's softmax
+  // scale included.
+  cache::policies::ModelDims PolicyDims(int32_t block_size) const;
 
   // What every forward (model/cpu_forward.h, model/cuda_model.h) requires of a batch: a pool
   // of this model's geometry, token ids in the vocabulary, embedding rows that match,

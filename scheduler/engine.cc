@@ -172,10 +172,6 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
       limits.kv_blocks_total, limits.max_tokens_in_pool));
 }
 
-cache::policies::ModelDims DimsOf(const model::ModelConfig& c, int32_t block_size) {
-  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, block_size};
-}
-
 // Each layer's sliding window (0: global); empty when no layer slides.
 std::vector<int32_t> LayerWindows(const model::ModelConfig& c) {
   if (c.sliding_layers.empty()) return {};
@@ -195,7 +191,7 @@ struct Engine::Impl {
       : model(m),
         limits(l),
         observer(obs),
-        dims(DimsOf(m.config(), l.block_size)),
+        dims(m.PolicyDims(l.block_size)),
         pool(std::move(p)),
         contexts(l.prefix_caching ? std::make_unique<cache::CompressedPrefixCache>(*pool)
                                   : nullptr),

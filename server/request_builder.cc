@@ -350,9 +350,8 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
     return absl::InternalError(
         absl::StrCat("request limits: block_size must be >= 1, got ", limits.block_size));
   }
-  const model::ModelConfig& c = model.config();
   cache::policies::PolicyContext context;
-  context.dims = {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, limits.block_size};
+  context.dims = model.PolicyDims(limits.block_size);
   context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
   context.layout.spans = prompt.spans;
   // As the engine builds it (MakeCompressionSession): over the context (or its first stage)

@@ -1,11 +1,11 @@
 #include "kernels/cpu/kv_dtype.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/vec.h"
 
 namespace winnow::kernels {
@@ -64,22 +64,6 @@ void EncodeF16(const float* src, int64_t n, std::byte* dst) {
 
 void EncodeBf16(const float* src, int64_t n, std::byte* dst) {
   for (int64_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, FloatToBf16(src[i]));
-}
-
-// ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x / d), d stored as fp16.
-void EncodeQ8_0(const float* src, int64_t n, std::byte* dst) {
-  for (int64_t b = 0; b < n / kQ8_0BlockValues; ++b) {
-    const float* x = src + b * kQ8_0BlockValues;
-    std::byte* out = dst + b * kQ8_0BlockBytes;
-    float amax = 0.0f;
-    for (int32_t j = 0; j < kQ8_0BlockValues; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    StoreU16(out, FloatToFp16(d));
-    for (int32_t j = 0; j < kQ8_0BlockValues; ++j) {
-      out[2 + j] = static_cast<std::byte>(static_cast<int8_t>(std::lround(x[j] * id)));
-    }
-  }
 }
 
 uint16_t LoadU16(const std::byte* p) { return vec::LoadU16(p); }
@@ -154,7 +138,8 @@ void EncodeKv(KvDtype dtype, const float* src, int64_t n, std::byte* dst) {
     case KvDtype::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
     case KvDtype::kF16: EncodeF16(src, n, dst); return;
     case KvDtype::kBF16: EncodeBf16(src, n, dst); return;
-    case KvDtype::kQ8_0: EncodeQ8_0(src, n, dst); return;
+    // ggml's Q8_0 blocks, written as for a weight row (d = amax / 127, q = round(x / d)).
+    case KvDtype::kQ8_0: QuantizeRowQ8_0(src, n, reinterpret_cast<uint8_t*>(dst)); return;
   }
 }
 

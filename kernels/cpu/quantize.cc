@@ -206,6 +206,11 @@ absl::Status QuantizeRow(GgmlType type, const float* src, int64_t n, uint8_t* ds
   return absl::OkStatus();
 }
 
+void QuantizeRowQ8_0(const float* src, int64_t n, uint8_t* dst) {
+  const int64_t block_bytes = TraitsOf(GgmlType::kQ8_0).block_bytes;
+  for (int64_t b = 0; b < n / kBlock; ++b) BlockQ8_0(src + b * kBlock, dst + b * block_bytes);
+}
+
 absl::StatusOr<WeightMatrix> QuantizeMatrix(const WeightMatrix& w, GgmlType type, uint8_t* dst,
                                             ThreadPool& pool) {
   if (absl::Status s = CheckQuantizable(type, w.cols); !s.ok()) return s;

@@ -33,6 +33,10 @@ bool CanQuantize(GgmlType type);
 // RowBytes(type, n) bytes.
 absl::Status QuantizeRow(GgmlType type, const float* src, int64_t n, uint8_t* dst);
 
+// QuantizeRow's Q8_0, without its checks: `n` must be a multiple of 32. Also the KV cache's q8_0
+// rows (kv_dtype.h), which are ggml's Q8_0 blocks.
+void QuantizeRowQ8_0(const float* src, int64_t n, uint8_t* dst);
+
 // Writes every row of `w` (any type DequantizeRow reads; cols a multiple of 32) as `type` at
 // `dst`, rows.size() * RowBytes(type, cols) bytes, rows spread over `pool`. The returned matrix
 // views `dst`.
