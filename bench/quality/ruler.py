@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""RULER-style task accuracy through the daemon's chat API, with 95% confidence intervals, query
+aware and query agnostic: the table that ranks compression policies (docs/compression.md).
+
+Every sample is one chat request as a user sends it: "Read the document below." + real prose
+(needle.py's: the Python Language Reference's topics and the licence texts every Debian machine
+has, so nothing is downloaded) with the task's sentences at uniform random depths + the
+question; no spans, no answer prefix, the model's own chat template, the daemon's own numerics.
+
+Tasks (RULER's families, sized for what the default model can do; a task ranks policies only
+where the full cache answers >= 80% of it at that length, the rest are reported as not kept):
+  number      one sentence states a 7-digit access code; asked for it
+  word        one sentence states a password, one of sixteen common words; asked for it
+  multikey    four offices' codes; asked for one (three distractors)
+  multivalue  three codes stated for one office; asked for all three
+  multiquery  two offices' codes; asked for both
+  vartrack    "VAR ABCDE = 12345" and a chain of two assignments "VAR FGHIJ = VAR ABCDE"; asked
+              which variables hold the number; all three names are the answer
+
+A sample is correct when every expected value is in the reply: numbers as whole digit runs
+(needle.is_correct: a digit more or less is wrong), words and names as whole words in any case.
+
+Modes: `aware`: the document and the question in one user message, the whole prompt compressed
+(what a user sends); `agnostic`: the document in one message compressed alone (compression scope
+"context"), the question in a second message computed after the plan. The full cache runs in
+each mode's layout, so each mode compares with its own reference.
+
+Each (task, length, mode, policy, budget) cell answers the same samples (seeded per task and
+length), so the comparison with the full cache is paired: the "kept" column averages accuracy
+over the kept tasks, and its ratio to the full cache's average gets a paired bootstrap interval
+(samples resampled within each task). Cells are saved to --json as they finish and skipped when
+the file already has them (a cell with fewer samples is extended), so a long table can be built
+over several runs.
+
+    .venv/bin/python bench/quality/ruler.py --tasks number,multiquery --lengths 4000 \
+        --samples 100 --policies none,winnowkv+neighbours=8+neighbour_share=0.5 --budgets 0.1 \
+        --modes aware --json ruler.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import random
+import re
+import string
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import capacity  # noqa: E402  (its Daemon starts and stops one `winnow serve`)
+import documents  # noqa: E402
+import needle  # noqa: E402
+
+TASKS = ("number", "word", "multikey", "multivalue", "multiquery", "vartrack")
+MODES = ("aware", "agnostic")
+KEEP_THRESHOLD = 0.8  # the full cache's accuracy a task needs before it ranks policies
+MAX_TOKENS = {"multivalue": 64, "multiquery": 48, "vartrack": 48}  # others: 24
+
+
+def _code(rng: random.Random) -> str:
+    return str(rng.randrange(10 ** (needle.CODE_DIGITS - 1), 10 ** needle.CODE_DIGITS))
+
+
+def _variable(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
+
+
+def task_sentences(rng: random.Random, task: str) -> tuple[list[str], str, list[str], str]:
+    """The sentences to hide, the question, the expected values and how they are matched
+    ("number" or "word")."""
+    if task == "word":
+        place, word = rng.choice(needle.PLACES), rng.choice(needle.WORDS)
+        return ([f"The password for the {place} office is {word}."],
+                f"What is the password for the {place} office?", [word], "word")
+    if task == "vartrack":
+        names = []
+        while len(names) < 3:
+            name = _variable(rng)
+            if name not in names:
+                names.append(name)
+        value = str(rng.randrange(10000, 100000))
+        chain = [f"VAR {names[0]} = {value}."]
+        chain += [f"VAR {names[i]} = VAR {names[i - 1]}." for i in range(1, len(names))]
+        return (chain, f"Which variables are assigned the value {value}? Name all of them.",
+                names, "word")
+    if task == "multivalue":
+        place, codes = rng.choice(needle.PLACES), [_code(rng) for _ in range(3)]
+        return ([f"One of the access codes for the {place} office is {c}." for c in codes],
+                f"What are the three access codes for the {place} office?", codes, "number")
+    count = {"number": 1, "multikey": 4, "multiquery": 2}[task]
+    places, codes = rng.sample(needle.PLACES, count), [_code(rng) for _ in range(count)]
+    sentences = [f"The access code for the {p} office is {c}." for p, c in zip(places, codes)]
+    if task == "multiquery":
+        return (sentences, f"What are the access codes for the {places[0]} office and the "
+                           f"{places[1]} office?", codes, "number")
+    return (sentences, f"What is the access code for the {places[0]} office?", codes[:1],
+            "number")
+
+
+def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int, task: str) -> dict:
+    """One document of about target_chars of prose with the task's sentences at uniform random
+    depths; vartrack keeps its chain in order (each assignment after the one it reads)."""
+    start = rng.randrange(len(paragraphs))
+    body, size = [], 0
+    while size < target_chars:
+        body.append(paragraphs[(start + len(body)) % len(paragraphs)])
+        size += len(body[-1]) + 2
+    sentences, question, answers, match = task_sentences(rng, task)
+    depths = [rng.random() for _ in sentences]
+    if task == "vartrack":
+        depths.sort()
+    # Inserted deepest first, so each lands at its depth of the prose and the order holds.
+    for depth, sentence in sorted(zip(depths, sentences), reverse=True):
+        body.insert(round(depth * len(body)), sentence)
+    document = "Read the document below.\n\n" + "\n\n".join(body)
+    return {"task": task, "document": document, "question": question, "answers": answers,
+            "match": match, "depths": depths}
+
+
+def make_samples(task: str, tokens: int, count: int, seed: int,
+                 paragraphs: list[str]) -> list[dict]:
+    rng = random.Random(f"ruler:{seed}:{task}:{tokens}")
+    chars = int(tokens * documents.CHARS_PER_TOKEN)
+    return [make_sample(rng, paragraphs, chars, task) for _ in range(count)]
+
+
+def is_correct(sample: dict, reply: str) -> bool:
+    """Every expected value in the reply: numbers as whole digit runs, words as whole words."""
+    if sample["match"] == "number":
+        return all(needle.is_correct(reply, value) for value in sample["answers"])
+    return all(re.search(rf"\b{re.escape(value)}\b", reply, re.IGNORECASE)
+               for value in sample["answers"])
+
+
+def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
+             parallel: int) -> list[dict]:
+    compression = needle.compression_for(policy, budget)
+    if compression is not None and mode == "agnostic":
+        compression.update({"scope": "context", "context_messages": 1})
+
+    def ask(sample: dict) -> dict:
+        chat = ([("user", sample["document"]), ("user", sample["question"])]
+                if mode == "agnostic"
+                else [("user", sample["document"] + "\n\n" + sample["question"])])
+        text, _, final = client.generate_text(chat=chat,
+                                              max_tokens=MAX_TOKENS.get(sample["task"], 24),
+                                              compression=compression)
+        return {"reply": text, "prompt_tokens": final.usage.prompt_tokens,
+                "depths": sample["depths"], "correct": is_correct(sample, text)}
+
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(ask, samples))
+
+
+def cell_key(task: str, tokens: int, mode: str, policy: str, budget: float) -> str:
+    return f"{task}|{tokens}|{mode}|{policy}|{'-' if policy == 'none' else f'{budget:g}'}"
+
+
+def paired_ratio_interval(policy_runs: list[list[bool]], full_runs: list[list[bool]],
+                          reps: int = 2000, seed: int = 7) -> tuple[float, float, float]:
+    """The ratio of the policy's accuracy averaged over tasks to the full cache's, with a 95%
+    paired bootstrap interval: each replicate resamples every task's sample indices once and
+    scores both caches on them."""
+    def ratio(indices: list[list[int]]) -> float:
+        mine = sum(sum(p[i] for i in ix) / len(ix) for p, ix in zip(policy_runs, indices))
+        full = sum(sum(f[i] for i in ix) / len(ix) for f, ix in zip(full_runs, indices))
+        return mine / full if full else 0.0
+
+    rng = random.Random(seed)
+    whole = [list(range(len(runs))) for runs in full_runs]
+    draws = sorted(ratio([[rng.randrange(len(ix)) for _ in ix] for ix in whole])
+                   for _ in range(reps))
+    return ratio(whole), draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]
+
+
+def _percent(k: int, n: int) -> str:
+    lo, hi = needle.wilson(k, n)
+    return f"{k / n:.0%} ({lo:.0%}–{hi:.0%})"
+
+
+def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
+           entries: list[tuple[str, float]]) -> str:
+    """Per (length, mode): one row per task (accuracy with its Wilson interval, the full cache
+    first), then one row for the kept tasks' average and its ratio to the full cache."""
+    out = []
+    compressed = [(p, b) for p, b in entries if p != "none"]
+    for tokens in lengths:
+        for mode in modes:
+            full = {t: cells.get(cell_key(t, tokens, mode, "none", 1.0)) for t in tasks}
+            if not any(full.values()):
+                continue
+            out.append(f"\n### ~{tokens} tokens, {mode}\n")
+            out.append("| task | full cache | " + " | ".join(f"{p} @ {b:g}" for p, b in compressed)
+                       + " |")
+            out.append("|---|---|" + "---|" * len(compressed))
+            kept = [t for t in tasks if full[t] and
+                    sum(r["correct"] for r in full[t]) / len(full[t]) >= KEEP_THRESHOLD]
+            for task in tasks:
+                if not full[task]:
+                    continue
+                row = [_percent(sum(r["correct"] for r in full[task]), len(full[task]))
+                       + ("" if task in kept else " (not kept)")]
+                for policy, budget in compressed:
+                    runs = cells.get(cell_key(task, tokens, mode, policy, budget))
+                    row.append(_percent(sum(r["correct"] for r in runs), len(runs))
+                               if runs else "–")
+                out.append(f"| {task} | " + " | ".join(row) + " |")
+            row = []
+            for policy, budget in compressed:
+                runs = [cells.get(cell_key(t, tokens, mode, policy, budget)) for t in kept]
+                if not kept or not all(runs):
+                    row.append("–")
+                    continue
+                ratio, lo, hi = paired_ratio_interval(
+                    [[r["correct"] for r in rs] for rs in runs],
+                    [[r["correct"] for r in full[t]] for t in kept])
+                mean = sum(sum(r["correct"] for r in rs) / len(rs) for rs in runs) / len(runs)
+                row.append(f"{mean:.0%}; {ratio:.0%} of full ({lo:.0%}–{hi:.0%})")
+            mean_full = (sum(sum(r["correct"] for r in full[t]) / len(full[t]) for t in kept)
+                         / len(kept)) if kept else 0.0
+            out.append(f"| kept ({len(kept)}) | {mean_full:.0%} | " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default="build/winnow")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--lengths", default="1000,2000,4000",
+                    help="document lengths in tokens, about (the model's context is 8192)")
+    ap.add_argument("--samples", type=int, default=100, help="per (task, length)")
+    ap.add_argument("--policies", default="none,winnowkv+neighbours=8+neighbour_share=0.5")
+    ap.add_argument("--budgets", default="0.1,0.2")
+    ap.add_argument("--modes", default="aware")
+    ap.add_argument("--parallel", type=int, default=4, help="requests in flight")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--serve-args", default="", help="extra `winnow serve` flags")
+    ap.add_argument("--json", type=pathlib.Path, help="cells saved here; cells in it are reused")
+    args = ap.parse_args(argv)
+
+    tasks, modes = args.tasks.split(","), args.modes.split(",")
+    for name, given, known in (("task", tasks, TASKS), ("mode", modes, MODES)):
+        if unknown := [g for g in given if g not in known]:
+            raise SystemExit(f"ruler: unknown {name} {unknown}; known: {', '.join(known)}")
+    lengths = [int(n) for n in args.lengths.split(",")]
+    budgets = [float(b) for b in args.budgets.split(",")]
+    entries = [(p, b) for p in args.policies.split(",")
+               for b in ([1.0] if p == "none" else budgets)]
+    paragraphs = needle.prose_paragraphs()
+    if not paragraphs:
+        raise SystemExit("ruler: no source documents on this machine (see documents.py)")
+    # The samples are one seeded sequence per (task, length), so a cell saved with fewer samples
+    # is the start of a longer one: it is extended, never recomputed.
+    setting = {"seed": args.seed, "model": pathlib.Path(args.model).name,
+               "serve_args": args.serve_args}
+    saved = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+    if saved and saved["setting"] != setting:
+        raise SystemExit(f"ruler: {args.json} holds cells of {saved['setting']}, not {setting}")
+    cells = saved.get("cells", {})
+    started = time.monotonic()
+    todo = [(t, n, m, p, b) for n in lengths for t in tasks for m in modes for p, b in entries
+            if len(cells.get(cell_key(t, n, m, p, b), [])) < args.samples]
+    if todo:
+        with tempfile.TemporaryDirectory() as tmp:
+            daemon = capacity.Daemon(args.bin, args.model, args.serve_args.split(),
+                                     pathlib.Path(tmp) / "daemon.log")
+            try:
+                for task, tokens, mode, policy, budget in todo:
+                    key = cell_key(task, tokens, mode, policy, budget)
+                    have = cells.get(key, [])
+                    samples = make_samples(task, tokens, args.samples, args.seed, paragraphs)
+                    cells[key] = have + run_cell(daemon.client, samples[len(have):], policy,
+                                                 budget, mode, args.parallel)
+                    if args.json:
+                        args.json.write_text(json.dumps({"setting": setting, "cells": cells},
+                                                        indent=1))
+                    print(f"ruler: {key} {sum(r['correct'] for r in cells[key])}/"
+                          f"{len(cells[key])} ({time.monotonic() - started:.0f} s)",
+                          file=sys.stderr)
+            finally:
+                daemon.stop()
+    cells = {key: results[:args.samples] for key, results in cells.items()}
+    print(f"{args.samples} samples per task and length, seed {args.seed}, "
+          f"{time.monotonic() - started:.0f} s")
+    print(tables(cells, tasks, lengths, modes, entries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
