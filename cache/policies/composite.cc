@@ -474,7 +474,7 @@ const PolicyParams& WinnowKvPreset() {
   static const PolicyParams* preset = new PolicyParams{
       {"allocation", std::string("global")}, {"scorer", std::string("window")},
       {"window", 32.0}, {"sinks", 4.0}, {"kernel", 7.0}, {"pooling", std::string("avg")},
-      {"gqa", std::string("mean")}};
+      {"gqa", std::string("mean")}, {"neighbours", 8.0}, {"neighbour_share", 0.5}};
   return *preset;
 }
 

@@ -83,7 +83,9 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateCompositePolicy(
 
 // `winnowkv`: the composite preset that held up best over both task families (retrieval and
 // real documents) at budget 0.1: global allocation, 32 observed rows, average pooling over 7,
-// 4 sinks (docs/experiments/policy-search.md). A client's params override it.
+// 4 sinks (docs/experiments/policy-search.md), and half the candidate budget for picks that
+// bring 8 neighbours either side, so that a value the reply reads token by token is kept whole
+// (docs/experiments/compression-needle.md). A client's params override it.
 const PolicyParams& WinnowKvPreset();
 absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateWinnowKvPolicy(
     const PolicyConfig& config, const PolicyContext& context);
