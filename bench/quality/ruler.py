@@ -195,8 +195,7 @@ def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
             if not any(full.values()):
                 continue
             out.append(f"\n### ~{tokens} tokens, {mode}\n")
-            out.append("| task | full cache | " + " | ".join(f"{p} @ {b:g}" for p, b in compressed)
-                       + " |")
+            out.append("| task | full cache |" + "".join(f" {p} @ {b:g} |" for p, b in compressed))
             out.append("|---|---|" + "---|" * len(compressed))
             kept = [t for t in tasks if full[t] and
                     sum(r["correct"] for r in full[t]) / len(full[t]) >= KEEP_THRESHOLD]
@@ -223,7 +222,31 @@ def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
                 row.append(f"{mean:.0%}; {ratio:.0%} of full ({lo:.0%}–{hi:.0%})")
             mean_full = (sum(sum(r["correct"] for r in full[t]) / len(full[t]) for t in kept)
                          / len(kept)) if kept else 0.0
-            out.append(f"| kept ({len(kept)}) | {mean_full:.0%} | " + " | ".join(row) + " |")
+            out.append(f"| kept ({len(kept)}) | {mean_full:.0%} |" + "".join(f" {c} |" for c in row))
+    return "\n".join(out)
+
+
+def depth_table(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
+                entries: list[tuple[str, float]], bins: int = 5) -> str:
+    """Accuracy by the depth of the first stated value (fifths of the document), per cell:
+    where in the document a compressed cache loses what the full cache finds."""
+    edges = [f"{100 * i // bins}–{100 * (i + 1) // bins}%" for i in range(bins)]
+    out = ["| cell | " + " | ".join(edges) + " |", "|---|" + "---:|" * bins]
+    for tokens in lengths:
+        for task in tasks:
+            for mode in modes:
+                for policy, budget in entries:
+                    runs = cells.get(cell_key(task, tokens, mode, policy, budget))
+                    if not runs:
+                        continue
+                    counts = [[0, 0] for _ in range(bins)]
+                    for r in runs:
+                        slot = counts[min(bins - 1, int(r["depths"][0] * bins))]
+                        slot[0] += r["correct"]
+                        slot[1] += 1
+                    name = policy if policy == "none" else f"{policy} @ {budget:g}"
+                    out.append(f"| {task}, ~{tokens}, {mode}, {name} | "
+                               + " | ".join(f"{k}/{n}" for k, n in counts) + " |")
     return "\n".join(out)
 
 
@@ -242,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-args", default="", help="extra `winnow serve` flags")
     ap.add_argument("--json", type=pathlib.Path, help="cells saved here; cells in it are reused")
+    ap.add_argument("--by-depth", action="store_true",
+                    help="also each cell's accuracy by the stated value's depth")
     args = ap.parse_args(argv)
 
     tasks, modes = args.tasks.split(","), args.modes.split(",")
@@ -289,6 +314,9 @@ def main(argv=None) -> int:
     print(f"{args.samples} samples per task and length, seed {args.seed}, "
           f"{time.monotonic() - started:.0f} s")
     print(tables(cells, tasks, lengths, modes, entries))
+    if args.by_depth:
+        print("\nBy depth of the (first) stated value:\n")
+        print(depth_table(cells, tasks, lengths, modes, entries))
     return 0
 
 

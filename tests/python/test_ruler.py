@@ -72,6 +72,23 @@ def test_the_paired_interval():
     assert ratio == pytest.approx(0.9 / 1.8) and lo < ratio < hi
 
 
+def test_the_tables_keep_tasks_the_full_cache_can_do():
+    def runs(correct: list[bool]) -> list[dict]:
+        return [{"correct": c, "depths": [i / len(correct)]} for i, c in enumerate(correct)]
+
+    cells = {"number|4000|aware|none|-": runs([True] * 9 + [False]),
+             "number|4000|aware|snapkv|0.1": runs([True] * 8 + [False] * 2),
+             "word|4000|aware|none|-": runs([True] * 5 + [False] * 5),
+             "word|4000|aware|snapkv|0.1": runs([True] * 10)}
+    text = ruler.tables(cells, ["number", "word"], [4000], ["aware"],
+                        [("none", 1.0), ("snapkv", 0.1)])
+    assert "| number | 90% (60%–98%) | 80% (49%–94%) |" in text
+    assert "| word | 50% (24%–76%) (not kept) | 100% (72%–100%) |" in text
+    assert "| kept (1) | 90% | 80%; 89% of full (" in text
+    depth = ruler.depth_table(cells, ["number"], [4000], ["aware"], [("none", 1.0)])
+    assert "| number, ~4000, aware, none | 2/2 | 2/2 | 2/2 | 2/2 | 1/2 |" in depth
+
+
 def test_smoke_run_through_the_daemon_in_both_modes(tmp_path):
     if not binary_path().exists() or not model_path().exists():
         pytest.fail(f"need {binary_path()} and {model_path()} (make build model)")
