@@ -29,8 +29,8 @@ Each (task, length, mode, policy, budget) cell answers the same samples (seeded 
 length), so the comparison with the full cache is paired: the "kept" column averages accuracy
 over the kept tasks, and its ratio to the full cache's average gets a paired bootstrap interval
 (samples resampled within each task). Cells are saved to --json as they finish and skipped when
-the file already has them (a cell with fewer samples is extended), so a long table can be built
-over several runs.
+the file already has them (a cell with fewer samples is extended; cells are saved every few
+samples), so a long table can be built over several runs.
 
     .venv/bin/python bench/quality/ruler.py --tasks number,multiquery --lengths 4000 \
         --samples 100 --policies none,winnowkv+neighbours=8+neighbour_share=0.5 --budgets 0.1 \
@@ -298,13 +298,16 @@ def main(argv=None) -> int:
             try:
                 for task, tokens, mode, policy, budget in todo:
                     key = cell_key(task, tokens, mode, policy, budget)
-                    have = cells.get(key, [])
                     samples = make_samples(task, tokens, args.samples, args.seed, paragraphs)
-                    cells[key] = have + run_cell(daemon.client, samples[len(have):], policy,
-                                                 budget, mode, args.parallel)
-                    if args.json:
-                        args.json.write_text(json.dumps({"setting": setting, "cells": cells},
-                                                        indent=1))
+                    # Saved every few samples, so a stopped run loses at most one batch.
+                    while len(cells.setdefault(key, [])) < args.samples:
+                        have = len(cells[key])
+                        batch = samples[have:have + 4 * args.parallel]
+                        cells[key] += run_cell(daemon.client, batch, policy, budget, mode,
+                                               args.parallel)
+                        if args.json:
+                            args.json.write_text(json.dumps({"setting": setting, "cells": cells},
+                                                            indent=1))
                     print(f"ruler: {key} {sum(r['correct'] for r in cells[key])}/"
                           f"{len(cells[key])} ({time.monotonic() - started:.0f} s)",
                           file=sys.stderr)
