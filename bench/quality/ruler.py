@@ -32,9 +32,8 @@ over the kept tasks, and its ratio to the full cache's average gets a paired boo
 the file already has them (a cell with fewer samples is extended; cells are saved every few
 samples), so a long table can be built over several runs.
 
-    .venv/bin/python bench/quality/ruler.py --tasks number,multiquery --lengths 4000 \
-        --samples 100 --policies none,winnowkv+neighbours=8+neighbour_share=0.5 --budgets 0.1 \
-        --modes aware --json ruler.json
+    .venv/bin/python bench/quality/ruler.py --tasks number --lengths 4000 --samples 100 \
+        --policies none,winnowkv --budgets 0.1 --modes aware --json ruler.json --by-depth
 """
 
 from __future__ import annotations
@@ -258,7 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="1000,2000,4000",
                     help="document lengths in tokens, about (the model's context is 8192)")
     ap.add_argument("--samples", type=int, default=100, help="per (task, length)")
-    ap.add_argument("--policies", default="none,winnowkv+neighbours=8+neighbour_share=0.5")
+    ap.add_argument("--policies", default="none,winnowkv")
     ap.add_argument("--budgets", default="0.1,0.2")
     ap.add_argument("--modes", default="aware")
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight")
