@@ -59,6 +59,30 @@ WORDS = ["marigold", "harbour", "lantern", "juniper", "meadow", "copper", "thist
 TASKS = ("single", "multikey", "word")
 
 
+def prose_body(rng: random.Random, paragraphs: list[str], target_chars: int) -> list[str]:
+    """Consecutive paragraphs from a random start (wrapping) until about target_chars."""
+    start = rng.randrange(len(paragraphs))
+    body, size = [], 0
+    while size < target_chars:
+        body.append(paragraphs[(start + len(body)) % len(paragraphs)])
+        size += len(body[-1]) + 2
+    return body
+
+
+def document_with(body: list[str], sentences: list[str], depths: list[float]) -> str:
+    """The document: each sentence inserted at its depth (0-1) of the prose. Inserted deepest
+    first, so each lands at its depth and sentences keep the order of their depths."""
+    body = list(body)
+    for depth, sentence in sorted(zip(depths, sentences), reverse=True):
+        body.insert(round(depth * len(body)), sentence)
+    return "Read the document below.\n\n" + "\n\n".join(body)
+
+
+def has_word(reply: str, word: str) -> bool:
+    """The word in the reply as a whole word, any case."""
+    return re.search(rf"\b{re.escape(word)}\b", reply, re.IGNORECASE) is not None
+
+
 def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
                 task: str = "single") -> dict:
     """One document of about target_chars with the needle at a uniform random depth.
@@ -66,12 +90,7 @@ def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
     single: one sentence states a 7-digit code, asked for; multikey: four such sentences for
     four offices at random depths, one asked for (the others are distractors); word: the value
     is a word (a password), scored as a whole word."""
-    start = rng.randrange(len(paragraphs))
-    body, size = [], 0
-    while size < target_chars:
-        p = paragraphs[(start + len(body)) % len(paragraphs)]
-        body.append(p)
-        size += len(p) + 2
+    body = prose_body(rng, paragraphs, target_chars)
     places = rng.sample(PLACES, 4) if task == "multikey" else [rng.choice(PLACES)]
     if task == "word":
         values = [rng.choice(WORDS)]
@@ -83,10 +102,7 @@ def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int,
         needles = [f"The access code for the {p} office is {v}." for p, v in zip(places, values)]
         question = f"What is the access code for the {places[0]} office?"
     depths = [rng.random() for _ in needles]
-    # Inserted deepest first, so each lands at its depth of the prose.
-    for depth, needle in sorted(zip(depths, needles), reverse=True):
-        body.insert(round(depth * len(body)), needle)
-    document = "Read the document below.\n\n" + "\n\n".join(body)
+    document = document_with(body, needles, depths)
     return {"task": task, "code": values[0], "depth": depths[0],
             "content": document + "\n\n" + question, "document": document,
             "question": question, "keys": list(zip(places, values))}
@@ -107,7 +123,7 @@ def is_correct_for(sample: dict, reply: str) -> bool:
     """The sample's value in the reply: the exact number (is_correct), or the word as a whole
     word, any case."""
     if sample.get("task") == "word":
-        return re.search(rf"\b{re.escape(sample['code'])}\b", reply, re.IGNORECASE) is not None
+        return has_word(reply, sample["code"])
     return is_correct(reply, sample["code"])
 
 

@@ -43,7 +43,6 @@ import concurrent.futures
 import json
 import pathlib
 import random
-import re
 import string
 import sys
 import tempfile
@@ -104,19 +103,12 @@ def task_sentences(rng: random.Random, task: str) -> tuple[list[str], str, list[
 def make_sample(rng: random.Random, paragraphs: list[str], target_chars: int, task: str) -> dict:
     """One document of about target_chars of prose with the task's sentences at uniform random
     depths; vartrack keeps its chain in order (each assignment after the one it reads)."""
-    start = rng.randrange(len(paragraphs))
-    body, size = [], 0
-    while size < target_chars:
-        body.append(paragraphs[(start + len(body)) % len(paragraphs)])
-        size += len(body[-1]) + 2
+    body = needle.prose_body(rng, paragraphs, target_chars)
     sentences, question, answers, match = task_sentences(rng, task)
     depths = [rng.random() for _ in sentences]
     if task == "vartrack":
         depths.sort()
-    # Inserted deepest first, so each lands at its depth of the prose and the order holds.
-    for depth, sentence in sorted(zip(depths, sentences), reverse=True):
-        body.insert(round(depth * len(body)), sentence)
-    document = "Read the document below.\n\n" + "\n\n".join(body)
+    document = needle.document_with(body, sentences, depths)
     return {"task": task, "document": document, "question": question, "answers": answers,
             "match": match, "depths": depths}
 
@@ -132,8 +124,7 @@ def is_correct(sample: dict, reply: str) -> bool:
     """Every expected value in the reply: numbers as whole digit runs, words as whole words."""
     if sample["match"] == "number":
         return all(needle.is_correct(reply, value) for value in sample["answers"])
-    return all(re.search(rf"\b{re.escape(value)}\b", reply, re.IGNORECASE)
-               for value in sample["answers"])
+    return all(needle.has_word(reply, value) for value in sample["answers"])
 
 
 def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
@@ -177,9 +168,14 @@ def paired_ratio_interval(policy_runs: list[list[bool]], full_runs: list[list[bo
     return ratio(whole), draws[int(0.025 * reps)], draws[int(0.975 * reps) - 1]
 
 
-def _percent(k: int, n: int) -> str:
-    lo, hi = needle.wilson(k, n)
-    return f"{k / n:.0%} ({lo:.0%}–{hi:.0%})"
+def _accuracy(runs: list[dict]) -> float:
+    return sum(r["correct"] for r in runs) / len(runs)
+
+
+def _percent(runs: list[dict]) -> str:
+    k = sum(r["correct"] for r in runs)
+    lo, hi = needle.wilson(k, len(runs))
+    return f"{k / len(runs):.0%} ({lo:.0%}–{hi:.0%})"
 
 
 def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
@@ -190,23 +186,19 @@ def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
     compressed = [(p, b) for p, b in entries if p != "none"]
     for tokens in lengths:
         for mode in modes:
-            full = {t: cells.get(cell_key(t, tokens, mode, "none", 1.0)) for t in tasks}
-            if not any(full.values()):
+            full = {t: cells[k] for t in tasks
+                    if (k := cell_key(t, tokens, mode, "none", 1.0)) in cells}
+            if not full:
                 continue
             out.append(f"\n### ~{tokens} tokens, {mode}\n")
             out.append("| task | full cache |" + "".join(f" {p} @ {b:g} |" for p, b in compressed))
             out.append("|---|---|" + "---|" * len(compressed))
-            kept = [t for t in tasks if full[t] and
-                    sum(r["correct"] for r in full[t]) / len(full[t]) >= KEEP_THRESHOLD]
-            for task in tasks:
-                if not full[task]:
-                    continue
-                row = [_percent(sum(r["correct"] for r in full[task]), len(full[task]))
-                       + ("" if task in kept else " (not kept)")]
+            kept = [t for t in full if _accuracy(full[t]) >= KEEP_THRESHOLD]
+            for task in full:
+                row = [_percent(full[task]) + ("" if task in kept else " (not kept)")]
                 for policy, budget in compressed:
                     runs = cells.get(cell_key(task, tokens, mode, policy, budget))
-                    row.append(_percent(sum(r["correct"] for r in runs), len(runs))
-                               if runs else "–")
+                    row.append(_percent(runs) if runs else "–")
                 out.append(f"| {task} | " + " | ".join(row) + " |")
             row = []
             for policy, budget in compressed:
@@ -217,10 +209,9 @@ def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
                 ratio, lo, hi = paired_ratio_interval(
                     [[r["correct"] for r in rs] for rs in runs],
                     [[r["correct"] for r in full[t]] for t in kept])
-                mean = sum(sum(r["correct"] for r in rs) / len(rs) for rs in runs) / len(runs)
+                mean = sum(map(_accuracy, runs)) / len(runs)
                 row.append(f"{mean:.0%}; {ratio:.0%} of full ({lo:.0%}–{hi:.0%})")
-            mean_full = (sum(sum(r["correct"] for r in full[t]) / len(full[t]) for t in kept)
-                         / len(kept)) if kept else 0.0
+            mean_full = sum(_accuracy(full[t]) for t in kept) / len(kept) if kept else 0.0
             out.append(f"| kept ({len(kept)}) | {mean_full:.0%} |" + "".join(f" {c} |" for c in row))
     return "\n".join(out)
 
