@@ -21,7 +21,8 @@ A sample is correct when every expected value is in the reply: numbers as whole 
 (needle.is_correct: a digit more or less is wrong), words and names as whole words in any case.
 
 Modes: `aware`: the document and the question in one user message, the whole prompt compressed
-(what a user sends); `agnostic`: the document in one message compressed alone (compression scope
+(what a user sends; a policy entry with `probe=repeat` compresses that message as its context);
+`agnostic`: the document in one message compressed alone (compression scope
 "context"), the question in a second message computed after the plan. The full cache runs in
 each mode's layout, so each mode compares with its own reference.
 
@@ -130,7 +131,9 @@ def is_correct(sample: dict, reply: str) -> bool:
 def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
              parallel: int) -> list[dict]:
     compression = needle.compression_for(policy, budget)
-    if compression is not None and mode == "agnostic":
+    # A probe scores a context (scope "context"): in the aware mode that context is the one
+    # message, the question included.
+    if compression is not None and (mode == "agnostic" or "probe" in compression):
         compression.update({"scope": "context", "context_messages": 1})
 
     def ask(sample: dict) -> dict:
@@ -140,7 +143,10 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
         text, _, final = client.generate_text(chat=chat,
                                               max_tokens=MAX_TOKENS.get(sample["task"], 24),
                                               compression=compression)
-        return {"reply": text, "prompt_tokens": final.usage.prompt_tokens,
+        usage = final.usage
+        return {"reply": text, "prompt_tokens": usage.prompt_tokens,
+                "kv_kept": sum(usage.kv_tokens_kept_per_layer),
+                "kv_evicted": usage.kv_tokens_evicted,
                 "depths": sample["depths"], "correct": is_correct(sample, text)}
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
@@ -172,10 +178,36 @@ def _accuracy(runs: list[dict]) -> float:
     return sum(r["correct"] for r in runs) / len(runs)
 
 
-def _percent(runs: list[dict]) -> str:
+def wilson_percent(runs: list[dict]) -> str:
     k = sum(r["correct"] for r in runs)
     lo, hi = needle.wilson(k, len(runs))
     return f"{k / len(runs):.0%} ({lo:.0%}–{hi:.0%})"
+
+
+def kept_tasks(cells: dict, tasks: list[str], tokens: int, mode: str) -> list[str]:
+    """The tasks whose full-cache cell reaches KEEP_THRESHOLD: those that rank policies."""
+    full = [(t, cells.get(cell_key(t, tokens, mode, "none", 1.0))) for t in tasks]
+    return [t for t, runs in full if runs and _accuracy(runs) >= KEEP_THRESHOLD]
+
+
+def mean_accuracy(cells: dict, kept: list[str], tokens: int, mode: str, policy: str,
+                  budget: float) -> float | None:
+    """A policy's accuracy averaged over the kept tasks; None while a cell is missing."""
+    runs = [cells.get(cell_key(t, tokens, mode, policy, budget)) for t in kept]
+    return sum(map(_accuracy, runs)) / len(runs) if kept and all(runs) else None
+
+
+def share_of_full(cells: dict, kept: list[str], tokens: int, mode: str, policy: str,
+                  budget: float) -> str:
+    """"111% of full (104%–119%)": the kept tasks' average accuracy as a share of the full
+    cache's, with the paired bootstrap interval ("–" while a cell is missing)."""
+    runs = [cells.get(cell_key(t, tokens, mode, policy, budget)) for t in kept]
+    if not kept or not all(runs):
+        return "–"
+    ratio, lo, hi = paired_ratio_interval(
+        [[r["correct"] for r in rs] for rs in runs],
+        [[r["correct"] for r in cells[cell_key(t, tokens, mode, "none", 1.0)]] for t in kept])
+    return f"{ratio:.0%} of full ({lo:.0%}–{hi:.0%})"
 
 
 def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
@@ -193,25 +225,19 @@ def tables(cells: dict, tasks: list[str], lengths: list[int], modes: list[str],
             out.append(f"\n### ~{tokens} tokens, {mode}\n")
             out.append("| task | full cache |" + "".join(f" {p} @ {b:g} |" for p, b in compressed))
             out.append("|---|---|" + "---|" * len(compressed))
-            kept = [t for t in full if _accuracy(full[t]) >= KEEP_THRESHOLD]
+            kept = kept_tasks(cells, tasks, tokens, mode)
             for task in full:
-                row = [_percent(full[task]) + ("" if task in kept else " (not kept)")]
+                row = [wilson_percent(full[task]) + ("" if task in kept else " (not kept)")]
                 for policy, budget in compressed:
                     runs = cells.get(cell_key(task, tokens, mode, policy, budget))
-                    row.append(_percent(runs) if runs else "–")
+                    row.append(wilson_percent(runs) if runs else "–")
                 out.append(f"| {task} | " + " | ".join(row) + " |")
             row = []
             for policy, budget in compressed:
-                runs = [cells.get(cell_key(t, tokens, mode, policy, budget)) for t in kept]
-                if not kept or not all(runs):
-                    row.append("–")
-                    continue
-                ratio, lo, hi = paired_ratio_interval(
-                    [[r["correct"] for r in rs] for rs in runs],
-                    [[r["correct"] for r in full[t]] for t in kept])
-                mean = sum(map(_accuracy, runs)) / len(runs)
-                row.append(f"{mean:.0%}; {ratio:.0%} of full ({lo:.0%}–{hi:.0%})")
-            mean_full = sum(_accuracy(full[t]) for t in kept) / len(kept) if kept else 0.0
+                mean = mean_accuracy(cells, kept, tokens, mode, policy, budget)
+                row.append("–" if mean is None else f"{mean:.0%}; "
+                           + share_of_full(cells, kept, tokens, mode, policy, budget))
+            mean_full = mean_accuracy(cells, kept, tokens, mode, "none", 1.0) or 0.0
             out.append(f"| kept ({len(kept)}) | {mean_full:.0%} |" + "".join(f" {c} |" for c in row))
     return "\n".join(out)
 
@@ -238,6 +264,46 @@ def depth_table(cells: dict, tasks: list[str], lengths: list[int], modes: list[s
                     out.append(f"| {task}, ~{tokens}, {mode}, {name} | "
                                + " | ".join(f"{k}/{n}" for k, n in counts) + " |")
     return "\n".join(out)
+
+
+def load_cells(path: pathlib.Path | None, setting: dict) -> dict:
+    """The cells saved in `path` (none if it does not exist); an error if they were measured in
+    another setting (seed, model, serve flags)."""
+    saved = json.loads(path.read_text()) if path and path.exists() else {}
+    if saved and saved["setting"] != setting:
+        raise SystemExit(f"ruler: {path} holds cells of {saved['setting']}, not {setting}")
+    return saved.get("cells", {})
+
+
+def fill_cells(cells: dict, todo: list[tuple], samples: int, setting: dict, binary: str,
+               model: str, parallel: int, path: pathlib.Path | None) -> None:
+    """Brings every (task, tokens, mode, policy, budget) of `todo` to `samples` samples through
+    one daemon started only if a cell is short, saving `cells` to `path` every few samples (a
+    stopped run loses at most one batch)."""
+    todo = [c for c in todo if len(cells.get(cell_key(*c), [])) < samples]
+    if not todo:
+        return
+    paragraphs = needle.prose_paragraphs()
+    if not paragraphs:
+        raise SystemExit("ruler: no source documents on this machine (see documents.py)")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        daemon = capacity.Daemon(binary, model, setting["serve_args"].split(),
+                                 pathlib.Path(tmp) / "daemon.log")
+        try:
+            for task, tokens, mode, policy, budget in todo:
+                key = cell_key(task, tokens, mode, policy, budget)
+                wanted = make_samples(task, tokens, samples, setting["seed"], paragraphs)
+                while len(cells.setdefault(key, [])) < samples:
+                    have = len(cells[key])
+                    cells[key] += run_cell(daemon.client, wanted[have:have + 4 * parallel],
+                                           policy, budget, mode, parallel)
+                    if path:
+                        path.write_text(json.dumps({"setting": setting, "cells": cells}, indent=1))
+                print(f"ruler: {key} {sum(r['correct'] for r in cells[key])}/{len(cells[key])} "
+                      f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        finally:
+            daemon.stop()
 
 
 def main(argv=None) -> int:
@@ -267,42 +333,14 @@ def main(argv=None) -> int:
     budgets = [float(b) for b in args.budgets.split(",")]
     entries = [(p, b) for p in args.policies.split(",")
                for b in ([1.0] if p == "none" else budgets)]
-    paragraphs = needle.prose_paragraphs()
-    if not paragraphs:
-        raise SystemExit("ruler: no source documents on this machine (see documents.py)")
     # The samples are one seeded sequence per (task, length), so a cell saved with fewer samples
     # is the start of a longer one: it is extended, never recomputed.
     setting = {"seed": args.seed, "model": pathlib.Path(args.model).name,
                "serve_args": args.serve_args}
-    saved = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
-    if saved and saved["setting"] != setting:
-        raise SystemExit(f"ruler: {args.json} holds cells of {saved['setting']}, not {setting}")
-    cells = saved.get("cells", {})
+    cells = load_cells(args.json, setting)
     started = time.monotonic()
-    todo = [(t, n, m, p, b) for n in lengths for t in tasks for m in modes for p, b in entries
-            if len(cells.get(cell_key(t, n, m, p, b), [])) < args.samples]
-    if todo:
-        with tempfile.TemporaryDirectory() as tmp:
-            daemon = capacity.Daemon(args.bin, args.model, args.serve_args.split(),
-                                     pathlib.Path(tmp) / "daemon.log")
-            try:
-                for task, tokens, mode, policy, budget in todo:
-                    key = cell_key(task, tokens, mode, policy, budget)
-                    samples = make_samples(task, tokens, args.samples, args.seed, paragraphs)
-                    # Saved every few samples, so a stopped run loses at most one batch.
-                    while len(cells.setdefault(key, [])) < args.samples:
-                        have = len(cells[key])
-                        batch = samples[have:have + 4 * args.parallel]
-                        cells[key] += run_cell(daemon.client, batch, policy, budget, mode,
-                                               args.parallel)
-                        if args.json:
-                            args.json.write_text(json.dumps({"setting": setting, "cells": cells},
-                                                            indent=1))
-                    print(f"ruler: {key} {sum(r['correct'] for r in cells[key])}/"
-                          f"{len(cells[key])} ({time.monotonic() - started:.0f} s)",
-                          file=sys.stderr)
-            finally:
-                daemon.stop()
+    todo = [(t, n, m, p, b) for n in lengths for t in tasks for m in modes for p, b in entries]
+    fill_cells(cells, todo, args.samples, setting, args.bin, args.model, args.parallel, args.json)
     cells = {key: results[:args.samples] for key, results in cells.items()}
     print(f"{args.samples} samples per task and length, seed {args.seed}, "
           f"{time.monotonic() - started:.0f} s")
