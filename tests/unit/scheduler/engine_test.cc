@@ -830,8 +830,8 @@ TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {
 // requests that attach the published context get the tokens of compressing it themselves, and
 // a context compressed without the probe is another context.
 TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOther) {
-  // Longer than one probe segment of 512 tokens: scored in two.
-  const std::vector<int32_t> document = Prompt(600, 71);
+  // Longer than one probe segment of 256 tokens: scored in two.
+  const std::vector<int32_t> document = Prompt(300, 71);
   // snapkv sums the probe's rows; kvzip takes their maximum and ranks across layers.
   for (const char* policy : {"snapkv", "kvzip"}) {
     SCOPED_TRACE(policy);
@@ -839,14 +839,14 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
       GenerationRequest r = Greedy(Concat(document, Prompt(16, 80 + q)), 8);
       r.compression.policy = policy;
       r.compression.budget = 0.25;
-      r.compression.context_tokens = 600;
+      r.compression.context_tokens = 300;
       r.compression.probe = probe;
       r.cache_salt = std::move(salt);
       return r;
     };
     CountingObserver stats;
     EngineOptions options;
-    options.probe_segment_tokens = 512;
+    options.probe_segment_tokens = 256;
     std::unique_ptr<Engine> engine = MakeEngine(options, &stats);
     auto run = [&](const GenerationRequest& r) { return RunToEnd(*engine, r); };
     const auto alone = run(question(1, ContextProbe::kRepeat, "alone"));
@@ -854,7 +854,7 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
     const auto attached = run(question(1, ContextProbe::kRepeat, ""));
     const auto unprobed = run(question(1, ContextProbe::kNone, ""));
     EXPECT_EQ(first.second.cached_prompt_tokens, 0);
-    EXPECT_EQ(attached.second.cached_prompt_tokens, 600);
+    EXPECT_EQ(attached.second.cached_prompt_tokens, 300);
     EXPECT_EQ(attached.first, alone.first);
     EXPECT_EQ(unprobed.second.cached_prompt_tokens, 0);
     EXPECT_GT(alone.second.kv_blocks_freed_by_compression, 0);
@@ -868,7 +868,7 @@ TEST_F(EngineTest, AContextScoredWithARepeatProbeIsPublishedAndAttachedLikeAnyOt
 // getting the tokens of a request that compressed every stage itself; the kept slots grow at
 // the budget's rate.
 TEST_F(EngineTest, AContextCompressedInStagesAttachesItsEarlierStagesAndCompressesTheRest) {
-  const std::vector<int32_t> history = Prompt(400, 91);
+  const std::vector<int32_t> history = Prompt(200, 91);
   for (const bool probe : {false, true}) {
     SCOPED_TRACE(probe ? "kvzip, repeat probe" : "snapkv");
     auto request = [&](std::vector<int32_t> stage_ends, std::string salt) {
@@ -886,25 +886,25 @@ TEST_F(EngineTest, AContextCompressedInStagesAttachesItsEarlierStagesAndCompress
     CountingObserver stats;
     std::unique_ptr<Engine> engine = MakeEngine({}, &stats);
     auto run = [&](const GenerationRequest& r) { return RunToEnd(*engine, r); };
-    const auto alone = run(request({200, 400}, "alone"));  // both stages compressed here
-    run(request({200}, ""));                                // the first turn: stage one
-    const auto second = run(request({200, 400}, ""));       // attaches it, compresses stage two
-    const auto third = run(request({200, 400}, ""));        // attaches both
-    const auto at_once = run(request({400}, ""));           // one stage: another cache
+    const auto alone = run(request({100, 200}, "alone"));  // both stages compressed here
+    run(request({100}, ""));                                // the first turn: stage one
+    const auto second = run(request({100, 200}, ""));       // attaches it, compresses stage two
+    const auto third = run(request({100, 200}, ""));        // attaches both
+    const auto at_once = run(request({200}, ""));           // one stage: another cache
     EXPECT_EQ(alone.second.cached_prompt_tokens, 0);
-    EXPECT_EQ(second.second.cached_prompt_tokens, 200);
-    EXPECT_EQ(third.second.cached_prompt_tokens, 400);
+    EXPECT_EQ(second.second.cached_prompt_tokens, 100);
+    EXPECT_EQ(third.second.cached_prompt_tokens, 200);
     EXPECT_EQ(at_once.second.cached_prompt_tokens, 0);
     EXPECT_EQ(second.first, alone.first);
     EXPECT_EQ(third.first, alone.first);
     // Looked up: each request's whole context; found: the stages attached.
-    EXPECT_EQ(stats.context_queried, 400 + 200 + 400 + 400 + 400);
-    EXPECT_EQ(stats.context_hits, 200 + 400);
+    EXPECT_EQ(stats.context_queried, 200 + 100 + 200 + 200 + 200);
+    EXPECT_EQ(stats.context_hits, 100 + 200);
     // Each stage keeps about a quarter of its tokens; the question and reply stay whole.
     const std::vector<int32_t>& kept = alone.second.kv_tokens_kept_per_layer;
     ASSERT_FALSE(kept.empty());
     const double mean = std::accumulate(kept.begin(), kept.end(), 0.0) / kept.size();
-    EXPECT_LT(mean, 0.25 * 400 + 2 * 8 + 16 + 8) << "kept per layer";
+    EXPECT_LT(mean, 0.25 * 200 + 2 * 8 + 16 + 8) << "kept per layer";
     EXPECT_EQ(third.second.kv_tokens_kept_per_layer, kept);
     ASSERT_TRUE(engine->WaitForIdle(absl::Seconds(10)));
     EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
