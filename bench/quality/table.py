@@ -54,7 +54,6 @@ POLICIES = ("none,winnowkv,kvzip+probe=repeat+neighbours=8,snapkv,h2o,streaming_
 BEGIN = "<!-- table.py: begin -->"
 END = "<!-- table.py: end -->"
 COST_SEED = 0  # other documents than the accuracy cells' (seed 1)
-RETRIEVAL_SEED, RETRIEVAL_PER_KIND, RETRIEVAL_TOKENS = 101, 3, 800  # test_compression_quality
 
 
 def entry_key(policy: str, budget: float) -> str:
@@ -70,18 +69,19 @@ def save(path: pathlib.Path, data: dict) -> None:
 
 
 def measure_kl(entries, bench: str, model: str, path: pathlib.Path,
-               per_kind: int = RETRIEVAL_PER_KIND) -> None:
+               per_kind: int = taskgen.ASSERTED_PER_KIND) -> None:
     """KL and kept fraction per entry from one quality_bench run over the missing ones."""
     results = load(path)
     todo = [(p, b) for p, b in entries
             if p != "none" and "probe=" not in p and entry_key(p, b) not in results]
     if not todo:
         return
-    task_list = taskgen.generate(per_kind, RETRIEVAL_TOKENS, RETRIEVAL_SEED)
+    task_list = taskgen.generate(per_kind, taskgen.ASSERTED_TOKENS, taskgen.ASSERTED_SEED)
     policies = sorted({p for p, _ in todo})
     budgets = sorted({b for _, b in todo})
     raw = quality_run.run_bench(pathlib.Path(bench), pathlib.Path(model), task_list, policies,
-                                budgets, 12, os.cpu_count() or 1, "")
+                                budgets, taskgen.ASSERTED_GEN_TOKENS, os.cpu_count() or 1, "",
+                                ["--free-run=none"])
     agg = score.aggregate(raw, {t["id"]: t for t in task_list})
     for (policy, budget), cell in agg["cells"].items():
         if (policy, budget) in todo:

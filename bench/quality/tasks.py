@@ -32,6 +32,9 @@ import sys
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 KINDS = ("passkey", "kv", "doc", "copy")
+# The twelve retrieval tasks `make test` asserts (tests/python/test_compression_quality.py) and
+# docs/compression.md's tables quote: three per kind, ~700 tokens, seed 101, 16 tokens generated.
+ASSERTED_PER_KIND, ASSERTED_TOKENS, ASSERTED_SEED, ASSERTED_GEN_TOKENS = 3, 700, 101, 16
 
 # Characters per SmolLM2 token of each filler (measured with the model's tokenizer); only used to
 # size the haystack, the driver reports the exact token counts.
