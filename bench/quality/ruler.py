@@ -204,9 +204,11 @@ def share_of_full(cells: dict, kept: list[str], tokens: int, mode: str, policy: 
     runs = [cells.get(cell_key(t, tokens, mode, policy, budget)) for t in kept]
     if not kept or not all(runs):
         return "–"
-    ratio, lo, hi = paired_ratio_interval(
-        [[r["correct"] for r in rs] for rs in runs],
-        [[r["correct"] for r in cells[cell_key(t, tokens, mode, "none", 1.0)]] for t in kept])
+    full = [cells[cell_key(t, tokens, mode, "none", 1.0)] for t in kept]
+    # A cell still being filled pairs with the full cache's first samples (the same ones).
+    pairs = [(rs[:len(fs)], fs[:len(rs)]) for rs, fs in zip(runs, full)]
+    ratio, lo, hi = paired_ratio_interval([[r["correct"] for r in rs] for rs, _ in pairs],
+                                          [[r["correct"] for r in fs] for _, fs in pairs])
     return f"{ratio:.0%} of full ({lo:.0%}–{hi:.0%})"
 
 

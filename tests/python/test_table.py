@@ -32,7 +32,7 @@ def test_rows_from_saved_cells():
                                     {"seconds": 9.0, "prompt_tokens": 4000},
                                     {"seconds": 2.4, "prompt_tokens": 4000}]}}
     text = table.render([("none", 1.0), ("snapkv", 0.1), ("h2o", 0.1)], 4000, ["number"],
-                        cells, kl, cost)
+                        cells, kl, cost, samples=10)
     lines = text.splitlines()
     assert lines[2] == "| none (full cache) | – | 90% (60%–98%) | 100% (72%–100%) | 0 | 1 | 500 |"
     assert lines[3].startswith("| snapkv | 0.1 | 80% (49%–94%); 89% of full (")
@@ -44,8 +44,16 @@ def test_rows_from_saved_cells():
 def test_a_task_the_full_cache_fails_is_not_in_the_accuracy():
     cells = {"word|4000|aware|none|-": runs([True] * 5 + [False] * 5),
              "word|4000|aware|snapkv|0.1": runs([True] * 10)}
-    text = table.render([("snapkv", 0.1)], 4000, ["word"], cells, {}, {})
+    text = table.render([("snapkv", 0.1)], 4000, ["word"], cells, {}, {}, samples=10)
     assert text.splitlines()[2] == "| snapkv | 0.1 | – | – | – | – | – |"
+
+
+def test_a_cell_still_being_filled_pairs_with_the_full_caches_first_samples():
+    cells = {"number|4000|agnostic|none|-": runs([True] * 9 + [False]),
+             "number|4000|agnostic|kvzip|0.2": runs([True, False, True, True])}
+    text = table.render([("kvzip", 0.2)], 4000, ["number"], cells, {}, {}, samples=10)
+    # 3 of 4 against the full cache's first 4 (all right): 75% of it.
+    assert "| kvzip | 0.2 | – | 75% (30%–95%), 4 of 10 samples; 75% of full (" in text
 
 
 def test_the_table_goes_between_the_markers(tmp_path):
