@@ -128,19 +128,28 @@ def is_correct(sample: dict, reply: str) -> bool:
     return all(needle.has_word(reply, value) for value in sample["answers"])
 
 
-def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
-             parallel: int) -> list[dict]:
+def compression_for(policy: str, budget: float, mode: str) -> dict | None:
+    """A policy entry's compression in a mode. A probe scores a context (scope "context"): in
+    the aware mode that context is the one message, the question included."""
     compression = needle.compression_for(policy, budget)
-    # A probe scores a context (scope "context"): in the aware mode that context is the one
-    # message, the question included.
     if compression is not None and (mode == "agnostic" or "probe" in compression):
         compression.update({"scope": "context", "context_messages": 1})
+    return compression
+
+
+def chat_for(sample: dict, mode: str) -> list[tuple[str, str]]:
+    """The document and the question in one user message (aware) or two (agnostic)."""
+    if mode == "agnostic":
+        return [("user", sample["document"]), ("user", sample["question"])]
+    return [("user", sample["document"] + "\n\n" + sample["question"])]
+
+
+def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
+             parallel: int) -> list[dict]:
+    compression = compression_for(policy, budget, mode)
 
     def ask(sample: dict) -> dict:
-        chat = ([("user", sample["document"]), ("user", sample["question"])]
-                if mode == "agnostic"
-                else [("user", sample["document"] + "\n\n" + sample["question"])])
-        text, _, final = client.generate_text(chat=chat,
+        text, _, final = client.generate_text(chat=chat_for(sample, mode),
                                               max_tokens=MAX_TOKENS.get(sample["task"], 24),
                                               compression=compression)
         usage = final.usage
@@ -151,6 +160,11 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         return list(pool.map(ask, samples))
+
+
+def policy_entries(policies: str, budgets: list[float]) -> list[tuple[str, float]]:
+    """(policy, budget) per comma-separated policy and budget; the full cache once."""
+    return [(p, b) for p in policies.split(",") for b in ([1.0] if p == "none" else budgets)]
 
 
 def cell_key(task: str, tokens: int, mode: str, policy: str, budget: float) -> str:
@@ -333,8 +347,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"ruler: unknown {name} {unknown}; known: {', '.join(known)}")
     lengths = [int(n) for n in args.lengths.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
-    entries = [(p, b) for p in args.policies.split(",")
-               for b in ([1.0] if p == "none" else budgets)]
+    entries = policy_entries(args.policies, budgets)
     # The samples are one seeded sequence per (task, length), so a cell saved with fewer samples
     # is the start of a longer one: it is extended, never recomputed.
     setting = {"seed": args.seed, "model": pathlib.Path(args.model).name,

@@ -92,9 +92,8 @@ def measure_kl(entries, bench: str, model: str, path: pathlib.Path,
 
 def timed_request(client, sample: dict, compression: dict | None) -> dict:
     t0 = time.perf_counter()
-    _, _, final = client.generate_text(chat=[("user", sample["document"] + "\n\n"
-                                              + sample["question"])],
-                                       max_tokens=2, compression=compression)
+    _, _, final = client.generate_text(chat=ruler.chat_for(sample, "aware"), max_tokens=2,
+                                       compression=compression)
     return {"seconds": time.perf_counter() - t0, "prompt_tokens": final.usage.prompt_tokens}
 
 
@@ -112,9 +111,7 @@ def measure_cost(entries, tokens: int, count: int, binary: str, model: str,
         try:
             timed_request(daemon.client, samples[0], None)  # warms the thread pools
             for policy, budget in todo:
-                compression = needle.compression_for(policy, budget)
-                if compression is not None and "probe" in compression:
-                    compression.update({"scope": "context", "context_messages": 1})
+                compression = ruler.compression_for(policy, budget, "aware")
                 runs = [timed_request(daemon.client, s, compression) for s in samples]
                 results.setdefault(str(tokens), {})[entry_key(policy, budget)] = runs
                 save(path, results)
@@ -157,9 +154,9 @@ def render(entries, tokens: int, tasks: list[str], cells: dict, kl: dict, cost: 
         runs = costs.get(entry_key(policy, budget))
         ms = "–"
         if runs:
-            ms = f"{ms_per_1k(runs):.0f}"
-            if none_cost and policy != "none":
-                ms += f" ({ms_per_1k(runs) / none_cost:.2f}×)"
+            mine = ms_per_1k(runs)
+            ms = f"{mine:.0f}" + (f" ({mine / none_cost:.2f}×)"
+                                  if none_cost and policy != "none" else "")
         rows.append("| " + " | ".join([
             policy.replace("+", " ") if policy != "none" else "none (full cache)",
             "–" if policy == "none" else f"{budget:g}",
@@ -198,8 +195,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     budgets = [float(b) for b in args.budgets.split(",")]
-    entries = [(p, b) for p in args.policies.split(",")
-               for b in ([1.0] if p == "none" else budgets)]
+    entries = ruler.policy_entries(args.policies, budgets)
     tasks, parts = args.tasks.split(","), set(args.parts.split(","))
     args.dir.mkdir(parents=True, exist_ok=True)
     setting = {"seed": 1, "model": pathlib.Path(args.model).name, "serve_args": ""}
