@@ -411,8 +411,16 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request,
       const std::span<const int32_t> stage = std::span<const int32_t>(request.prompt_tokens)
                                                  .first(spec.StageEnd(i))
                                                  .subspan(spec.StageBegin(i));
-      spec.stage_probes.push_back(RepeatProbeSegments(model_->tokenizer(), stage,
-                                                      limits_.probe_segment_tokens, probe_frame_));
+      // The probe runs at the positions after its stage, which the model's context bounds.
+      const int32_t room = limits_.context_length - spec.StageEnd(i);
+      absl::StatusOr<std::vector<cache::ProbeSegment>> segments = RepeatProbeSegments(
+          model_->tokenizer(), stage, std::min(limits_.probe_segment_tokens, room), probe_frame_);
+      if (!segments.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "compression.probe: the context ends at position ", spec.StageEnd(i), " of the "
+            "model's ", limits_.context_length, ", so ", segments.status().message()));
+      }
+      spec.stage_probes.push_back(*std::move(segments));
     }
   }
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> compression =

@@ -64,6 +64,7 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   // The repeat probe's segment length (RepeatProbeSegments): longer segments score a context
   // more like one whole repeat (better on the needle benchmark) and hold more KV while it runs.
+  // A segment is cut shorter where the model's context has fewer positions after the context.
   int32_t probe_segment_tokens = kDefaultProbeSegment;
   // How K/V rows are stored: f16 halves f32's bytes (llama.cpp's default cache type too), so
   // the same kv_cache_bytes holds twice the tokens; q8_0 about 3.8x. Attention converts rows

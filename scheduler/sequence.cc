@@ -121,10 +121,9 @@ ProbeFrame ChatProbeFrame(const model::ChatTemplate& chat) {
   return {turn.substr(0, mark), turn.substr(mark + std::string(kMark).size())};
 }
 
-std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
-                                                     std::span<const int32_t> context,
-                                                     int32_t segment_tokens,
-                                                     const ProbeFrame& frame) {
+absl::StatusOr<std::vector<cache::ProbeSegment>> RepeatProbeSegments(
+    const model::Tokenizer& tokenizer, std::span<const int32_t> context, int32_t segment_tokens,
+    const ProbeFrame& frame) {
   auto encode = [&tokenizer](const std::string& text) {
     return tokenizer.Encode(text, /*add_special=*/false, /*parse_special=*/true);
   };
@@ -134,7 +133,12 @@ std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tok
       encode(frame.before + "Repeat the part of the previous context exactly, starting with");
   const std::vector<int32_t> after = encode(frame.after);
   const size_t longest = std::max(first.size(), later.size() + kRepeatProbeAnchor + after.size());
-  const size_t piece = std::max<size_t>(1, std::max(segment_tokens, 64) - longest);
+  if (segment_tokens <= static_cast<int32_t>(longest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a repeat segment of ", segment_tokens, " tokens cannot hold its instruction (",
+        longest, " tokens) and a piece of the context"));
+  }
+  const size_t piece = static_cast<size_t>(segment_tokens) - longest;
   std::vector<cache::ProbeSegment> segments;
   for (size_t at = 0; at < context.size(); at += piece) {
     const size_t size = std::min(piece, context.size() - at);

@@ -189,17 +189,15 @@ inline constexpr int32_t kRepeatProbeAnchor = 8;
 ProbeFrame ChatProbeFrame(const model::ChatTemplate& chat);
 
 // The repeat probe of a context (ContextProbe::kRepeat, KVzip's reconstruction), in segments
-// of at most `segment_tokens` tokens (at least 64), each an instruction in `frame` and the next
-// piece of the context,
-// scoring that piece: "Repeat the previous context exactly." for the first; "Repeat the part
+// of at most `segment_tokens` tokens, each an instruction in `frame` and the next piece of the
+// context, scoring that piece (InvalidArgument when `segment_tokens` leaves no room for a piece): "Repeat the previous context exactly." for the first; "Repeat the part
 // of the previous context exactly, starting with" and the previous piece's last
 // kRepeatProbeAnchor tokens for the others. Each runs alone after the context
 // (CompressionSession::SetProbe), so the probe adds one segment to the context's KV, not a
 // second context.
-std::vector<cache::ProbeSegment> RepeatProbeSegments(const model::Tokenizer& tokenizer,
-                                                     std::span<const int32_t> context,
-                                                     int32_t segment_tokens,
-                                                     const ProbeFrame& frame = {});
+absl::StatusOr<std::vector<cache::ProbeSegment>> RepeatProbeSegments(
+    const model::Tokenizer& tokenizer, std::span<const int32_t> context, int32_t segment_tokens,
+    const ProbeFrame& frame = {});
 
 // The key under which stage `stage` of the compressed context of `req`
 // (req.compression.context_tokens > 0) is published and found: the tokens and embedding rows

@@ -783,7 +783,7 @@ TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere
 TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {
   const std::vector<int32_t> context = Prompt(1200, 3);
   const std::vector<cache::ProbeSegment> segments =
-      RepeatProbeSegments(model_->tokenizer(), context, 512);
+      *RepeatProbeSegments(model_->tokenizer(), context, 512);
   ASSERT_EQ(segments.size(), 3u);
   int32_t next = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -819,11 +819,31 @@ TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {
   const ProbeFrame chat = ChatProbeFrame(*model_->chat_template());
   EXPECT_EQ(chat.before, "<|im_start|>user\n");
   EXPECT_EQ(chat.after, "<|im_end|>\n<|im_start|>assistant\n");
-  const cache::ProbeSegment first = RepeatProbeSegments(model_->tokenizer(), context, 512, chat)[0];
+  const cache::ProbeSegment first =
+      (*RepeatProbeSegments(model_->tokenizer(), context, 512, chat))[0];
   const std::vector<int32_t> instruction(first.tokens.begin(),
                                          first.tokens.end() - first.scored_end);
   EXPECT_EQ(model_->tokenizer().Decode(instruction, /*render_special=*/true),
             chat.before + "Repeat the previous context exactly." + chat.after);
+}
+
+// The probe runs at the positions after the context, so its segments shrink to what the model's
+// context leaves there; a context that leaves too few for the instruction is refused at submit,
+// naming the field, before anything runs.
+TEST_F(EngineTest, TheRepeatProbeFitsInTheModelsContextOrIsRefused) {
+  EXPECT_FALSE(RepeatProbeSegments(model_->tokenizer(), Prompt(100, 3), 10).ok());
+
+  std::unique_ptr<Engine> engine = MakeEngine({});
+  const int32_t positions = model_->config().context_length;
+  GenerationRequest r = Greedy(Prompt(positions - 2, 5), 1);
+  r.compression.policy = "kvzip";
+  r.compression.budget = 0.2;
+  r.compression.context_tokens = positions - 12;
+  r.compression.probe = ContextProbe::kRepeat;
+  const absl::Status refused = engine->Submit(r, std::make_shared<CollectingSink>()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_NE(refused.message().find("compression.probe"), std::string::npos) << refused;
+  EXPECT_EQ(engine->Snapshot().kv_blocks_free, engine->Snapshot().kv_blocks_total);
 }
 
 // A context scored with the repeat probe: the probe runs once, where the context is compressed;
