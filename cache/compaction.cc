@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cache/kv_device.h"
 #include "kernels/cpu/kv_dtype.h"
 
@@ -83,6 +84,12 @@ absl::StatusOr<CompactionStats> ApplyKeepPlan(const policies::KeepPlan& plan, Se
   }
   CompactionStats stats;
   if (plan.empty()) return stats;
+  for (int32_t l = 0; l < static_cast<int32_t>(plan.layers.size()); ++l) {
+    if (!plan.layers[l].untouched() && kv.num_dropped(l) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "compaction: layer ", l, " returned the blocks behind its sliding window"));
+    }
+  }
 
   const int32_t used_before = kv.num_blocks_held();
   for (int32_t l = 0; l < static_cast<int32_t>(plan.layers.size()); ++l) {

@@ -63,7 +63,7 @@ class SequenceKv {
   // Returns to the pool the blocks of `layer` that hold only slots before `slot` (a
   // sliding-window layer's past, which no later token reads); their entries become
   // kDroppedBlock, so later slots keep their indices. Only for a cache that nothing reads whole
-  // again: no compression scores or compacts it.
+  // again: no compression scores or compacts it any more (ApplyKeepPlan refuses such a layer).
   void DropBlocksBefore(BlockPool& pool, int32_t layer, int32_t slot);
   // Returns every block to the pool (drops this sequence's reference); the cache is then
   // empty.

@@ -447,9 +447,21 @@ void Scheduler::OnChunkComputed(const ScheduledChunk& chunk) {
       spdlog::error("scheduler: request {}'s next context stage: {}", s.id, started.ToString());
     }
   }
-  if (s.compression != nullptr) return;
-  PublishPrefix(s);  // first: a block is keyed before it may be dropped
-  DropBehindWindows(s);
+  if (s.compression == nullptr) {
+    PublishPrefix(s);  // first: a block is keyed before it may be dropped
+    DropBehindWindows(s);
+  } else if (ReadsOnlyItsWindows(s)) {
+    DropBehindWindows(s);  // its compacted slots behind the windows (never prefix blocks)
+  }
+}
+
+// A compressing sequence reads every slot of a layer until its last stage is planned and
+// compacted; after that only a policy that evicts or selects while decoding reads past a
+// sliding window (it scores every slot), so the others' blocks behind the windows can go.
+bool Scheduler::ReadsOnlyItsWindows(Sequence& s) {
+  cache::CompressionSession& c = *s.compression;
+  return c.compressed() && !c.prompt_plan_pending() && s.stage + 1 >= s.num_stages() &&
+         !c.EvictsDuringDecode() && c.selector() == nullptr;
 }
 
 void Scheduler::PublishPrefix(Sequence& s) {

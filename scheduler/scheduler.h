@@ -118,8 +118,11 @@ class Scheduler {
   // Keys the full prompt blocks `s` has computed since the last call (prefix caching).
   void PublishPrefix(Sequence& s);
   // Returns the blocks no later token of `s` reads: on each sliding-window layer, those wholly
-  // before the next token's window. Not a compressing sequence's (its policy reads whole layers).
+  // before the next token's window.
   void DropBehindWindows(Sequence& s);
+  // Whether a compressing sequence's policy is done reading whole layers (ReadsOnlyItsWindows
+  // in scheduler.cc says when), so that DropBehindWindows may run for it too.
+  static bool ReadsOnlyItsWindows(Sequence& s);
 
   SchedulerLimits limits_;
   cache::BlockPool& pool_;

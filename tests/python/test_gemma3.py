@@ -152,11 +152,11 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
     return [1000 + (i * 7919 + seed * 104729) % 50000 for i in range(n)]
 
 
-def generate(client, ids, max_tokens, policy=""):
+def generate(client, ids, max_tokens, policy="", budget=0.3):
     req = WinnowClient.build_request(token_ids=ids, max_tokens=max_tokens, ignore_eos=True)
     if policy:
         req.compression.policy = policy
-        req.compression.budget = 0.3
+        req.compression.budget = budget
     tokens, final = [], None
     for msg in client.generate(request=req, timeout=300):
         tokens.extend(msg.token_ids)
@@ -189,6 +189,24 @@ def test_sliding_layers_return_the_blocks_behind_their_window(model):
     assert again == solo[2][0]
     print(f"cached prompt tokens on the repeat: {final.usage.cached_prompt_tokens}")
     assert final.usage.cached_prompt_tokens > 0
+
+
+def test_compressed_sliding_layers_return_the_blocks_behind_their_window(daemon):
+    """Once a policy has compacted the prompt and reads no more than the window (snapkv), its
+    sliding layers return the blocks behind it as an uncompressed request's do; a policy that
+    evicts while decoding (h2o) scores every slot, so it keeps them."""
+    tokens, final = generate(daemon.client, prompt_ids(1000), 8, "snapkv", budget=0.9)
+    assert len(tokens) == 8
+    kept = list(final.usage.kv_tokens_kept_per_layer)
+    assert min(kept) > WINDOW + 16, kept  # the sliding layers hold more than their window
+    full_layers = [l for l in range(18) if l % 6 == 5]
+    sliding = -(-(WINDOW - 1) // 16) + 1
+    bound = sum(-(-(kept[l] + 8) // 16) for l in full_layers) + 15 * sliding
+    assert final.usage.kv_blocks_final <= bound, (final.usage.kv_blocks_final, kept)
+
+    _, whole = generate(daemon.client, prompt_ids(1000), 8, "h2o", budget=0.9)
+    held = list(whole.usage.kv_tokens_kept_per_layer)
+    assert whole.usage.kv_blocks_final >= sum(-(-k // 16) for k in held)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -132,5 +132,25 @@ TEST(CompactionTest, RejectsMalformedPlansWithoutTouchingTheCache) {
   kv.Release(*pool);
 }
 
+// A layer that returned the blocks behind its sliding window cannot be compacted (those slots
+// are gone); the plan is refused before any layer moves.
+TEST(CompactionTest, RefusesALayerThatDroppedBlocksBehindItsWindow) {
+  auto pool = *BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock}, 40);
+  SequenceKv kv(kLayers, kBlock);
+  Fill(*pool, kv, 12);
+  kv.DropBlocksBefore(*pool, 2, 8);
+  const int32_t used = pool->num_used();
+  KeepPlan plan;
+  plan.layers.resize(kLayers);
+  plan.layers[0] = LayerKeep{{{0, 11}, {1, 11}}, {}};
+  plan.layers[2] = LayerKeep{{{8, 11}, {9, 11}}, {}};
+  const absl::Status refused = ApplyKeepPlan(plan, kv, *pool).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(pool->num_used(), used);
+  EXPECT_EQ(kv.num_slots(0), 12);
+  EXPECT_EQ(RowOf(*pool, kv, 0, 0, 1, false)[0], Tag(0, 0, 1, 0, false));
+  kv.Release(*pool);
+}
+
 }  // namespace
 }  // namespace winnow::cache
