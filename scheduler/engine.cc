@@ -118,6 +118,20 @@ absl::Status CheckContextScope(const GenerationRequest& r, cache::CompressionSes
       "or turn that off in its params"));
 }
 
+// The most blocks an uncompressed sequence of `slots` K/V slots holds when it runs alone: a
+// global layer all its slots; a sliding layer, once past its window, the blocks that cover the
+// next token's window, since the scheduler gives back those behind it after every chunk and a
+// prefill chunk shrinks to what the pool holds.
+int64_t BlocksHeldAlone(const model::ModelConfig& config, int64_t slots, int32_t block_size) {
+  int64_t blocks = 0;
+  for (int32_t l = 0; l < config.num_layers; ++l) {
+    const int32_t window = config.WindowOf(l);
+    const int64_t all = CeilDiv(slots, block_size);
+    blocks += window > 0 ? std::min(all, CeilDiv(window - 1, block_size) + 1) : all;
+  }
+  return blocks;
+}
+
 // Whether the request could ever run alone: prompt + max_tokens within the context, and its KV
 // within the whole pool (with compression, the uncompressed prompt and the compressed
 // footprint at max_tokens).
@@ -134,14 +148,16 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   const int64_t kv_slots = total - 1;
   const int64_t layers = config.num_layers;
   const int64_t blocks = layers * CeilDiv(kv_slots, limits.block_size);
-  if (c == nullptr && blocks > limits.kv_blocks_total) {
+  if (c == nullptr) {
+    const int64_t held = BlocksHeldAlone(config, kv_slots, limits.block_size);
+    if (held <= limits.kv_blocks_total) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrFormat(
         "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks (%d layers x %d blocks of %d "
-        "tokens) but the whole pool has %d, enough for %d tokens per sequence",
-        prompt_len, r.max_tokens, blocks, layers, CeilDiv(kv_slots, limits.block_size),
+        "tokens, less what sliding windows give back) but the whole pool has %d, enough for %d "
+        "tokens per sequence",
+        prompt_len, r.max_tokens, held, layers, CeilDiv(kv_slots, limits.block_size),
         limits.block_size, limits.kv_blocks_total, limits.max_tokens_in_pool));
   }
-  if (c == nullptr) return absl::OkStatus();
   // Each layer rounds up to whole blocks, hence the extra block per layer at steady state. A
   // lookahead holds the uncompressed prompt and its first tokens until the plan.
   // With context_tokens the rest of the prompt stays whole, like the tokens generated after.

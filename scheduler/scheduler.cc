@@ -133,8 +133,12 @@ class IterationBuilder {
         s.kv.num_blocks_held() + s.kv.BlocksNeeded(s.UncompressedPeak(s.num_computed));
     return blocks > 0 && peak + blocks <= pool_.num_blocks() ? blocks : 0;
   }
-  // Largest n <= want whose K/V fit in the free blocks (0 when not even one token fits).
-  int32_t TokensThatFit(const Sequence& s, int32_t want) const;
+  // Largest n <= want whose K/V fit in `blocks` new blocks (0 when not even one token does).
+  static int32_t TokensWithin(const Sequence& s, int32_t want, int32_t blocks);
+  // ... in the free blocks.
+  int32_t TokensThatFit(const Sequence& s, int32_t want) const {
+    return TokensWithin(s, want, pool_.num_free());
+  }
   // A chunk whose logits are all kept (prompt_logprobs) takes at most what is left of the
   // iteration's kPromptLogprobsChunk such rows (0: it waits for the next iteration): a device
   // forward's logits buffers hold one row per sequence and that many more (engine.cc).
@@ -263,6 +267,12 @@ IterationBuilder::Admission IterationBuilder::PlanAdmission(const Sequence& s) c
       s, a.hit_blocks * block_size,
       CutPrefillChunk(s, a.hit_blocks * block_size, std::min(a.rest, budget_)));
   const bool compressing = s.awaits_compression();
+  if (!compressing) {
+    // A first chunk larger than the whole pool starts with what an empty pool holds: a
+    // sliding-window model's long prompt runs on the blocks its windows give back (the engine
+    // admitted it on that count), its later chunks shrinking to what is free.
+    a.chunk = TokensWithin(s, a.chunk, pool_.num_blocks());
+  }
   // New blocks for the chunk (compressing: for the whole rest of the prompt, its peak), the
   // cached blocks that leave the free queue when attached, and (compressing) a private copy
   // of each attached block, made before compaction rewrites the cache in place.
@@ -383,13 +393,12 @@ bool IterationBuilder::DisplaceLowerPriority(const Sequence* s, int64_t need) {
   return false;
 }
 
-int32_t IterationBuilder::TokensThatFit(const Sequence& s, int32_t want) const {
-  const int32_t free_blocks = pool_.num_free();
-  if (s.kv.BlocksNeeded(want) <= free_blocks) return want;
+int32_t IterationBuilder::TokensWithin(const Sequence& s, int32_t want, int32_t blocks) {
+  if (s.kv.BlocksNeeded(want) <= blocks) return want;
   int32_t lo = 0, hi = want;  // invariant: lo fits, hi does not
   while (hi - lo > 1) {
     const int32_t mid = lo + (hi - lo) / 2;
-    (s.kv.BlocksNeeded(mid) <= free_blocks ? lo : hi) = mid;
+    (s.kv.BlocksNeeded(mid) <= blocks ? lo : hi) = mid;
   }
   return lo;
 }

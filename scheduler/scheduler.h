@@ -13,7 +13,9 @@
 //      recompute (its blocks are freed; it waits, and later re-prefills prompt + generated
 //      tokens, keeping its sampler state, so its stream continues unchanged);
 //   2. if nothing was preempted, waiting sequences are admitted in strict priority order while
-//      their first chunk fits, within max_seqs (sequences holding blocks). Compression-aware: a
+//      their first chunk fits (a first chunk larger than the whole pool, which only a
+//      sliding-window model's long prompt has, is cut to what the pool holds), within max_seqs
+//      (sequences holding blocks). Compression-aware: a
 //      sequence with a policy holds its whole prompt uncompressed until its last chunk has run,
 //      so it is admitted only when the free blocks, less what admitted compressing sequences
 //      still need to finish their prefill, hold its whole prefill (the peak). Once compressed,

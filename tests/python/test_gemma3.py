@@ -191,6 +191,23 @@ def test_sliding_layers_return_the_blocks_behind_their_window(model):
     assert final.usage.cached_prompt_tokens > 0
 
 
+def test_a_request_larger_than_the_pool_runs_on_what_its_sliding_layers_give_back(daemon, model):
+    """1,500 + 8 tokens need 18 x 95 = 1,710 blocks of 16 if no layer slid, but only
+    3 x 95 + 15 x 33 = 780 as the sliding layers give back what lies behind their window: a
+    pool of 900 admits the request, runs it in smaller prefill chunks, and gives the tokens a
+    large pool gives."""
+    prompt = prompt_ids(1500, 1)
+    want, _ = generate(daemon.client, prompt, 8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WINNOW_MODEL", str(model))
+        with Daemon("--kv-blocks", "900", "--block-size", "16") as small:
+            got, final = generate(small.client, prompt, 8)
+            with pytest.raises(Exception, match="less what sliding windows give back"):
+                generate(small.client, prompt_ids(4000, 1), 8)
+    assert got == want
+    assert final.usage.kv_blocks_final <= 780
+
+
 def test_compressed_sliding_layers_return_the_blocks_behind_their_window(daemon):
     """Once a policy has compacted the prompt and reads no more than the window (snapkv), its
     sliding layers return the blocks behind it as an uncompressed request's do; a policy that
