@@ -14,12 +14,12 @@
 namespace winnow::cache::policies {
 namespace {
 
-enum class Allocation { kGlobal, kUniform };
+enum class Allocation { kGlobal, kNeediest, kUniform };
 
 struct KvzipOptions {
   int32_t window = 8;
   GroupAggregation aggregation = GroupAggregation::kMax;
-  Allocation allocation = Allocation::kGlobal;
+  Allocation allocation = Allocation::kNeediest;
   int32_t neighbours = 0;
 };
 
@@ -29,59 +29,91 @@ absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
   WINNOW_RETURN_IF_ERROR(ReadGroupAggregation(config, "gqa", &options.aggregation));
   WINNOW_RETURN_IF_ERROR(config.ReadChoice(
       "allocation", &options.allocation,
-      {{"global", Allocation::kGlobal}, {"uniform", Allocation::kUniform}}));
+      {{"global", Allocation::kGlobal},
+       {"neediest", Allocation::kNeediest},
+       {"uniform", Allocation::kUniform}}));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("neighbours", &options.neighbours, 0, 64));
   WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("kvzip"));
   return options;
 }
 
-// Per-layer slot counts (per KV head, `total` over the layers) from one ranking of every
-// (layer, KV head, slot) score outside the forced window: the best of them, as many as the
-// budget leaves after the windows, are the kept candidates, and a layer's count
-// is its forced slots plus its share of those, averaged over its heads (heads of a layer keep
-// the same count). Rounded so that the counts sum to at most `total`.
+// Per-layer targets from one ranking of candidate scores: `candidates[l]` are layer l's scores
+// outside the forced window, the best `picks` of all of them are kept, and a layer's target is
+// `window` plus its kept candidates divided by `per_slot` (how many candidates one slot of the
+// layer stands for). Candidates strictly above the k-th best count in full; the ties at it share
+// what is left in proportion, so the layers' shares sum to exactly `picks`.
+std::vector<double> RankedTargets(const std::vector<std::vector<float>>& candidates,
+                                  int64_t picks, double per_slot, int32_t window) {
+  const int32_t layers = static_cast<int32_t>(candidates.size());
+  std::vector<double> targets(layers, window);
+  std::vector<float> all;
+  for (const std::vector<float>& layer : candidates) {
+    all.insert(all.end(), layer.begin(), layer.end());
+  }
+  if (picks <= 0 || all.empty()) return targets;
+  const int64_t k = std::min<int64_t>(picks, static_cast<int64_t>(all.size()));
+  std::nth_element(all.begin(), all.begin() + (k - 1), all.end(), std::greater<float>());
+  const float threshold = all[k - 1];
+  std::vector<int64_t> above(layers, 0), at(layers, 0);
+  int64_t above_total = 0, at_total = 0;
+  for (int32_t l = 0; l < layers; ++l) {
+    for (const float score : candidates[l]) {
+      above[l] += score > threshold;
+      at[l] += score == threshold;
+    }
+    above_total += above[l];
+    at_total += at[l];
+  }
+  const double tie_share =
+      at_total > 0 ? static_cast<double>(k - above_total) / static_cast<double>(at_total) : 0.0;
+  for (int32_t l = 0; l < layers; ++l) targets[l] += (above[l] + tie_share * at[l]) / per_slot;
+  return targets;
+}
+
+// `global`: every (layer, KV head, slot) score outside the window in one ranking, as KVzip ranks
+// pairs; a layer's count is its window plus its heads' kept pairs averaged over the heads (heads
+// of a layer keep the same count in the paged cache). Counts per KV head, summing to at most
+// `total` over the layers.
 std::vector<int32_t> GlobalLayerBudgets(const std::vector<std::vector<float>>& scores,
                                         int32_t num_kv_heads, int32_t n, int32_t window,
                                         int64_t total) {
-  const int32_t layers = static_cast<int32_t>(scores.size());
   const int32_t prefix = n - window;
-  // total counts slots per KV head; every head ranks its own keys.
-  const int64_t picks = std::max<int64_t>(0, total - int64_t{layers} * window) * num_kv_heads;
-  std::vector<float> all;
-  all.reserve(static_cast<size_t>(layers) * num_kv_heads * prefix);
-  for (const std::vector<float>& layer : scores) {
+  std::vector<std::vector<float>> candidates(scores.size());
+  for (size_t l = 0; l < scores.size(); ++l) {
     for (int32_t g = 0; g < num_kv_heads; ++g) {
-      const auto row = layer.begin() + int64_t{g} * n;
-      all.insert(all.end(), row, row + prefix);
+      const auto row = scores[l].begin() + int64_t{g} * n;
+      candidates[l].insert(candidates[l].end(), row, row + prefix);
     }
   }
-  std::vector<double> targets(layers, window);
-  if (picks > 0 && !all.empty()) {
-    const int64_t k = std::min<int64_t>(picks, static_cast<int64_t>(all.size()));
-    std::nth_element(all.begin(), all.begin() + (k - 1), all.end(), std::greater<float>());
-    const float threshold = all[k - 1];
-    // Candidates strictly above the threshold count in full; the ties at it share what is left
-    // in proportion, so the layers' shares sum to exactly k.
-    std::vector<int64_t> above(layers, 0), at(layers, 0);
-    int64_t above_total = 0, at_total = 0;
-    for (int32_t l = 0; l < layers; ++l) {
-      for (int32_t g = 0; g < num_kv_heads; ++g) {
-        const float* row = scores[l].data() + int64_t{g} * n;
-        for (int32_t j = 0; j < prefix; ++j) {
-          above[l] += row[j] > threshold;
-          at[l] += row[j] == threshold;
-        }
+  const int64_t layers = static_cast<int64_t>(scores.size());
+  const int64_t picks = std::max<int64_t>(0, total - layers * window) * num_kv_heads;
+  return RoundBudgets(RankedTargets(candidates, picks, num_kv_heads, window), total, window, n);
+}
+
+// `neediest`: a layer's c-th slot is worth its heads' largest c-th best score, and one ranking
+// of those decides the counts, so a layer keeps as many slots as its neediest KV head's share
+// (the others fill them with their own next best). What head-adaptive budgets (AdaKV, KVzip's
+// per-head ranking) give one head, in a cache whose heads of a layer hold equal counts.
+std::vector<int32_t> NeediestLayerBudgets(const std::vector<std::vector<float>>& scores,
+                                          int32_t num_kv_heads, int32_t n, int32_t window,
+                                          int64_t total) {
+  const int32_t prefix = n - window;
+  std::vector<std::vector<float>> candidates(scores.size());
+  std::vector<float> sorted(prefix);
+  for (size_t l = 0; l < scores.size(); ++l) {
+    candidates[l].assign(prefix, 0.0f);
+    for (int32_t g = 0; g < num_kv_heads; ++g) {
+      const auto row = scores[l].begin() + int64_t{g} * n;
+      std::partial_sort_copy(row, row + prefix, sorted.begin(), sorted.end(),
+                             std::greater<float>());
+      for (int32_t c = 0; c < prefix; ++c) {
+        candidates[l][c] = std::max(candidates[l][c], sorted[c]);
       }
-      above_total += above[l];
-      at_total += at[l];
-    }
-    const double tie_share =
-        at_total > 0 ? static_cast<double>(k - above_total) / static_cast<double>(at_total) : 0.0;
-    for (int32_t l = 0; l < layers; ++l) {
-      targets[l] += (above[l] + tie_share * at[l]) / num_kv_heads;
     }
   }
-  return RoundBudgets(targets, total, window, n);
+  const int64_t layers = static_cast<int64_t>(scores.size());
+  const int64_t picks = std::max<int64_t>(0, total - layers * window);
+  return RoundBudgets(RankedTargets(candidates, picks, 1.0, window), total, window, n);
 }
 
 class KvzipPolicy : public CompressionPolicy {
@@ -126,10 +158,13 @@ class KvzipPolicy : public CompressionPolicy {
       }
     }
     if (keep_ >= n) return KeepPlan{};
-    const std::vector<int32_t> budgets =
-        options_.allocation == Allocation::kGlobal
-            ? GlobalLayerBudgets(scores_, dims().num_kv_heads, n, window_, int64_t{layers} * keep_)
-            : std::vector<int32_t>(layers, keep_);
+    const int64_t total = int64_t{layers} * keep_;
+    std::vector<int32_t> budgets(layers, keep_);
+    if (options_.allocation == Allocation::kGlobal) {
+      budgets = GlobalLayerBudgets(scores_, dims().num_kv_heads, n, window_, total);
+    } else if (options_.allocation == Allocation::kNeediest) {
+      budgets = NeediestLayerBudgets(scores_, dims().num_kv_heads, n, window_, total);
+    }
     const std::vector<int32_t> window = SinksAndWindow(n, 0, window_);
     return PlanPerLayer(scores_, [&](int32_t layer, std::span<const float> scores)
                                      -> std::optional<LayerKeep> {

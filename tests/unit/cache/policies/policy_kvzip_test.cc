@@ -87,26 +87,64 @@ TEST(KvzipPolicyTest, OneQueryHeadsPeakKeepsItsKeyInThatKvHead) {
   EXPECT_TRUE(Contains(plan.layers[0].heads[1], 60));
 }
 
-TEST(KvzipPolicyTest, GlobalAllocationGivesTheLayerTheRowsNeedMoreSlots) {
+TEST(KvzipPolicyTest, OneRankingGivesTheLayerTheRowsNeedMoreSlots) {
   // Three layers at budget 0.2 (20 slots each on average, 60 in all): layer 1's keys all score
   // ten times layer 0's and layer 2's, so it takes the slots the others give up, down to their
-  // window.
-  std::unique_ptr<CompressionPolicy> policy = Kvzip(3, 0.2);
-  const ObservationRequest observe = policy->Observation();
-  const std::vector<float> base = {0.01f, 0.1f, 0.01f};
-  for (int32_t l = 0; l < 3; ++l) {
-    const MaxLayer layer = Layer(observe, kTokens, base[l]);
-    ASSERT_TRUE(policy->ObserveLayer(layer.View(l, kTokens)).ok());
+  // window, whether a layer counts its heads' average or its neediest head.
+  for (const char* allocation : {"global", "neediest"}) {
+    SCOPED_TRACE(allocation);
+    std::unique_ptr<CompressionPolicy> policy = Kvzip(3, 0.2, {{"allocation", allocation}});
+    const ObservationRequest observe = policy->Observation();
+    const std::vector<float> base = {0.01f, 0.1f, 0.01f};
+    for (int32_t l = 0; l < 3; ++l) {
+      const MaxLayer layer = Layer(observe, kTokens, base[l]);
+      ASSERT_TRUE(policy->ObserveLayer(layer.View(l, kTokens)).ok());
+    }
+    const KeepPlan plan = *policy->Plan();
+    ASSERT_EQ(plan.layers.size(), 3u);
+    int64_t total = 0;
+    for (int32_t l = 0; l < 3; ++l) total += plan.layers[l].kept();
+    EXPECT_LE(total, 3 * 20);
+    EXPECT_EQ(plan.layers[0].heads[0].size(), 8u);
+    EXPECT_EQ(plan.layers[2].heads[0].size(), 8u);
+    EXPECT_EQ(plan.layers[1].heads[0].size(), 44u);
+    EXPECT_LE(total, policy->SteadyStateSlots(kTokens, 0));
   }
-  const KeepPlan plan = *policy->Plan();
-  ASSERT_EQ(plan.layers.size(), 3u);
-  int64_t total = 0;
-  for (int32_t l = 0; l < 3; ++l) total += plan.layers[l].kept();
-  EXPECT_LE(total, 3 * 20);
-  EXPECT_EQ(plan.layers[0].heads[0].size(), 8u);
-  EXPECT_EQ(plan.layers[2].heads[0].size(), 8u);
-  EXPECT_EQ(plan.layers[1].heads[0].size(), 44u);
-  EXPECT_LE(total, policy->SteadyStateSlots(kTokens, 0));
+}
+
+// Layer 0: KV head 0 (query head 0) needs 30 keys and KV head 1 none; layer 1: both KV heads
+// need the same 20. At budget 0.34 (34 slots a layer, 8 of them the window) there are slots for
+// all 50 needs only if a layer is counted by its neediest head: averaged over its heads, layer 0
+// gets about 31 slots and its head 0 loses some of its 30 keys to layer 1's averages.
+std::unique_ptr<CompressionPolicy> ObserveOneNeedyHead(PolicyParams params) {
+  std::unique_ptr<CompressionPolicy> policy = Kvzip(2, 0.34, std::move(params));
+  const ObservationRequest observe = policy->Observation();
+  std::vector<std::tuple<int32_t, int32_t, float>> needy, shared;
+  for (int32_t j = 0; j < 30; ++j) needy.emplace_back(0, j, 0.5f);
+  for (int32_t j = 40; j < 60; ++j) {
+    shared.emplace_back(0, j, 0.1f);
+    shared.emplace_back(2, j, 0.1f);
+  }
+  EXPECT_TRUE(policy->ObserveLayer(Layer(observe, kTokens, 0.01f, needy).View(0, kTokens)).ok());
+  EXPECT_TRUE(policy->ObserveLayer(Layer(observe, kTokens, 0.01f, shared).View(1, kTokens)).ok());
+  return policy;
+}
+
+int32_t KeptOf(const std::vector<int32_t>& slots, int32_t begin, int32_t end) {
+  int32_t kept = 0;
+  for (int32_t j = begin; j < end; ++j) kept += Contains(slots, j);
+  return kept;
+}
+
+TEST(KvzipPolicyTest, NeediestAllocationCountsALayerByItsNeediestHead) {
+  const KeepPlan neediest = *ObserveOneNeedyHead({})->Plan();  // the default
+  EXPECT_EQ(KeptOf(neediest.layers[0].heads[0], 0, 30), 30);
+  EXPECT_EQ(KeptOf(neediest.layers[1].heads[0], 40, 60), 20);
+  EXPECT_EQ(KeptOf(neediest.layers[1].heads[1], 40, 60), 20);
+  EXPECT_LE(neediest.layers[0].kept() + neediest.layers[1].kept(), 2 * 34);
+
+  const KeepPlan averaged = *ObserveOneNeedyHead({{"allocation", "global"}})->Plan();
+  EXPECT_LT(KeptOf(averaged.layers[0].heads[0], 0, 30), 30);
 }
 
 TEST(KvzipPolicyTest, UniformAllocationKeepsTheBudgetInEveryLayer) {
