@@ -189,10 +189,11 @@ inline constexpr int32_t kRepeatProbeAnchor = 8;
 ProbeFrame ChatProbeFrame(const model::ChatTemplate& chat);
 
 // The repeat probe of a context (ContextProbe::kRepeat, KVzip's reconstruction), in segments
-// of at most `segment_tokens` tokens, each an instruction in `frame` and the next piece of the
-// context, scoring that piece (InvalidArgument when `segment_tokens` leaves no room for a piece): "Repeat the previous context exactly." for the first; "Repeat the part
-// of the previous context exactly, starting with" and the previous piece's last
-// kRepeatProbeAnchor tokens for the others. Each runs alone after the context
+// of at most `segment_tokens` tokens (InvalidArgument when that leaves no room for a piece),
+// each an instruction in `frame` and the next piece of the context, scoring that piece:
+// "Repeat the previous context exactly." for the first; "Repeat the part of the previous
+// context exactly, starting with" and the previous piece's last kRepeatProbeAnchor tokens for
+// the others. Each runs alone after the context
 // (CompressionSession::SetProbe), so the probe adds one segment to the context's KV, not a
 // second context.
 absl::StatusOr<std::vector<cache::ProbeSegment>> RepeatProbeSegments(

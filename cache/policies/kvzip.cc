@@ -104,8 +104,8 @@ std::vector<int32_t> NeediestLayerBudgets(const std::vector<std::vector<float>>&
     candidates[l].assign(prefix, 0.0f);
     for (int32_t g = 0; g < num_kv_heads; ++g) {
       const auto row = scores[l].begin() + int64_t{g} * n;
-      std::partial_sort_copy(row, row + prefix, sorted.begin(), sorted.end(),
-                             std::greater<float>());
+      std::copy(row, row + prefix, sorted.begin());
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
       for (int32_t c = 0; c < prefix; ++c) {
         candidates[l][c] = std::max(candidates[l][c], sorted[c]);
       }
