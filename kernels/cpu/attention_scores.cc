@@ -29,14 +29,24 @@ void Logits(const PagedKvView& kv, const int32_t* block_table, int32_t kv_head, 
   }
 }
 
-// max and ln(sum exp(x - max)) + max of x[0, n), in double for the sum so long rows do not lose
-// the small terms.
-float LogSumExp(const float* x, int32_t n) {
-  const float max_value = *std::max_element(x, x + n);
-  double sum = 0.0;
-  for (int32_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x[j] - max_value));
-  return max_value + static_cast<float>(std::log(sum));
+// Overwrites x[0, n) with exp(x - max) and returns ln(sum exp(x)) (the log-normaliser) and
+// the sum of the exponentials it wrote. One vectorised exp pass (ExpShifted's polynomial, ~1
+// ulp) and a float sum over several accumulators: every term is <= 1 and rows are at most the
+// model's context long, so the sum's relative error stays ~1e-6.
+struct ExpSum {
+  float log_normalizer;
+  float sum;
+};
+ExpSum ExpShiftedInPlace(float* x, int32_t n) {
+  float max_value = x[0];
+  for (int32_t j = 1; j < n; ++j) max_value = std::max(max_value, x[j]);
+  vec::ExpShifted(x, n, max_value);
+  const float sum = vec::Sum(x, n);
+  return {max_value + std::log(sum), sum};
 }
+
+// Query rows whose first scoring pass shares each key block's conversion to float32.
+constexpr int32_t kRowChunk = 8;
 
 }  // namespace
 
@@ -53,10 +63,11 @@ void AttentionProbabilities(const PagedKvView& kv, const ScoreInput& in, float* 
       float* out = probs + item * in.num_slots;
       const float* q = in.q + r * row_floats + int64_t{h} * kv.head_dim;
       Logits(kv, in.block_table, h / group, q, visible, in.scale, out);
-      const float lse = LogSumExp(out, visible);
-      for (int32_t j = 0; j < visible; ++j) out[j] = std::exp(out[j] - lse);
+      const ExpSum e = ExpShiftedInPlace(out, visible);
+      const float inverse_sum = 1.0f / e.sum;
+      for (int32_t j = 0; j < visible; ++j) out[j] *= inverse_sum;
       std::fill(out + visible, out + in.num_slots, 0.0f);
-      if (log_normalizer != nullptr) log_normalizer[item] = lse;
+      if (log_normalizer != nullptr) log_normalizer[item] = e.log_normalizer;
     }
   });
 }
@@ -67,18 +78,41 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
   const int32_t d = kv.head_dim;
   const int64_t row_floats = int64_t{in.num_heads} * d;
 
-  // Pass 1: each (head, row)'s log-normaliser.
+  // Pass 1: each (head, row)'s log-normaliser, rows in chunks that share each key block's
+  // conversion to float32 (a chunk's rows and the query heads of one KV head together).
   std::vector<float> lse(static_cast<size_t>(in.num_heads) * in.num_rows);
-  const int64_t items = int64_t{in.num_heads} * in.num_rows;
-  pool.ParallelFor(items, 1, [&](int64_t begin, int64_t end) {
+  const int32_t row_chunks = (in.num_rows + kRowChunk - 1) / kRowChunk;
+  pool.ParallelFor(int64_t{kv.num_kv_heads} * row_chunks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> logits;
     for (int64_t item = begin; item < end; ++item) {
-      const int32_t h = static_cast<int32_t>(item / in.num_rows);
-      const int32_t r = static_cast<int32_t>(item % in.num_rows);
-      logits.resize(in.visible[r]);
-      Logits(kv, in.block_table, h / group, in.q + r * row_floats + int64_t{h} * d,
-             in.visible[r], in.scale, logits.data());
-      lse[item] = LogSumExp(logits.data(), in.visible[r]);
+      const int32_t g = static_cast<int32_t>(item / row_chunks);
+      const int32_t r0 = static_cast<int32_t>(item % row_chunks) * kRowChunk;
+      const int32_t rows = std::min(kRowChunk, in.num_rows - r0);
+      const int32_t visible = *std::max_element(in.visible + r0, in.visible + r0 + rows);
+      logits.resize(static_cast<size_t>(group) * rows * visible);
+      auto row_logits = [&](int32_t hh, int32_t rr) {
+        return logits.data() + (int64_t{hh} * rows + rr) * visible;
+      };
+      for (int32_t start = 0; start < visible; start += kv.block_size) {
+        const int32_t m = std::min(kv.block_size, visible - start);
+        const float* keys =
+            kv.Rows(kv.Keys(in.block_table[start / kv.block_size], g), m, BlockScratch(kv));
+        for (int32_t hh = 0; hh < group; ++hh) {
+          const int32_t h = g * group + hh;
+          for (int32_t rr = 0; rr < rows; ++rr) {
+            const int32_t limit = std::min(m, in.visible[r0 + rr] - start);
+            if (limit <= 0) continue;
+            ScaledDots(in.q + (r0 + rr) * row_floats + int64_t{h} * d, keys, limit, d, in.scale,
+                       row_logits(hh, rr) + start);
+          }
+        }
+      }
+      for (int32_t hh = 0; hh < group; ++hh) {
+        for (int32_t rr = 0; rr < rows; ++rr) {
+          lse[int64_t{g * group + hh} * in.num_rows + r0 + rr] =
+              ExpShiftedInPlace(row_logits(hh, rr), in.visible[r0 + rr]).log_normalizer;
+        }
+      }
     }
   });
 

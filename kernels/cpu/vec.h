@@ -172,10 +172,15 @@ inline void Transpose8x8(__m256 r[8]) {
 // A fixed pairwise tree (fold halves down to one lane), so a reduction never depends on which
 // kernel or build of the same ISA calls it.
 #if defined(__AVX512F__)
+// GCC 12 reports a false -Wuninitialized inside its own avx512fintrin.h (the __Y of these
+// casts) when ReduceAdd is inlined into some callers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 inline float ReduceAdd(VecF v) {
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   return HorizontalSum(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
+#pragma GCC diagnostic pop
 #elif defined(__AVX2__) && defined(__FMA__)
 inline float ReduceAdd(VecF v) { return HorizontalSum(v); }
 #endif
