@@ -151,12 +151,13 @@ absl::Status CheckCapacity(const GenerationRequest& r, const cache::CompressionS
   if (c == nullptr) {
     const int64_t held = BlocksHeldAlone(config, kv_slots, limits.block_size);
     if (held <= limits.kv_blocks_total) return absl::OkStatus();
+    const bool slides = held < blocks;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "prompt (%d tokens) + max_tokens (%d) needs %d KV blocks (%d layers x %d blocks of %d "
-        "tokens, less what sliding windows give back) but the whole pool has %d, enough for %d "
-        "tokens per sequence",
+        "tokens%s) but the whole pool has %d, enough for %d tokens per sequence",
         prompt_len, r.max_tokens, held, layers, CeilDiv(kv_slots, limits.block_size),
-        limits.block_size, limits.kv_blocks_total, limits.max_tokens_in_pool));
+        limits.block_size, slides ? ", less what sliding windows give back" : "",
+        limits.kv_blocks_total, limits.max_tokens_in_pool));
   }
   // Each layer rounds up to whole blocks, hence the extra block per layer at steady state. A
   // lookahead holds the uncompressed prompt and its first tokens until the plan.
