@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,28 @@ def redraw(json_path: pathlib.Path, png: str) -> int:
     return 0
 
 
+def paired_kl(result: dict, a: str, b: str, budgets) -> str:
+    """Per budget: the mean KL of a and b over the same tasks, on how many tasks b's is lower
+    and higher, and the two-sided sign test's p."""
+    kl = {(r["policy"], float(r["budget"]), r["task"]): statistics.mean(r["kl"]) if r["kl"]
+          else 0.0 for r in result["runs"]}
+    lines = []
+    for budget in budgets:
+        tasks = sorted(t for (p, bu, t) in kl if p == a and bu == budget
+                       and (b, budget, t) in kl)
+        if not tasks:
+            continue
+        ka = [kl[(a, budget, t)] for t in tasks]
+        kb = [kl[(b, budget, t)] for t in tasks]
+        lower = sum(y < x for x, y in zip(ka, kb))
+        higher = sum(y > x for x, y in zip(ka, kb))
+        p = min(1.0, 2 * score.sign_test_p(max(lower, higher), min(lower, higher)))
+        lines.append(f"budget {budget:g}: {a} KL {statistics.mean(ka):.3f}, {b} "
+                     f"{statistics.mean(kb):.3f}; {b} lower on {lower}, higher on {higher} of "
+                     f"{len(tasks)} tasks (sign test p = {p:.3f})")
+    return "\n".join(lines)
+
+
 def title(model: str, num_tasks: int, lengths) -> str:
     return (f"winnow KV compression, {pathlib.Path(model).name}: {num_tasks} long-context tasks "
             f"(~{sum(lengths) // len(lengths)} tokens), CPU")
@@ -159,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=12)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--params", default="", help="POLICY:k=v,k=v;POLICY2:k=v (driver syntax)")
+    ap.add_argument("--pairs", default="",
+                    help="A,B;C,D: per budget, B's KL against A's task by task (sign test)")
     ap.add_argument("--json-out", default=str(REPO / "bench" / "results" / "quality.json"))
     ap.add_argument("--png", default="", help="write the plot here (needs matplotlib)")
     ap.add_argument("--from-json", default="",
@@ -187,6 +212,8 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v:.2f}" for k, v in agg["full_accuracy_by_kind"].items()))
     print(f"wall {wall:.0f} s; policies not run: {', '.join(missing) or 'none'}\n")
     print(md)
+    for pair in filter(None, args.pairs.split(";")):
+        print(paired_kl(result, *pair.split(","), budgets))
     for e in result.get("errors", [])[:20]:
         print(f"error: {e['policy']} on {e['task']}: {e['error']}", file=sys.stderr)
 

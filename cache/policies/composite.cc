@@ -378,6 +378,10 @@ class CompositePolicy : public CompressionPolicy {
                                static_cast<size_t>(first) * candidates),
                            layers, candidates, candidate_budget_, 0, 0.0)
             .counts;
+      case Allocation::kNeediest:
+        targets = NeediestHeadShares(NormalisedHeadCandidates(first), dims().num_kv_heads,
+                                     candidate_budget_);
+        break;
       case Allocation::kPyramid: {
         const int32_t forced = forced_count();
         const std::vector<int32_t> with_forced = PyramidBudgets(
@@ -401,6 +405,27 @@ class CompositePolicy : public CompressionPolicy {
         break;
     }
     return RoundBudgets(targets, candidate_budget_, 0, candidates);
+  }
+
+  // Layers [first, L)'s candidate scores per KV head, each head's normalised to sum 1 (its
+  // share of its own importance, comparable across heads and layers as `global`'s layer shares
+  // are): [layer] kv_heads x candidates.
+  std::vector<std::vector<float>> NormalisedHeadCandidates(int32_t first) const {
+    const int32_t n = layout().num_tokens;
+    const int32_t heads = dims().num_kv_heads;
+    std::vector<std::vector<float>> out;
+    for (int32_t l = first; l < dims().num_layers; ++l) {
+      std::vector<float>& layer = out.emplace_back();
+      for (int32_t g = 0; g < heads; ++g) {
+        std::vector<float> head(candidates_.size());
+        for (size_t i = 0; i < candidates_.size(); ++i) {
+          head[i] = scores_[l][int64_t{g} * n + candidates_[i]];
+        }
+        NormalizeSum(head);
+        layer.insert(layer.end(), head.begin(), head.end());
+      }
+    }
+    return out;
   }
 
   std::string name_;
@@ -429,7 +454,8 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   WINNOW_RETURN_IF_ERROR(config.ReadChoice<Allocation>(
       "allocation", &o.allocation,
       {{"uniform", Allocation::kUniform}, {"pyramid", Allocation::kPyramid},
-       {"global", Allocation::kGlobal}, {"sparsity", Allocation::kSparsity},
+       {"global", Allocation::kGlobal}, {"neediest", Allocation::kNeediest},
+       {"sparsity", Allocation::kSparsity},
        {"strength_skew", Allocation::kStrengthSkew}}));
   WINNOW_RETURN_IF_ERROR(config.ReadChoice<Scorer>(
       "scorer", &o.scorer,

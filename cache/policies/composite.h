@@ -8,6 +8,9 @@
 //     pyramid        linear from the first layer down (PyramidKV, beta);
 //     global         XKV's global top-N over every layer's normalised scores: a layer gets the
 //                    tokens whose share of its own importance beats the other layers';
+//     neediest       AdaKV's head-adaptive budget as the paged cache allows it: each KV head's
+//                    scores normalised to sum 1, a layer's c-th slot worth its heads' largest
+//                    c-th best, one ranking over every layer (NeediestHeadShares);
 //     sparsity       VL-Cache's density 1 - sparsity (threshold p x row max), water-filled so the
 //                    whole budget is spent (the paper's clip loses what is above a full layer);
 //     strength_skew  AirCache's Eq. 11 on this scorer's scores: half the mass the window puts on
@@ -50,7 +53,7 @@
 namespace winnow::cache::policies {
 
 struct CompositeOptions {
-  enum class Allocation { kUniform, kPyramid, kGlobal, kSparsity, kStrengthSkew };
+  enum class Allocation { kUniform, kPyramid, kGlobal, kNeediest, kSparsity, kStrengthSkew };
   enum class Scorer { kWindow, kAccumulated, kHybrid };
 
   Allocation allocation = Allocation::kGlobal;

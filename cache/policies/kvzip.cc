@@ -37,39 +37,6 @@ absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
   return options;
 }
 
-// Per-layer targets from one ranking of candidate scores: `candidates[l]` are layer l's scores
-// outside the forced window, the best `picks` of all of them are kept, and a layer's target is
-// `window` plus its kept candidates divided by `per_slot` (how many candidates one slot of the
-// layer stands for). Candidates strictly above the k-th best count in full; the ties at it share
-// what is left in proportion, so the layers' shares sum to exactly `picks`.
-std::vector<double> RankedTargets(const std::vector<std::vector<float>>& candidates,
-                                  int64_t picks, double per_slot, int32_t window) {
-  const int32_t layers = static_cast<int32_t>(candidates.size());
-  std::vector<double> targets(layers, window);
-  std::vector<float> all;
-  for (const std::vector<float>& layer : candidates) {
-    all.insert(all.end(), layer.begin(), layer.end());
-  }
-  if (picks <= 0 || all.empty()) return targets;
-  const int64_t k = std::min<int64_t>(picks, static_cast<int64_t>(all.size()));
-  std::nth_element(all.begin(), all.begin() + (k - 1), all.end(), std::greater<float>());
-  const float threshold = all[k - 1];
-  std::vector<int64_t> above(layers, 0), at(layers, 0);
-  int64_t above_total = 0, at_total = 0;
-  for (int32_t l = 0; l < layers; ++l) {
-    for (const float score : candidates[l]) {
-      above[l] += score > threshold;
-      at[l] += score == threshold;
-    }
-    above_total += above[l];
-    at_total += at[l];
-  }
-  const double tie_share =
-      at_total > 0 ? static_cast<double>(k - above_total) / static_cast<double>(at_total) : 0.0;
-  for (int32_t l = 0; l < layers; ++l) targets[l] += (above[l] + tie_share * at[l]) / per_slot;
-  return targets;
-}
-
 // `global`: every (layer, KV head, slot) score outside the window in one ranking, as KVzip ranks
 // pairs; a layer's count is its window plus its heads' kept pairs averaged over the heads (heads
 // of a layer keep the same count in the paged cache). Counts per KV head, summing to at most
@@ -87,33 +54,29 @@ std::vector<int32_t> GlobalLayerBudgets(const std::vector<std::vector<float>>& s
   }
   const int64_t layers = static_cast<int64_t>(scores.size());
   const int64_t picks = std::max<int64_t>(0, total - layers * window) * num_kv_heads;
-  return RoundBudgets(RankedTargets(candidates, picks, num_kv_heads, window), total, window, n);
+  std::vector<double> targets = RankedShares(candidates, picks, num_kv_heads);
+  for (double& t : targets) t += window;
+  return RoundBudgets(targets, total, window, n);
 }
 
-// `neediest`: a layer's c-th slot is worth its heads' largest c-th best score, and one ranking
-// of those decides the counts, so a layer keeps as many slots as its neediest KV head's share
-// (the others fill them with their own next best). What head-adaptive budgets (AdaKV, KVzip's
-// per-head ranking) give one head, in a cache whose heads of a layer hold equal counts.
+// `neediest`: AdaKV's head-adaptive counts (NeediestHeadShares) over the candidates outside
+// the window; the raw maxima are comparable across heads and layers as they are.
 std::vector<int32_t> NeediestLayerBudgets(const std::vector<std::vector<float>>& scores,
                                           int32_t num_kv_heads, int32_t n, int32_t window,
                                           int64_t total) {
   const int32_t prefix = n - window;
-  std::vector<std::vector<float>> candidates(scores.size());
-  std::vector<float> sorted(prefix);
+  std::vector<std::vector<float>> head_scores(scores.size());
   for (size_t l = 0; l < scores.size(); ++l) {
-    candidates[l].assign(prefix, 0.0f);
     for (int32_t g = 0; g < num_kv_heads; ++g) {
       const auto row = scores[l].begin() + int64_t{g} * n;
-      std::copy(row, row + prefix, sorted.begin());
-      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-      for (int32_t c = 0; c < prefix; ++c) {
-        candidates[l][c] = std::max(candidates[l][c], sorted[c]);
-      }
+      head_scores[l].insert(head_scores[l].end(), row, row + prefix);
     }
   }
   const int64_t layers = static_cast<int64_t>(scores.size());
   const int64_t picks = std::max<int64_t>(0, total - layers * window);
-  return RoundBudgets(RankedTargets(candidates, picks, 1.0, window), total, window, n);
+  std::vector<double> targets = NeediestHeadShares(head_scores, num_kv_heads, picks);
+  for (double& t : targets) t += window;
+  return RoundBudgets(targets, total, window, n);
 }
 
 class KvzipPolicy : public CompressionPolicy {

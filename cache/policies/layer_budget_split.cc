@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <string>
 
@@ -138,6 +139,52 @@ std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, 
     --sum;
   }
   return out;
+}
+
+std::vector<double> RankedShares(const std::vector<std::vector<float>>& candidates,
+                                 int64_t picks, double per_slot) {
+  const int32_t layers = static_cast<int32_t>(candidates.size());
+  std::vector<double> targets(layers, 0.0);
+  std::vector<float> all;
+  for (const std::vector<float>& layer : candidates) {
+    all.insert(all.end(), layer.begin(), layer.end());
+  }
+  if (picks <= 0 || all.empty()) return targets;
+  const int64_t k = std::min<int64_t>(picks, static_cast<int64_t>(all.size()));
+  std::nth_element(all.begin(), all.begin() + (k - 1), all.end(), std::greater<float>());
+  const float threshold = all[k - 1];
+  std::vector<int64_t> above(layers, 0), at(layers, 0);
+  int64_t above_total = 0, at_total = 0;
+  for (int32_t l = 0; l < layers; ++l) {
+    for (const float score : candidates[l]) {
+      above[l] += score > threshold;
+      at[l] += score == threshold;
+    }
+    above_total += above[l];
+    at_total += at[l];
+  }
+  const double tie_share =
+      at_total > 0 ? static_cast<double>(k - above_total) / static_cast<double>(at_total) : 0.0;
+  for (int32_t l = 0; l < layers; ++l) targets[l] += (above[l] + tie_share * at[l]) / per_slot;
+  return targets;
+}
+
+std::vector<double> NeediestHeadShares(const std::vector<std::vector<float>>& head_scores,
+                                       int32_t num_heads, int64_t picks) {
+  std::vector<std::vector<float>> candidates(head_scores.size());
+  std::vector<float> sorted;
+  for (size_t l = 0; l < head_scores.size(); ++l) {
+    const int64_t m = static_cast<int64_t>(head_scores[l].size()) / num_heads;
+    candidates[l].assign(m, 0.0f);
+    sorted.resize(m);
+    for (int32_t g = 0; g < num_heads; ++g) {
+      const auto row = head_scores[l].begin() + g * m;
+      std::copy(row, row + m, sorted.begin());
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+      for (int64_t c = 0; c < m; ++c) candidates[l][c] = std::max(candidates[l][c], sorted[c]);
+    }
+  }
+  return RankedShares(candidates, picks, 1.0);
 }
 
 int64_t SplitBudgetPolicy::SteadyStateSlots(int32_t prompt_tokens, int32_t generated) const {

@@ -57,6 +57,22 @@ std::vector<double> WaterFill(std::span<const double> weights, double total, dou
 std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
                                   int32_t hi);
 
+// Per-layer shares of one ranking: `candidates[l]` are layer l's scores, the best `picks` of all
+// of them are kept, and layer l's share is its kept candidates divided by `per_slot` (how many
+// candidates one slot of the layer stands for). Candidates strictly above the picks-th best
+// count in full; the ties at it share what is left in proportion, so the shares sum to exactly
+// picks / per_slot.
+std::vector<double> RankedShares(const std::vector<std::vector<float>>& candidates,
+                                 int64_t picks, double per_slot);
+
+// AdaKV's head-adaptive budget where the heads of a layer hold equal counts (the paged cache):
+// `head_scores[l]` is layer l's num_heads x m candidate scores; a layer's c-th slot is worth
+// the largest c-th best score among its heads, and one ranking of those over every layer
+// decides the counts (RankedShares), so a layer keeps as many slots as its neediest head's
+// share and the other heads fill them with their own next best.
+std::vector<double> NeediestHeadShares(const std::vector<std::vector<float>>& head_scores,
+                                       int32_t num_heads, int64_t picks);
+
 // The skeleton of the policies that rank a split prompt under per-layer budgets (aircache,
 // vl_cache): the observation window, the split, the cap on evictable tokens kept summed over
 // layers, and per layer whether it was observed, its selection scores and its budget. A

@@ -96,3 +96,17 @@ def test_cost_and_kl_measured_with_the_real_binaries(tmp_path):
             "--parts", "kl,cost", "--dir", str(tmp_path), "--write", str(doc)]
     assert table.main(argv) == 0
     assert "| snapkv | 0.5 | – | – | " in doc.read_text()
+
+
+def test_run_pairs_compare_kl_task_by_task():
+    import run as quality_run  # bench/quality/run.py
+
+    def kl_runs(policy, values):
+        return [{"policy": policy, "budget": 0.1, "task": f"t{i}", "kl": [v]}
+                for i, v in enumerate(values)]
+
+    result = {"runs": kl_runs("a", [0.5] * 10) + kl_runs("b", [0.4] * 9 + [0.6])}
+    line = quality_run.paired_kl(result, "a", "b", [0.1, 0.2])
+    # One line: budget 0.2 has no runs. 9 lower, 1 higher: two-sided p = 2 x 11/1024.
+    assert line == ("budget 0.1: a KL 0.500, b 0.420; b lower on 9, higher on 1 of 10 tasks "
+                    "(sign test p = 0.021)")

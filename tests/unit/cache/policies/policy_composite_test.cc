@@ -63,7 +63,8 @@ TEST(CompositePolicy, GlobalPresetIsXkv) {
 
 TEST(CompositePolicy, EveryAllocationKeepsTheBudgetSinksAndWindow) {
   std::mt19937 rng(3);
-  for (const char* allocation : {"uniform", "pyramid", "global", "sparsity", "strength_skew"}) {
+  for (const char* allocation :
+       {"uniform", "pyramid", "global", "neediest", "sparsity", "strength_skew"}) {
     for (int trial = 0; trial < 8; ++trial) {
       const int32_t n = 60 + static_cast<int32_t>(rng() % 100);
       const PolicyContext c = Context(5, 4, 2, n, {});
@@ -124,7 +125,9 @@ TEST(CompositePolicy, MergeGroupsJoinTheNearestKeptScoredToken) {
     for (size_t i = 0; i < kept.size(); ++i) {
       EXPECT_TRUE(Contains(groups[i], kept[i]));
       // Sinks and window entries absorb nothing.
-      if (kept[i] < 2 || kept[i] >= n - 8) EXPECT_EQ(groups[i].size(), 1u) << kept[i];
+      if (kept[i] < 2 || kept[i] >= n - 8) {
+        EXPECT_EQ(groups[i].size(), 1u) << kept[i];
+      }
     }
     EXPECT_TRUE(Contains(kept, 30));
     EXPECT_TRUE(Contains(kept, 60));

@@ -242,6 +242,30 @@ TEST(LayerBudgetSplit, RoundBudgetsNeverExceedsTheCap) {
   }
 }
 
+TEST(LayerBudgetSplit, RankedSharesCountTheBestPicksAndSplitTies) {
+  // Picks 3 of {0.9, 0.5, 0.5 | 0.5, 0.1}: 0.9 is above the 3rd best (0.5), the three 0.5s share
+  // the two picks left.
+  const std::vector<std::vector<float>> candidates = {{0.9f, 0.5f, 0.5f}, {0.5f, 0.1f}};
+  const std::vector<double> shares = RankedShares(candidates, 3, 1.0);
+  EXPECT_NEAR(shares[0], 1.0 + 2.0 * 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(shares[1], 2.0 / 3.0, 1e-12);
+  // Two candidates per slot: half the shares.
+  EXPECT_NEAR(RankedShares(candidates, 3, 2.0)[0], shares[0] / 2, 1e-12);
+  EXPECT_EQ(RankedShares(candidates, 0, 1.0), (std::vector<double>{0.0, 0.0}));
+}
+
+TEST(LayerBudgetSplit, NeediestHeadSharesCountALayerByItsNeediestHead) {
+  // Layer 0: head 0 needs three keys, head 1 none; layer 1: both heads need two. Averaged over
+  // heads layer 0's needs look like 1.5 keys; by its neediest head they are 3, so 5 picks give
+  // layer 0 three slots and layer 1 two.
+  const std::vector<std::vector<float>> heads = {
+      {0.3f, 0.3f, 0.3f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},   // 2 heads x 4 candidates
+      {0.25f, 0.25f, 0.0f, 0.0f, 0.25f, 0.25f, 0.0f, 0.0f}};
+  const std::vector<double> shares = NeediestHeadShares(heads, 2, 5);
+  EXPECT_NEAR(shares[0], 3.0, 1e-12);
+  EXPECT_NEAR(shares[1], 2.0, 1e-12);
+}
+
 TEST(VlCachePolicy, ParamsAreValidated) {
   const PolicyContext c = Context(2, 2, 1, kN, kSpans);
   EXPECT_FALSE(CreatePolicy("vl_cache", PolicyConfig(0.1, {{"p", 2.0}}), c).ok());
