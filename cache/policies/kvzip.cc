@@ -37,46 +37,52 @@ absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
   return options;
 }
 
-// `global`: every (layer, KV head, slot) score outside the window in one ranking, as KVzip ranks
-// pairs; a layer's count is its window plus its heads' kept pairs averaged over the heads (heads
-// of a layer keep the same count in the paged cache). Counts per KV head, summing to at most
-// `total` over the layers.
-std::vector<int32_t> GlobalLayerBudgets(const std::vector<std::vector<float>>& scores,
-                                        int32_t num_kv_heads, int32_t n, int32_t window,
-                                        int64_t total) {
-  const int32_t prefix = n - window;
+// Each layer's KV heads' scores outside the window (the last `window` slots), head after head:
+// [layer] num_kv_heads x (n - window).
+std::vector<std::vector<float>> CandidateScores(const std::vector<std::vector<float>>& scores,
+                                                int32_t num_kv_heads, int32_t n,
+                                                int32_t window) {
   std::vector<std::vector<float>> candidates(scores.size());
   for (size_t l = 0; l < scores.size(); ++l) {
     for (int32_t g = 0; g < num_kv_heads; ++g) {
       const auto row = scores[l].begin() + int64_t{g} * n;
-      candidates[l].insert(candidates[l].end(), row, row + prefix);
+      candidates[l].insert(candidates[l].end(), row, row + (n - window));
     }
   }
-  const int64_t layers = static_cast<int64_t>(scores.size());
-  const int64_t picks = std::max<int64_t>(0, total - layers * window) * num_kv_heads;
-  std::vector<double> targets = RankedShares(candidates, picks, num_kv_heads);
-  for (double& t : targets) t += window;
-  return RoundBudgets(targets, total, window, n);
+  return candidates;
 }
 
-// `neediest`: AdaKV's head-adaptive counts (NeediestHeadShares) over the candidates outside
-// the window; the raw maxima are comparable across heads and layers as they are.
+// Counts per KV head from per-layer shares of the candidates: the window plus the share,
+// rounded, summing to at most `total` over the layers.
+std::vector<int32_t> WithWindow(std::vector<double> shares, int32_t n, int32_t window,
+                                int64_t total) {
+  for (double& s : shares) s += window;
+  return RoundBudgets(shares, total, window, n);
+}
+
+// `global`: every (layer, KV head, slot) score outside the window in one ranking, as KVzip ranks
+// pairs; a layer's share is its heads' kept pairs averaged over the heads (heads of a layer
+// keep the same count in the paged cache).
+std::vector<int32_t> GlobalLayerBudgets(const std::vector<std::vector<float>>& scores,
+                                        int32_t num_kv_heads, int32_t n, int32_t window,
+                                        int64_t total) {
+  const int64_t layers = static_cast<int64_t>(scores.size());
+  const int64_t picks = std::max<int64_t>(0, total - layers * window) * num_kv_heads;
+  return WithWindow(RankedShares(CandidateScores(scores, num_kv_heads, n, window), picks,
+                                 num_kv_heads),
+                    n, window, total);
+}
+
+// `neediest`: AdaKV's head-adaptive counts (NeediestHeadShares) over the candidates; the raw
+// maxima are comparable across heads and layers as they are.
 std::vector<int32_t> NeediestLayerBudgets(const std::vector<std::vector<float>>& scores,
                                           int32_t num_kv_heads, int32_t n, int32_t window,
                                           int64_t total) {
-  const int32_t prefix = n - window;
-  std::vector<std::vector<float>> head_scores(scores.size());
-  for (size_t l = 0; l < scores.size(); ++l) {
-    for (int32_t g = 0; g < num_kv_heads; ++g) {
-      const auto row = scores[l].begin() + int64_t{g} * n;
-      head_scores[l].insert(head_scores[l].end(), row, row + prefix);
-    }
-  }
   const int64_t layers = static_cast<int64_t>(scores.size());
   const int64_t picks = std::max<int64_t>(0, total - layers * window);
-  std::vector<double> targets = NeediestHeadShares(head_scores, num_kv_heads, picks);
-  for (double& t : targets) t += window;
-  return RoundBudgets(targets, total, window, n);
+  return WithWindow(NeediestHeadShares(CandidateScores(scores, num_kv_heads, n, window),
+                                       num_kv_heads, picks),
+                    n, window, total);
 }
 
 class KvzipPolicy : public CompressionPolicy {
