@@ -17,18 +17,6 @@ float* BlockScratch(const PagedKvView& kv) {
   return rows.data();
 }
 
-// scale * q.k_j for j in [0, n) into out, reading keys block by block.
-void Logits(const PagedKvView& kv, const int32_t* block_table, int32_t kv_head, const float* q,
-            int32_t n, float scale, float* out) {
-  const int32_t d = kv.head_dim;
-  float* scratch = BlockScratch(kv);
-  for (int32_t start = 0; start < n; start += kv.block_size) {
-    const int32_t m = std::min(kv.block_size, n - start);
-    const float* keys = kv.Rows(kv.Keys(block_table[start / kv.block_size], kv_head), m, scratch);
-    ScaledDots(q, keys, m, d, scale, out + start);
-  }
-}
-
 // Overwrites x[0, n) with exp(x - max) and returns ln(sum exp(x)) (the log-normaliser) and
 // the sum of the exponentials it wrote. One vectorised exp pass (ExpShifted's polynomial, ~1
 // ulp) and a float sum over several accumulators: every term is <= 1 and rows are at most the
@@ -45,29 +33,63 @@ ExpSum ExpShiftedInPlace(float* x, int32_t n) {
   return {max_value + std::log(sum), sum};
 }
 
-// Query rows whose first scoring pass shares each key block's conversion to float32.
+// Query rows that share each key block's conversion to float32.
 constexpr int32_t kRowChunk = 8;
+
+// Logits of rows [r0, r0 + rows) for the query heads of KV head g: out(hh, rr)[j] =
+// scale * q.k_j for j < visible[r0 + rr], hh the head's index within the group. Each key
+// block is converted to float32 once for every (head, row) of the chunk.
+template <typename RowOut>
+void ChunkLogits(const PagedKvView& kv, const ScoreInput& in, int32_t g, int32_t r0,
+                 int32_t rows, RowOut out) {
+  const int32_t group = in.num_heads / kv.num_kv_heads;
+  const int32_t d = kv.head_dim;
+  const int64_t row_floats = int64_t{in.num_heads} * d;
+  const int32_t visible = *std::max_element(in.visible + r0, in.visible + r0 + rows);
+  for (int32_t start = 0; start < visible; start += kv.block_size) {
+    const int32_t m = std::min(kv.block_size, visible - start);
+    const float* keys =
+        kv.Rows(kv.Keys(in.block_table[start / kv.block_size], g), m, BlockScratch(kv));
+    for (int32_t hh = 0; hh < group; ++hh) {
+      const int32_t h = g * group + hh;
+      for (int32_t rr = 0; rr < rows; ++rr) {
+        const int32_t limit = std::min(m, in.visible[r0 + rr] - start);
+        if (limit <= 0) continue;
+        ScaledDots(in.q + (r0 + rr) * row_floats + int64_t{h} * d, keys, limit, d, in.scale,
+                   out(hh, rr) + start);
+      }
+    }
+  }
+}
 
 }  // namespace
 
 void AttentionProbabilities(const PagedKvView& kv, const ScoreInput& in, float* probs,
                             float* log_normalizer, ThreadPool& pool) {
   const int32_t group = in.num_heads / kv.num_kv_heads;
-  const int64_t row_floats = int64_t{in.num_heads} * kv.head_dim;
-  const int64_t items = int64_t{in.num_heads} * in.num_rows;
-  pool.ParallelFor(items, 1, [&](int64_t begin, int64_t end) {
+  const int32_t row_chunks = (in.num_rows + kRowChunk - 1) / kRowChunk;
+  pool.ParallelFor(int64_t{kv.num_kv_heads} * row_chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int32_t h = static_cast<int32_t>(item / in.num_rows);
-      const int32_t r = static_cast<int32_t>(item % in.num_rows);
-      const int32_t visible = in.visible[r];
-      float* out = probs + item * in.num_slots;
-      const float* q = in.q + r * row_floats + int64_t{h} * kv.head_dim;
-      Logits(kv, in.block_table, h / group, q, visible, in.scale, out);
-      const ExpSum e = ExpShiftedInPlace(out, visible);
-      const float inverse_sum = 1.0f / e.sum;
-      for (int32_t j = 0; j < visible; ++j) out[j] *= inverse_sum;
-      std::fill(out + visible, out + in.num_slots, 0.0f);
-      if (log_normalizer != nullptr) log_normalizer[item] = e.log_normalizer;
+      const int32_t g = static_cast<int32_t>(item / row_chunks);
+      const int32_t r0 = static_cast<int32_t>(item % row_chunks) * kRowChunk;
+      const int32_t rows = std::min(kRowChunk, in.num_rows - r0);
+      auto row_probs = [&](int32_t hh, int32_t rr) {
+        return probs + (int64_t{g * group + hh} * in.num_rows + r0 + rr) * in.num_slots;
+      };
+      ChunkLogits(kv, in, g, r0, rows, row_probs);
+      for (int32_t hh = 0; hh < group; ++hh) {
+        for (int32_t rr = 0; rr < rows; ++rr) {
+          const int32_t visible = in.visible[r0 + rr];
+          float* out = row_probs(hh, rr);
+          const ExpSum e = ExpShiftedInPlace(out, visible);
+          const float inverse_sum = 1.0f / e.sum;
+          for (int32_t j = 0; j < visible; ++j) out[j] *= inverse_sum;
+          std::fill(out + visible, out + in.num_slots, 0.0f);
+          if (log_normalizer != nullptr) {
+            log_normalizer[int64_t{g * group + hh} * in.num_rows + r0 + rr] = e.log_normalizer;
+          }
+        }
+      }
     }
   });
 }
@@ -78,8 +100,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
   const int32_t d = kv.head_dim;
   const int64_t row_floats = int64_t{in.num_heads} * d;
 
-  // Pass 1: each (head, row)'s log-normaliser, rows in chunks that share each key block's
-  // conversion to float32 (a chunk's rows and the query heads of one KV head together).
+  // Pass 1: each (head, row)'s log-normaliser, rows in chunks (ChunkLogits).
   std::vector<float> lse(static_cast<size_t>(in.num_heads) * in.num_rows);
   const int32_t row_chunks = (in.num_rows + kRowChunk - 1) / kRowChunk;
   pool.ParallelFor(int64_t{kv.num_kv_heads} * row_chunks, 1, [&](int64_t begin, int64_t end) {
@@ -93,20 +114,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
       auto row_logits = [&](int32_t hh, int32_t rr) {
         return logits.data() + (int64_t{hh} * rows + rr) * visible;
       };
-      for (int32_t start = 0; start < visible; start += kv.block_size) {
-        const int32_t m = std::min(kv.block_size, visible - start);
-        const float* keys =
-            kv.Rows(kv.Keys(in.block_table[start / kv.block_size], g), m, BlockScratch(kv));
-        for (int32_t hh = 0; hh < group; ++hh) {
-          const int32_t h = g * group + hh;
-          for (int32_t rr = 0; rr < rows; ++rr) {
-            const int32_t limit = std::min(m, in.visible[r0 + rr] - start);
-            if (limit <= 0) continue;
-            ScaledDots(in.q + (r0 + rr) * row_floats + int64_t{h} * d, keys, limit, d, in.scale,
-                       row_logits(hh, rr) + start);
-          }
-        }
-      }
+      ChunkLogits(kv, in, g, r0, rows, row_logits);
       for (int32_t hh = 0; hh < group; ++hh) {
         for (int32_t rr = 0; rr < rows; ++rr) {
           lse[int64_t{g * group + hh} * in.num_rows + r0 + rr] =

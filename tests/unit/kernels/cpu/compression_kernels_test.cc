@@ -75,10 +75,10 @@ struct Fixture {
 };
 
 TEST(AttentionScoresTest, ProbabilitiesMatchDenseReferenceWithCausalLimits) {
-  const int32_t rows = 5;
+  const int32_t rows = 11;  // more than one chunk of rows, the last one partial
   Fixture f(rows);
   ThreadPool threads(2);
-  std::vector<int32_t> visible = {19, 20, 21, 22, 23};
+  std::vector<int32_t> visible = {13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
   ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), rows, visible.data(), kHeads,
                 1.0f / std::sqrt(float{kDim})};
   std::vector<float> probs(kHeads * rows * kSlots, -1.0f);
@@ -107,9 +107,9 @@ TEST(AttentionScoresTest, ProbabilitiesMatchDenseReferenceWithCausalLimits) {
 }
 
 TEST(AttentionScoresTest, ColumnSumsEqualSummedProbabilitiesAndIgnoreThreadCount) {
-  const int32_t rows = 6;
+  const int32_t rows = 10;  // more than one chunk of rows
   Fixture f(rows);
-  std::vector<int32_t> visible = {3, 8, 12, 17, 22, 23};
+  std::vector<int32_t> visible = {3, 8, 12, 17, 22, 23, 1, 9, 20, 23};
   ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), rows, visible.data(), kHeads,
                 1.0f / std::sqrt(float{kDim})};
   std::vector<float> one(kHeads * kSlots, 0.0f), four(kHeads * kSlots, 0.0f);
