@@ -26,6 +26,12 @@ Modes: `aware`: the document and the question in one user message, the whole pro
 "context"), the question in a second message computed after the plan. The full cache runs in
 each mode's layout, so each mode compares with its own reference.
 
+Formats: `chat` (the default, above) needs an instruct model with a chat template. A base model
+(Gemma 3 270M) is asked as a completion, `--format completion`: the document, then
+"Question: ...", then "Answer:"; the reply is scored up to the next "Question:" the model
+writes, and `agnostic` compresses the document's tokens alone (`context_tokens`) before the
+question is computed.
+
 Each (task, length, mode, policy, budget) cell answers the same samples (seeded per task and
 length), so the comparison with the full cache is paired: the "kept" column averages accuracy
 over the kept tasks, and its ratio to the full cache's average gets a paired bootstrap interval
@@ -144,19 +150,59 @@ def chat_for(sample: dict, mode: str) -> list[tuple[str, str]]:
     return [("user", sample["document"] + "\n\n" + sample["question"])]
 
 
+def completion_for(sample: dict) -> str:
+    """A base model's prompt: the document, the question, and where the answer goes."""
+    return sample["document"] + "\n\nQuestion: " + sample["question"] + "\nAnswer:"
+
+
+def completion_answer(reply: str) -> str:
+    """A base model's answer: its reply up to the next question it goes on to write."""
+    return reply.split("Question:")[0]
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def completion_compression(client, sample: dict, compression: dict | None,
+                           mode: str) -> dict | None:
+    """compression_for's scope "context" for a completion: the tokens the prompt shares with
+    the document alone (agnostic) or with the document and its question (a probe, aware)."""
+    if compression is None or compression.get("scope") != "context":
+        return compression
+    context = sample["document"]
+    if mode == "aware":
+        context += "\n\nQuestion: " + sample["question"]
+    prompt = client.tokenize(completion_for(sample))
+    tokens = shared_prefix(client.tokenize(context), prompt)
+    compression = dict(compression, context_tokens=tokens)
+    del compression["context_messages"]
+    return compression
+
+
 def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
-             parallel: int) -> list[dict]:
+             parallel: int, form: str = "chat") -> list[dict]:
     compression = compression_for(policy, budget, mode)
 
     def ask(sample: dict) -> dict:
-        text, _, final = client.generate_text(chat=chat_for(sample, mode),
-                                              max_tokens=MAX_TOKENS.get(sample["task"], 24),
-                                              compression=compression)
+        max_tokens = MAX_TOKENS.get(sample["task"], 24)
+        if form == "completion":
+            text, _, final = client.generate_text(
+                completion_for(sample), max_tokens=max_tokens,
+                compression=completion_compression(client, sample, compression, mode))
+            answer = completion_answer(text)
+        else:
+            text, _, final = client.generate_text(chat=chat_for(sample, mode),
+                                                  max_tokens=max_tokens, compression=compression)
+            answer = text
         usage = final.usage
         return {"reply": text, "prompt_tokens": usage.prompt_tokens,
                 "kv_kept": sum(usage.kv_tokens_kept_per_layer),
                 "kv_evicted": usage.kv_tokens_evicted,
-                "depths": sample["depths"], "correct": is_correct(sample, text)}
+                "depths": sample["depths"], "correct": is_correct(sample, answer)}
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         return list(pool.map(ask, samples))
@@ -313,7 +359,8 @@ def fill_cells(cells: dict, todo: list[tuple], samples: int, setting: dict, bina
                 while len(cells.setdefault(key, [])) < samples:
                     have = len(cells[key])
                     cells[key] += run_cell(daemon.client, wanted[have:have + 4 * parallel],
-                                           policy, budget, mode, parallel)
+                                           policy, budget, mode, parallel,
+                                           setting.get("format", "chat"))
                     if path:
                         path.write_text(json.dumps({"setting": setting, "cells": cells}, indent=1))
                 print(f"ruler: {key} {sum(r['correct'] for r in cells[key])}/{len(cells[key])} "
@@ -336,6 +383,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-args", default="", help="extra `winnow serve` flags")
+    ap.add_argument("--format", choices=("chat", "completion"), default="chat",
+                    help="chat messages (instruct models) or a completion (base models)")
     ap.add_argument("--json", type=pathlib.Path, help="cells saved here; cells in it are reused")
     ap.add_argument("--by-depth", action="store_true",
                     help="also each cell's accuracy by the stated value's depth")
@@ -352,6 +401,8 @@ def main(argv=None) -> int:
     # is the start of a longer one: it is extended, never recomputed.
     setting = {"seed": args.seed, "model": pathlib.Path(args.model).name,
                "serve_args": args.serve_args}
+    if args.format != "chat":  # chat's cells were saved before there was a choice
+        setting["format"] = args.format
     cells = load_cells(args.json, setting)
     started = time.monotonic()
     todo = [(t, n, m, p, b) for n in lengths for t in tasks for m in modes for p, b in entries]

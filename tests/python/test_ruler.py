@@ -4,6 +4,7 @@ against a live daemon in both modes (every cell answers every sample, saved cell
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import random
 import re
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 
+from conftest import ROOT
 from daemon_harness import binary_path, model_path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "quality"))
@@ -59,6 +61,15 @@ def test_a_sample_is_correct_only_with_every_value():
     names = {"answers": ["QWERT", "ASDFG"], "match": "word"}
     assert ruler.is_correct(names, "qwert and ASDFG")
     assert not ruler.is_correct(names, "QWERTY and ASDFG")
+
+
+def test_a_completion_is_scored_up_to_the_next_question_the_model_writes():
+    sample = {"answers": ["1360217"], "match": "number"}
+    reply = " 1360.\n\nQuestion: What is the code?\nAnswer: 1360217"
+    assert ruler.completion_answer(reply) == " 1360.\n\n"
+    assert not ruler.is_correct(sample, ruler.completion_answer(reply))
+    assert ruler.is_correct(sample, ruler.completion_answer("\n\nThe code is 1360217.\n"))
+    assert ruler.shared_prefix([1, 2, 3, 4], [1, 2, 5]) == 2
 
 
 def test_the_paired_interval():
@@ -117,3 +128,28 @@ def test_smoke_run_through_the_daemon_in_both_modes(tmp_path):
     assert ruler.main(argv) == 0
     with pytest.raises(SystemExit, match="holds cells of"):
         ruler.main(argv[:-4] + ["--seed", "3", "--json", str(out)])
+
+
+def test_a_base_model_is_asked_as_a_completion_and_its_document_compressed_alone(tmp_path):
+    """Gemma 3 270M (a base model): the full cache finds the code; agnostic compression keeps a
+    part of the document's tokens only (the question's are computed after the plan)."""
+    gemma = (pathlib.Path(os.environ.get("WINNOW_MODEL_DIR", ROOT / "models"))
+             / "gemma-3-270m-q4_k_m.gguf")
+    if not binary_path().exists() or not gemma.exists():
+        pytest.fail(f"need {binary_path()} and {gemma} (make build gemma3-model)")
+    out = tmp_path / "ruler.json"
+    argv = ["--bin", str(binary_path()), "--model", str(gemma), "--format", "completion",
+            "--tasks", "number", "--lengths", "500", "--samples", "2", "--policies",
+            "none,snapkv", "--budgets", "0.5", "--modes", "agnostic", "--parallel", "2",
+            "--seed", "1", "--json", str(out)]
+    assert ruler.main(argv) == 0
+    saved = json.loads(out.read_text())
+    assert saved["setting"]["format"] == "completion"
+    full, compressed = (saved["cells"][f"number|500|agnostic|{p}"] for p in ("none|-", "snapkv|0.5"))
+    assert all(r["correct"] for r in full)
+    for r in compressed:
+        # Half of the document's slots per layer (Gemma 3 270M has 18); the whole prompt's half
+        # would be prompt_tokens / 2, the question's dozen tokens more.
+        per_layer = r["kv_kept"] / 18
+        assert r["kv_evicted"] > 0 and 0.4 * r["prompt_tokens"] < per_layer, r
+        assert per_layer < 0.5 * r["prompt_tokens"] - 4, r
