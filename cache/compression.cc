@@ -558,6 +558,10 @@ absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& 
       }
     }
   }
+  // A policy that acts while decoding keeps its own per-slot state: its plan stands.
+  if (!EvictsDuringDecode() && selector() == nullptr) {
+    policies::KeepSlidingWindows(*planned, dims_, [&](int32_t l) { return kv.num_slots(l); });
+  }
   return ApplyPlan(*planned, kv, pool, /*data_moved=*/false);
 }
 

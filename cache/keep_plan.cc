@@ -1,5 +1,6 @@
 #include "cache/keep_plan.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,42 @@ absl::Status KeepPlan::Validate(const ModelDims& dims,
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The `count` slots a sliding layer keeps of `picks` (ascending, what a policy chose among n):
+// the picks inside the last `read` slots, then the newest slots of those not picked, ascending.
+std::vector<int32_t> InsideWindow(const std::vector<int32_t>& picks, int32_t n, int32_t read,
+                                  int32_t count) {
+  std::vector<bool> keep(read, false);
+  int32_t kept = 0;
+  for (int32_t slot : picks) {
+    if (slot >= n - read && kept < count) keep[slot - (n - read)] = true, ++kept;
+  }
+  for (int32_t i = read - 1; i >= 0 && kept < count; --i) {
+    if (!keep[i]) keep[i] = true, ++kept;
+  }
+  std::vector<int32_t> slots;
+  for (int32_t i = 0; i < read; ++i) {
+    if (keep[i]) slots.push_back(n - read + i);
+  }
+  return slots;
+}
+
+}  // namespace
+
+void KeepSlidingWindows(KeepPlan& plan, const ModelDims& dims,
+                        const std::function<int32_t(int32_t)>& num_slots) {
+  for (int32_t l = 0; l < static_cast<int32_t>(plan.layers.size()); ++l) {
+    LayerKeep& keep = plan.layers[l];
+    const int32_t n = num_slots(l);
+    const int32_t read = std::min(n, dims.WindowOf(l) - 1);  // past slots the next token sees
+    if (read <= 0 || keep.untouched()) continue;
+    const int32_t count = std::min(keep.kept(), read);
+    for (std::vector<int32_t>& slots : keep.heads) slots = InsideWindow(slots, n, read, count);
+    keep.merge.clear();
+  }
 }
 
 }  // namespace winnow::cache::policies

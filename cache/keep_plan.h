@@ -22,8 +22,11 @@ struct ModelDims {
   int32_t head_dim = 0;
   int32_t block_size = 0;    // slots per KV block
   float attention_scale = 0.0f;  // the model's softmax scale; 0: 1 / sqrt(head_dim)
+  // [layer] the sliding window in slots (0: full attention); empty when no layer slides.
+  std::vector<int32_t> windows;
 
   int32_t group_size() const { return num_heads / num_kv_heads; }
+  int32_t WindowOf(int32_t layer) const { return windows.empty() ? 0 : windows[layer]; }
   float AttentionScale() const {
     return attention_scale > 0.0f ? attention_scale
                                   : 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -53,5 +56,15 @@ struct KeepPlan {
   absl::Status Validate(const ModelDims& dims,
                         const std::function<int32_t(int32_t)>& num_slots) const;
 };
+
+// Confines every sliding-window layer of a plan to what its next token reads, the layer's last
+// window - 1 slots: a plan that keeps at least that many keeps exactly those (the layer then
+// attends as the full cache does); one that keeps fewer keeps as many, its picks inside the
+// window first, then the newest. Merges on such layers are dropped. Older slots would be cut
+// from the layer anyway (the blocks behind a window are given back), and while they stay they
+// show the layer distances its training never did: Gemma 3 270M's replies turn to noise.
+// num_slots(layer): the layer's slots before the plan.
+void KeepSlidingWindows(KeepPlan& plan, const ModelDims& dims,
+                        const std::function<int32_t(int32_t)>& num_slots);
 
 }  // namespace winnow::cache::policies

@@ -152,5 +152,31 @@ TEST(CompactionTest, RefusesALayerThatDroppedBlocksBehindItsWindow) {
   kv.Release(*pool);
 }
 
+TEST(CompactionTest, SlidingLayersKeepOnlyWhatTheirNextTokenReads) {
+  policies::ModelDims dims{kLayers, kKvHeads, kKvHeads, kDim, kBlock};
+  dims.windows = {0, 5, 9};  // layer 0 global; the next token reads 4 and 8 past slots
+  KeepPlan plan;
+  plan.layers.resize(kLayers);
+  plan.layers[0] = LayerKeep{{{0, 3, 5, 7, 11}, {1, 2, 6, 9, 10}}, {}};
+  plan.layers[1] = LayerKeep{{{0, 3, 5, 7, 11}, {1, 2, 6, 9, 10}},
+                             {{{0}, {1, 2, 3}, {4, 5}, {7}, {11}}, {}}};
+  plan.layers[2] = LayerKeep{{{0, 3, 5, 7, 11}, {1, 2, 6, 9, 10}}, {}};
+  const KeepPlan before = plan;
+  KeepSlidingWindows(plan, dims, [](int32_t) { return 12; });
+  EXPECT_EQ(plan.layers[0].heads, before.layers[0].heads);  // full attention: the policy's
+  // Five kept >= the four its next token reads: the last four slots, the merges gone.
+  EXPECT_EQ(plan.layers[1].heads, (std::vector<std::vector<int32_t>>{{8, 9, 10, 11},
+                                                                     {8, 9, 10, 11}}));
+  EXPECT_TRUE(plan.layers[1].merge.empty());
+  // Five < eight: five of slots 4..11, the picks inside them first, then the newest.
+  EXPECT_EQ(plan.layers[2].heads, (std::vector<std::vector<int32_t>>{{5, 7, 9, 10, 11},
+                                                                     {6, 8, 9, 10, 11}}));
+  EXPECT_TRUE(plan.Validate(dims, [](int32_t) { return 12; }).ok());
+  KeepPlan untouched;
+  untouched.layers.resize(kLayers);
+  KeepSlidingWindows(untouched, dims, [](int32_t) { return 12; });
+  EXPECT_TRUE(untouched.empty());
+}
+
 }  // namespace
 }  // namespace winnow::cache
