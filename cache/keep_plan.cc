@@ -82,17 +82,22 @@ namespace {
 // the picks inside the last `read` slots, then the newest slots of those not picked, ascending.
 std::vector<int32_t> InsideWindow(const std::vector<int32_t>& picks, int32_t n, int32_t read,
                                   int32_t count) {
+  const int32_t first = n - read;
   std::vector<bool> keep(read, false);
   int32_t kept = 0;
   for (int32_t slot : picks) {
-    if (slot >= n - read && kept < count) keep[slot - (n - read)] = true, ++kept;
+    if (slot < first || kept == count) continue;
+    keep[slot - first] = true;
+    ++kept;
   }
   for (int32_t i = read - 1; i >= 0 && kept < count; --i) {
-    if (!keep[i]) keep[i] = true, ++kept;
+    if (keep[i]) continue;
+    keep[i] = true;
+    ++kept;
   }
   std::vector<int32_t> slots;
   for (int32_t i = 0; i < read; ++i) {
-    if (keep[i]) slots.push_back(n - read + i);
+    if (keep[i]) slots.push_back(first + i);
   }
   return slots;
 }

@@ -104,8 +104,8 @@ cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) c
 
 cache::policies::ModelDims Model::PolicyDims(int32_t block_size) const {
   const ModelConfig& c = config_;
-  cache::policies::ModelDims dims{c.num_layers,  c.num_heads, c.num_kv_heads,
-                                  c.head_dim,    block_size,  c.AttentionScale()};
+  cache::policies::ModelDims dims{c.num_layers, c.num_heads,  c.num_kv_heads,
+                                  c.head_dim,   block_size, c.AttentionScale()};
   if (!c.sliding_layers.empty()) {
     for (int32_t l = 0; l < c.num_layers; ++l) dims.windows.push_back(c.WindowOf(l));
   }
