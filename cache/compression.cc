@@ -558,10 +558,7 @@ absl::StatusOr<CompactionStats> CompressionSession::ApplyPromptPlan(SequenceKv& 
       }
     }
   }
-  // A policy that acts while decoding keeps its own per-slot state: its plan stands.
-  if (!EvictsDuringDecode() && selector() == nullptr) {
-    policies::KeepSlidingWindows(*planned, dims_, [&](int32_t l) { return kv.num_slots(l); });
-  }
+  policies::KeepSlidingWindows(*planned, dims_, [&](int32_t l) { return kv.num_slots(l); });
   return ApplyPlan(*planned, kv, pool, /*data_moved=*/false);
 }
 
@@ -651,7 +648,7 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
     planned = policy_->OnDecodeStep(step);
   }
   WINNOW_RETURN_IF_ERROR(planned.status());
-  const policies::KeepPlan& plan = *planned;
+  policies::KeepPlan& plan = *planned;
   if (lookahead_left_ > 0) {
     if (!plan.empty()) {
       return absl::InternalError(
@@ -661,6 +658,7 @@ absl::StatusOr<CompactionStats> CompressionSession::AfterDecodeStep(int32_t posi
     return ApplyPromptPlan(kv, pool);
   }
   if (plan.empty()) return CompactionStats{};
+  policies::KeepSlidingWindows(plan, dims_, [&](int32_t l) { return kv.num_slots(l); });
   absl::StatusOr<CompactionStats> applied;
   {
     PhaseClock clock(stats_.time.compaction);

@@ -104,16 +104,21 @@ std::vector<int32_t> InsideWindow(const std::vector<int32_t>& picks, int32_t n, 
 
 }  // namespace
 
+void KeepSlidingWindow(LayerKeep& keep, int32_t num_slots, int32_t window) {
+  const int32_t read = window - 1;  // past slots the next token sees
+  // Without a window, or when the next token sees every slot, the plan stands (merges too).
+  if (read <= 0 || num_slots <= read || keep.untouched()) return;
+  const int32_t count = std::min(keep.kept(), read);
+  for (std::vector<int32_t>& slots : keep.heads) {
+    slots = InsideWindow(slots, num_slots, read, count);
+  }
+  keep.merge.clear();
+}
+
 void KeepSlidingWindows(KeepPlan& plan, const ModelDims& dims,
                         const std::function<int32_t(int32_t)>& num_slots) {
   for (int32_t l = 0; l < static_cast<int32_t>(plan.layers.size()); ++l) {
-    LayerKeep& keep = plan.layers[l];
-    const int32_t n = num_slots(l);
-    const int32_t read = std::min(n, dims.WindowOf(l) - 1);  // past slots the next token sees
-    if (read <= 0 || keep.untouched()) continue;
-    const int32_t count = std::min(keep.kept(), read);
-    for (std::vector<int32_t>& slots : keep.heads) slots = InsideWindow(slots, n, read, count);
-    keep.merge.clear();
+    KeepSlidingWindow(plan.layers[l], num_slots(l), dims.WindowOf(l));
   }
 }
 

@@ -63,8 +63,12 @@ struct KeepPlan {
 // window first, then the newest. Merges on such layers are dropped. Older slots would be cut
 // from the layer anyway (the blocks behind a window are given back), and while they stay they
 // show the layer distances its training never did: Gemma 3 270M's replies turn to noise.
-// num_slots(layer): the layer's slots before the plan.
+// num_slots(layer): the layer's slots before the plan. Applied by the compression session to
+// every plan, at prefill and while decoding; a policy that keeps per-slot state (h2o) applies
+// KeepSlidingWindow itself before updating it, so the session's pass changes nothing.
 void KeepSlidingWindows(KeepPlan& plan, const ModelDims& dims,
                         const std::function<int32_t(int32_t)>& num_slots);
+// The same for one layer of num_slots slots whose window is `window` (0: full attention).
+void KeepSlidingWindow(LayerKeep& keep, int32_t num_slots, int32_t window);
 
 }  // namespace winnow::cache::policies

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/status_macros.h"
+#include "cache/keep_plan.h"
 #include "cache/policies/decode_cap.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -103,6 +104,8 @@ class H2oPolicy : public CompressionPolicy {
       const int32_t sinks = std::min(sinks_, keep - recent);
       const std::vector<int32_t> forced = SinksAndWindow(n, sinks, recent);
       plan.layers[l] = PerHeadTopK(scores_[l], num_kv, n, forced, keep);
+      // The session confines sliding layers to their window; the scores must follow the plan.
+      KeepSlidingWindow(plan.layers[l], n, dims().WindowOf(l));
       scores_[l] = ApplyLayerKeepToSlotValues(plan.layers[l], scores_[l], num_kv, n);
       changed = true;
     }

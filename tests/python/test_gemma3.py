@@ -214,7 +214,8 @@ def test_compressed_sliding_layers_keep_only_their_window(daemon):
     """A plan keeps, on a sliding layer, only what the layer's next token reads: snapkv at 0.9
     of 1,000 tokens keeps 900 slots on the global layers and exactly the last 511 on the
     sliding ones, whose blocks behind the window then go back as an uncompressed request's
-    do; a policy that evicts while decoding (h2o) keeps its own plan and every block."""
+    do; a policy that evicts while decoding (h2o) keeps its window too, but every block, since
+    it scores every slot while it decodes."""
     tokens, final = generate(daemon.client, prompt_ids(1000), 8, "snapkv", budget=0.9)
     assert len(tokens) == 8
     kept = list(final.usage.kv_tokens_kept_per_layer)
@@ -227,6 +228,7 @@ def test_compressed_sliding_layers_keep_only_their_window(daemon):
 
     _, whole = generate(daemon.client, prompt_ids(1000), 8, "h2o", budget=0.9)
     held = list(whole.usage.kv_tokens_kept_per_layer)
+    assert all(held[l] == WINDOW - 1 for l in range(18) if l not in full_layers), held
     assert whole.usage.kv_blocks_final >= sum(-(-k // 16) for k in held)
 
 
@@ -247,6 +249,26 @@ def test_a_compressed_needle_is_answered_when_sliding_layers_keep_to_their_windo
         assert ruler.is_correct(sample, ruler.completion_answer(text)), text
         kept = list(final.usage.kv_tokens_kept_per_layer)
         assert all(kept[l] <= WINDOW - 1 for l in range(18) if l % 6 != 5), kept
+
+
+def test_policies_that_evict_while_decoding_keep_sliding_layers_to_their_window(daemon):
+    """h2o and elastic_cache evict while decoding, from state of their own; their plans are
+    confined to the window too (h2o's scores follow), at prefill and at every decode eviction.
+    With their picks from the whole prompt on the sliding layers, h2o's reply to a code its
+    recent half keeps was noise ("2.\n\n2.\n\n1.commer"); now it is the code."""
+    sys.path.insert(0, str(ROOT / "bench" / "quality"))
+    import ruler
+
+    sample = ruler.make_samples("number", 2000, 2, 1, ruler.needle.prose_paragraphs())[1]
+    assert sample["depths"][0] > 0.9  # inside h2o's recent half at 0.3
+    for policy in ("h2o", "elastic_cache"):
+        text, _, final = daemon.client.generate_text(
+            ruler.completion_for(sample), max_tokens=12,
+            compression={"policy": policy, "budget": 0.3})
+        kept = list(final.usage.kv_tokens_kept_per_layer)
+        assert all(kept[l] <= WINDOW - 1 for l in range(18) if l % 6 != 5), (policy, kept)
+        if policy == "h2o":
+            assert ruler.is_correct(sample, ruler.completion_answer(text)), text
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -172,6 +172,12 @@ TEST(CompactionTest, SlidingLayersKeepOnlyWhatTheirNextTokenReads) {
   EXPECT_EQ(plan.layers[2].heads, (std::vector<std::vector<int32_t>>{{5, 7, 9, 10, 11},
                                                                      {6, 8, 9, 10, 11}}));
   EXPECT_TRUE(plan.Validate(dims, [](int32_t) { return 12; }).ok());
+  // Layer 2's next token sees all of 8 slots: the plan stands, merges too.
+  LayerKeep short_layer{{{0, 3, 7}, {1, 2, 7}}, {{{0, 1}, {2, 3}, {7}}, {}}};
+  const LayerKeep short_before = short_layer;
+  KeepSlidingWindow(short_layer, 8, dims.WindowOf(2));
+  EXPECT_EQ(short_layer.heads, short_before.heads);
+  EXPECT_EQ(short_layer.merge, short_before.merge);
   KeepPlan untouched;
   untouched.layers.resize(kLayers);
   KeepSlidingWindows(untouched, dims, [](int32_t) { return 12; });

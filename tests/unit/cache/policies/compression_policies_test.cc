@@ -2,10 +2,12 @@
 // invariants (kept <= budget, sinks and windows kept), the shared helpers and the registry.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
 
+#include "cache/keep_plan.h"
 #include "cache/policies/policy.h"
 #include "cache/policies/scoring_helpers.h"
 
@@ -394,6 +396,53 @@ TEST(H2oTest, DecodeAttentionAccumulatesAndDecidesEvictions) {
   EXPECT_EQ(kept[0], 0);
   EXPECT_EQ(kept[1], 1);
   EXPECT_EQ(kept.back(), kTokens + 39);
+}
+
+// Layers 1 and 3 slide (the next token reads 8 past slots): h2o keeps there only what the
+// window shows, at prefill and at every decode eviction, and its accumulated scores follow the
+// confined plan (a plan out of step with them fails the next step), so the session's own pass
+// (KeepSlidingWindows) finds nothing to change.
+TEST(H2oTest, SlidingLayersKeepTheirWindowAndTheScoresFollow) {
+  PolicyContext context = Context();
+  context.dims.windows = {0, 9, 0, 9};
+  std::unique_ptr<CompressionPolicy> p = Make("h2o", 0.25, {{"evict_every", 2.0}}, context);
+  Observation obs;
+  obs.column_sums.assign(kHeads * kTokens, 1.0f);
+  for (int32_t h = 0; h < kHeads; ++h) obs.column_sums[h * kTokens + 3] = 9.0f;  // far heavy
+  SlotPositions slots(kLayers, kKvHeads);
+  slots.AppendRange(0, kTokens);
+  KeepPlan prefill = RunPolicy(*p, obs);
+  EXPECT_EQ(prefill.layers[1].heads[0], Range(32, 40));  // 10 kept >= 8 read: the last 8
+  EXPECT_TRUE(std::binary_search(prefill.layers[0].heads[0].begin(),
+                                 prefill.layers[0].heads[0].end(), 3));
+  slots.Apply(prefill);
+  std::vector<std::vector<float>> attention(kLayers);
+  int32_t evictions = 0;
+  for (int32_t pos = kTokens; pos < kTokens + 40; ++pos) {
+    slots.AppendRange(pos, 1);
+    for (int32_t l = 0; l < kLayers; ++l) {
+      const int32_t n = slots.num_slots(l);
+      attention[l].assign(kHeads * n, 0.0f);
+      for (int32_t h = 0; h < kHeads; ++h) attention[l][h * n] = 1.0f;  // the oldest slot
+    }
+    DecodeStep step{pos, pos + 1, &slots, attention};
+    absl::StatusOr<KeepPlan> plan = p->OnDecodeStep(step);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    if (plan->empty()) continue;
+    ++evictions;
+    const KeepPlan before = *plan;
+    KeepSlidingWindows(*plan, context.dims, [&](int32_t l) { return slots.num_slots(l); });
+    for (int32_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(plan->layers[l].heads, before.layers[l].heads);
+    }
+    slots.Apply(*plan);
+    for (int32_t l : {1, 3}) {  // what the next token reads is the full cache's view
+      const std::span<const int32_t> kept = slots.Positions(l, 0);
+      ASSERT_GE(kept.size(), 8u);
+      EXPECT_EQ(std::vector<int32_t>(kept.end() - 8, kept.end()), Range(pos - 7, pos + 1));
+    }
+  }
+  EXPECT_GT(evictions, 0);
 }
 
 TEST(BaselinesTest, InvariantsOnRandomAttention) {
