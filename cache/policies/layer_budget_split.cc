@@ -100,6 +100,32 @@ std::vector<double> WaterFill(std::span<const double> weights, double total, dou
   return out;
 }
 
+std::vector<int32_t> SpillPastWindows(std::vector<int32_t> counts, const ModelDims& dims,
+                                      int32_t n) {
+  int64_t excess = 0;
+  std::vector<int32_t> open;  // full-attention layers that can keep more
+  for (int32_t l = 0; l < static_cast<int32_t>(counts.size()); ++l) {
+    const int32_t read = dims.WindowOf(l) - 1;  // past slots a sliding layer's next token reads
+    if (dims.WindowOf(l) == 0) {
+      if (counts[l] < n) open.push_back(l);
+    } else if (read > 0 && read < n && counts[l] > read) {
+      excess += counts[l] - read;
+      counts[l] = read;
+    }
+  }
+  if (excess == 0 || open.empty()) return counts;
+  std::vector<double> weights;
+  int64_t total = excess;
+  for (int32_t l : open) {
+    weights.push_back(counts[l]);
+    total += counts[l];
+  }
+  const std::vector<int32_t> spilled =
+      RoundBudgets(WaterFill(weights, static_cast<double>(total), 0.0, n), total, 0, n);
+  for (size_t i = 0; i < open.size(); ++i) counts[open[i]] = spilled[i];
+  return counts;
+}
+
 std::vector<int32_t> RoundBudgets(std::span<const double> targets, int64_t cap, int32_t lo,
                                   int32_t hi) {
   const size_t n = targets.size();

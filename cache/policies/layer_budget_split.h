@@ -73,6 +73,15 @@ std::vector<double> RankedShares(const std::vector<std::vector<float>>& candidat
 std::vector<double> NeediestHeadShares(const std::vector<std::vector<float>>& head_scores,
                                        int32_t num_heads, int64_t picks);
 
+// Slots per layer (and KV head) out of n, with what sliding-window layers cannot use moved to
+// the full-attention ones: a sliding layer's plan keeps at most the window - 1 slots its next
+// token reads (KeepSlidingWindows), so a count above that is budget it would not spend. The
+// excess goes to the full-attention layers below n, in proportion to their counts
+// (water-filling, none above n); the sum never grows. A model without sliding layers gets
+// `counts` back.
+std::vector<int32_t> SpillPastWindows(std::vector<int32_t> counts, const ModelDims& dims,
+                                      int32_t n);
+
 // The skeleton of the policies that rank a split prompt under per-layer budgets (aircache,
 // vl_cache): the observation window, the split, the cap on evictable tokens kept summed over
 // layers, and per layer whether it was observed, its selection scores and its budget. A

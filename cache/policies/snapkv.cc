@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "base/status_macros.h"
+#include "cache/policies/layer_budget_split.h"
 
 namespace winnow::cache::policies {
 namespace {
@@ -18,6 +19,7 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
         budgets_(std::move(layer_budgets)) {
     const int32_t n = context.layout.num_tokens;
     if (budgets_.empty()) budgets_.assign(context.dims.num_layers, KeepCount(config.budget(), n));
+    budgets_ = SpillPastWindows(std::move(budgets_), context.dims, n);
     window_ = std::clamp(options_.window, 1, std::max(n, 1));
     plan_.layers.resize(context.dims.num_layers);
     device_spec_ = {window_, options_.kernel, options_.pooling, options_.aggregation, {}};

@@ -242,6 +242,23 @@ TEST(LayerBudgetSplit, RoundBudgetsNeverExceedsTheCap) {
   }
 }
 
+TEST(LayerBudgetSplit, SlidingLayersSpillWhatTheirWindowCannotReadToTheFullLayers) {
+  ModelDims dims{5, 4, 2, 8, 16};
+  dims.windows = {0, 9, 9, 0, 9};  // sliding layers read 8 past slots
+  // Layers 1 and 2 give 2 each; layer 4 (5 < 8) keeps its 5; layers 0 and 3 share the 4 as
+  // 10 : 20 (11.33 and 22.67, the remainder to the larger fraction).
+  EXPECT_EQ(SpillPastWindows({10, 10, 10, 20, 5}, dims, 40),
+            (std::vector<int32_t>{11, 8, 8, 23, 5}));
+  // No full-attention layer keeps more than the prompt: what does not fit is not kept.
+  dims.windows = {0, 9};
+  dims.num_layers = 2;
+  EXPECT_EQ(SpillPastWindows({39, 20}, dims, 40), (std::vector<int32_t>{40, 8}));
+  // A prompt inside the window, or no sliding layer: the counts stand.
+  EXPECT_EQ(SpillPastWindows({10, 10}, dims, 8), (std::vector<int32_t>{10, 10}));
+  dims.windows.clear();
+  EXPECT_EQ(SpillPastWindows({10, 30}, dims, 40), (std::vector<int32_t>{10, 30}));
+}
+
 TEST(LayerBudgetSplit, RankedSharesCountTheBestPicksAndSplitTies) {
   // Picks 3 of {0.9, 0.5, 0.5 | 0.5, 0.1}: 0.9 is above the 3rd best (0.5), the three 0.5s share
   // the two picks left.
