@@ -23,7 +23,7 @@ struct ModelDims {
   int32_t block_size = 0;    // slots per KV block
   float attention_scale = 0.0f;  // the model's softmax scale; 0: 1 / sqrt(head_dim)
   // [layer] the sliding window in slots (0: full attention); empty when no layer slides.
-  std::vector<int32_t> windows;
+  std::vector<int32_t> windows = {};
 
   int32_t group_size() const { return num_heads / num_kv_heads; }
   int32_t WindowOf(int32_t layer) const { return windows.empty() ? 0 : windows[layer]; }

@@ -48,7 +48,7 @@ struct SchedulerLimits {
   int32_t max_seqs = 64;              // sequences holding KV blocks at once
   // [layer] its sliding window (0: full attention; empty: none slides). An uncompressed
   // sequence's blocks behind a layer's window return to the pool as the window moves on.
-  std::vector<int32_t> layer_windows;
+  std::vector<int32_t> layer_windows = {};
 };
 
 // A lookup in the prefix cache by an admitted sequence.

@@ -37,7 +37,7 @@ struct Fault {
   int iteration = 1;  // the first Execute call (1-based) that may fail
   // Empty: the whole forward of that iteration fails. Otherwise only the chunk of the request
   // with this request_id fails, at the first iteration >= `iteration` that runs it.
-  std::string only_request;
+  std::string only_request = {};
 };
 
 // What the fault hit; written on the engine thread, read by the test.

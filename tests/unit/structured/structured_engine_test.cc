@@ -74,7 +74,9 @@ class StructuredEngineTest : public ::testing::Test {
     EXPECT_GE(j["age"].get<int>(), 0);
     EXPECT_LE(j["age"].get<int>(), 120);
     EXPECT_TRUE(j["city"] == "Paris" || j["city"] == "Lima" || j["city"] == "Oslo") << text;
-    if (j.contains("skills")) EXPECT_LE(j["skills"].size(), 3u) << text;
+    if (j.contains("skills")) {
+      EXPECT_LE(j["skills"].size(), 3u) << text;
+    }
     for (const auto& [key, value] : j.items()) {
       EXPECT_TRUE(key == "name" || key == "age" || key == "city" || key == "skills") << text;
     }
