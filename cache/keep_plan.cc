@@ -1,6 +1,7 @@
 #include "cache/keep_plan.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -76,42 +77,18 @@ absl::Status KeepPlan::Validate(const ModelDims& dims,
   return absl::OkStatus();
 }
 
-namespace {
-
-// The `count` slots a sliding layer keeps of `picks` (ascending, what a policy chose among n):
-// the picks inside the last `read` slots, then the newest slots of those not picked, ascending.
-std::vector<int32_t> InsideWindow(const std::vector<int32_t>& picks, int32_t n, int32_t read,
-                                  int32_t count) {
-  const int32_t first = n - read;
-  std::vector<bool> keep(read, false);
-  int32_t kept = 0;
-  for (int32_t slot : picks) {
-    if (slot < first || kept == count) continue;
-    keep[slot - first] = true;
-    ++kept;
-  }
-  for (int32_t i = read - 1; i >= 0 && kept < count; --i) {
-    if (keep[i]) continue;
-    keep[i] = true;
-    ++kept;
-  }
-  std::vector<int32_t> slots;
-  for (int32_t i = 0; i < read; ++i) {
-    if (keep[i]) slots.push_back(first + i);
-  }
-  return slots;
-}
-
-}  // namespace
-
 void KeepSlidingWindow(LayerKeep& keep, int32_t num_slots, int32_t window) {
   const int32_t read = window - 1;  // past slots the next token sees
   // Without a window, or when the next token sees every slot, the plan stands (merges too).
   if (read <= 0 || num_slots <= read || keep.untouched()) return;
+  // The newest `count` slots: positions without gaps, so while decoding the layer reads
+  // nothing further back than its window (a pick older than the newest would stay in view up
+  // to window - 1 - count positions past it), and once it holds window - 1 slots it reads what
+  // the full cache's layer reads.
   const int32_t count = std::min(keep.kept(), read);
-  for (std::vector<int32_t>& slots : keep.heads) {
-    slots = InsideWindow(slots, num_slots, read, count);
-  }
+  std::vector<int32_t> newest(count);
+  std::iota(newest.begin(), newest.end(), num_slots - count);
+  for (std::vector<int32_t>& slots : keep.heads) slots = newest;
   keep.merge.clear();
 }
 

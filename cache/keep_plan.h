@@ -59,10 +59,12 @@ struct KeepPlan {
 
 // Confines every sliding-window layer of a plan to what its next token reads, the layer's last
 // window - 1 slots: a plan that keeps at least that many keeps exactly those (the layer then
-// attends as the full cache does); one that keeps fewer keeps as many, its picks inside the
-// window first, then the newest. Merges on such layers are dropped. Older slots would be cut
-// from the layer anyway (the blocks behind a window are given back), and while they stay they
-// show the layer distances its training never did: Gemma 3 270M's replies turn to noise.
+// attends as the full cache does); one that keeps fewer keeps as many of the newest, so that
+// while decoding it never reads further back than its window and reads what the full cache's
+// layer reads once it holds window - 1 slots. Merges on such layers are dropped. Older slots
+// would be cut from the layer anyway (the blocks behind a window are given back), and while
+// they stay they show the layer distances its training never did: Gemma 3 270M's replies turn
+// to noise.
 // num_slots(layer): the layer's slots before the plan. Applied by the compression session to
 // every plan, at prefill and while decoding; a policy that keeps per-slot state (h2o) applies
 // KeepSlidingWindow itself before updating it, so the session's pass changes nothing.

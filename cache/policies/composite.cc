@@ -355,15 +355,16 @@ class CompositePolicy : public CompressionPolicy {
   }
 
   // Candidate tokens kept per layer, summing to at most candidate_budget_ over the compressed
-  // layers; the full layers keep every candidate. What sliding layers cannot use goes to the
-  // full-attention ones (SpillPastWindows, on the counts with the forced slots).
+  // layers; the full layers keep every candidate. A sliding layer keeps its share of what it
+  // reads, the rest goes to the full-attention ones (SpillPastWindows, on the counts with the
+  // forced slots).
   std::vector<int32_t> Allocate() const {
     const int32_t full = full_layers_;
     std::vector<int32_t> counts(full, static_cast<int32_t>(candidates_.size()));
     const std::vector<int32_t> rest = AllocateCompressed(full);
     counts.insert(counts.end(), rest.begin(), rest.end());
     for (int32_t& c : counts) c += forced_count();
-    counts = SpillPastWindows(std::move(counts), dims(), layout().num_tokens);
+    counts = SpillPastWindows(std::move(counts), dims(), layout().num_tokens, forced_count());
     for (int32_t& c : counts) c = std::max(0, c - forced_count());
     return counts;
   }

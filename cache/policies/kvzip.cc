@@ -134,7 +134,7 @@ class KvzipPolicy : public CompressionPolicy {
     } else if (options_.allocation == Allocation::kNeediest) {
       budgets = NeediestLayerBudgets(scores_, dims().num_kv_heads, n, window_, total);
     }
-    budgets = SpillPastWindows(std::move(budgets), dims(), n);
+    budgets = SpillPastWindows(std::move(budgets), dims(), n, window_);
     const std::vector<int32_t> window = SinksAndWindow(n, 0, window_);
     return PlanPerLayer(scores_, [&](int32_t layer, std::span<const float> scores)
                                      -> std::optional<LayerKeep> {

@@ -101,16 +101,23 @@ std::vector<double> WaterFill(std::span<const double> weights, double total, dou
 }
 
 std::vector<int32_t> SpillPastWindows(std::vector<int32_t> counts, const ModelDims& dims,
-                                      int32_t n) {
+                                      int32_t n, int32_t floor) {
   int64_t excess = 0;
   std::vector<int32_t> open;  // full-attention layers that can keep more
   for (int32_t l = 0; l < static_cast<int32_t>(counts.size()); ++l) {
     const int32_t read = dims.WindowOf(l) - 1;  // past slots a sliding layer's next token reads
     if (dims.WindowOf(l) == 0) {
       if (counts[l] < n) open.push_back(l);
-    } else if (read > 0 && read < n && counts[l] > read) {
-      excess += counts[l] - read;
-      counts[l] = read;
+      continue;
+    }
+    if (read <= 0 || read >= n) continue;
+    // The layer's share of the prompt, applied to what it reads.
+    const int64_t share = (int64_t{counts[l]} * read + n - 1) / n;
+    const int32_t keep =
+        static_cast<int32_t>(std::min<int64_t>(read, std::max<int64_t>(floor, share)));
+    if (counts[l] > keep) {
+      excess += counts[l] - keep;
+      counts[l] = keep;
     }
   }
   if (excess == 0 || open.empty()) return counts;

@@ -19,8 +19,8 @@ class SnapKvFamilyPolicy : public CompressionPolicy {
         budgets_(std::move(layer_budgets)) {
     const int32_t n = context.layout.num_tokens;
     if (budgets_.empty()) budgets_.assign(context.dims.num_layers, KeepCount(config.budget(), n));
-    budgets_ = SpillPastWindows(std::move(budgets_), context.dims, n);
     window_ = std::clamp(options_.window, 1, std::max(n, 1));
+    budgets_ = SpillPastWindows(std::move(budgets_), context.dims, n, window_);
     plan_.layers.resize(context.dims.num_layers);
     device_spec_ = {window_, options_.kernel, options_.pooling, options_.aggregation, {}};
     for (int32_t b : budgets_) device_spec_.keep.push_back(std::clamp(b, 1, std::max(n, 1)));

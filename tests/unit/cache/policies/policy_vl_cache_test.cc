@@ -242,21 +242,29 @@ TEST(LayerBudgetSplit, RoundBudgetsNeverExceedsTheCap) {
   }
 }
 
-TEST(LayerBudgetSplit, SlidingLayersSpillWhatTheirWindowCannotReadToTheFullLayers) {
+TEST(LayerBudgetSplit, SlidingLayersKeepTheirShareOfTheWindowAndSpillTheRest) {
   ModelDims dims{5, 4, 2, 8, 16};
   dims.windows = {0, 9, 9, 0, 9};  // sliding layers read 8 past slots
-  // Layers 1 and 2 give 2 each; layer 4 (5 < 8) keeps its 5; layers 0 and 3 share the 4 as
-  // 10 : 20 (11.33 and 22.67, the remainder to the larger fraction).
-  EXPECT_EQ(SpillPastWindows({10, 10, 10, 20, 5}, dims, 40),
-            (std::vector<int32_t>{11, 8, 8, 23, 5}));
-  // No full-attention layer keeps more than the prompt: what does not fit is not kept.
+  // Layers 1 and 2 keep 10 / 40 of their 8 (2) and give 8 each; layer 4 keeps ceil(5 x 8 / 40)
+  // = 1 and gives 4; layers 0 and 3 share the 20 as 10 : 20 (16.67 and 33.33, the remainder
+  // to the larger fraction). The sum stays 55.
+  EXPECT_EQ(SpillPastWindows({10, 10, 10, 20, 5}, dims, 40, 0),
+            (std::vector<int32_t>{17, 2, 2, 33, 1}));
+  // Never below the floor (the slots a policy always keeps), never above the count.
+  EXPECT_EQ(SpillPastWindows({10, 10, 10, 20, 5}, dims, 40, 3),
+            (std::vector<int32_t>{15, 3, 3, 31, 3}));
+  EXPECT_EQ(SpillPastWindows({10, 2, 10, 20, 5}, dims, 40, 3),
+            (std::vector<int32_t>{13, 2, 3, 26, 3}));
+  // A layer that keeps the whole prompt keeps its whole window; no full-attention layer keeps
+  // more than the prompt: what does not fit is not kept.
   dims.windows = {0, 9};
   dims.num_layers = 2;
-  EXPECT_EQ(SpillPastWindows({39, 20}, dims, 40), (std::vector<int32_t>{40, 8}));
+  EXPECT_EQ(SpillPastWindows({39, 40}, dims, 40, 0), (std::vector<int32_t>{40, 8}));
+  EXPECT_EQ(SpillPastWindows({39, 20}, dims, 40, 0), (std::vector<int32_t>{40, 4}));
   // A prompt inside the window, or no sliding layer: the counts stand.
-  EXPECT_EQ(SpillPastWindows({10, 10}, dims, 8), (std::vector<int32_t>{10, 10}));
+  EXPECT_EQ(SpillPastWindows({10, 10}, dims, 8, 0), (std::vector<int32_t>{10, 10}));
   dims.windows.clear();
-  EXPECT_EQ(SpillPastWindows({10, 30}, dims, 40), (std::vector<int32_t>{10, 30}));
+  EXPECT_EQ(SpillPastWindows({10, 30}, dims, 40, 0), (std::vector<int32_t>{10, 30}));
 }
 
 TEST(LayerBudgetSplit, RankedSharesCountTheBestPicksAndSplitTies) {
