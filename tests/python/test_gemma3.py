@@ -213,9 +213,10 @@ def test_a_request_larger_than_the_pool_runs_on_what_its_sliding_layers_give_bac
 def test_compressed_sliding_layers_keep_their_share_of_the_window(daemon):
     """snapkv at 0.2 of 1,000 tokens counts 200 slots for every layer; a sliding layer's next
     token reads only the last 511, so it keeps 200 / 1,000 of those (ceil(102.2) = 103, the
-    newest) and the 15 x 97 slots left go to the three global layers: 200 + 485 each. Decoding past the window, the sliding layers give back the blocks
-    behind it. A policy that evicts while decoding (h2o) keeps its window too, but every
-    block, since it scores every slot while it decodes."""
+    newest) and the 15 x 97 slots left go to the three global layers: 200 + 485 each.
+    Decoding past the window, the sliding layers give back the blocks behind it. A policy that
+    evicts while decoding (h2o) keeps its window too, but every block, since it scores every
+    slot while it decodes."""
     tokens, final = generate(daemon.client, prompt_ids(1000), 8, "snapkv", budget=0.2)
     assert len(tokens) == 8
     kept = list(final.usage.kv_tokens_kept_per_layer)
