@@ -155,6 +155,34 @@ TEST(ScoringHelpersTest, NeighbourShareWidensOnlyThatPartOfTheBudget) {
   EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 7, 1, 0.0), TopKWithForced(s, 16, sink, 7));
 }
 
+TEST(ScoringHelpersTest, LocalMeanTakesOutATrendAlongThePositions) {
+  // Two rows of 40: a rising ramp with a bump at slot 5 that is lower than every score from slot
+  // 20 on, and zeros. Over a radius of 4 the bump stands out most; a ramp's scores stay near 1.
+  std::vector<float> rows(80, 0.0f);
+  for (int32_t j = 0; j < 40; ++j) rows[j] = 0.1f + 0.01f * j;
+  rows[5] = 0.25f;
+  std::vector<float> unchanged = rows;
+  DivideByLocalMean(unchanged, 2, 40, 0);
+  EXPECT_EQ(unchanged, rows);
+  DivideByLocalMean(rows, 2, 40, 4);
+  EXPECT_EQ(std::max_element(rows.begin(), rows.begin() + 40) - rows.begin(), 5);
+  EXPECT_NEAR(rows[30], 1.0f, 1e-5f);  // (a ramp's mean over a symmetric window is its middle)
+  EXPECT_GT(rows[5], 1.5f);
+  for (int32_t j = 40; j < 80; ++j) EXPECT_EQ(rows[j], 0.0f);
+
+  // Capped at the row's mean (0.295 for this ramp), the divisor raises only the quiet start.
+  std::vector<float> ramp(40);
+  for (int32_t j = 0; j < 40; ++j) ramp[j] = 0.1f + 0.01f * j;
+  DivideByLocalMean(ramp, 1, 40, 4, 1.0, /*capped=*/true);
+  EXPECT_NEAR(ramp[10], 1.0f, 1e-5f);
+  EXPECT_NEAR(ramp[30], 0.4f / 0.295f, 1e-4f);
+
+  // A power below 1 only flattens: a flat row of 0.04 over its mean's square root is 0.2.
+  std::vector<float> flat(10, 0.04f);
+  DivideByLocalMean(flat, 1, 10, 3, 0.5);
+  for (float v : flat) EXPECT_NEAR(v, 0.2f, 1e-6f);
+}
+
 TEST(ScoringHelpersTest, GroupAggregation) {
   const std::vector<float> heads = {1, 4, 3, 2, 0, 0, 5, 5};  // 4 heads x 2 slots
   EXPECT_EQ(AggregateGroups(heads, 4, 2, 2, GroupAggregation::kSum),
