@@ -40,9 +40,7 @@ absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
   WINNOW_RETURN_IF_ERROR(config.ReadInt("neighbours", &options.neighbours, 0, 64));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("baseline", &options.baseline, 0, 1 << 16));
   WINNOW_RETURN_IF_ERROR(config.ReadDouble("baseline_power", &options.baseline_power, 0.0, 1.0));
-  int32_t capped = 0;
-  WINNOW_RETURN_IF_ERROR(config.ReadInt("baseline_capped", &capped, 0, 1));
-  options.baseline_capped = capped == 1;
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("baseline_capped", &options.baseline_capped));
   WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("kvzip"));
   return options;
 }
