@@ -206,8 +206,7 @@ void NormalizeSum(std::span<float> scores) {
   for (float& v : scores) v *= inv;
 }
 
-void DivideByLocalMean(std::span<float> rows, int32_t num_rows, int32_t n, int32_t radius,
-                       double power, bool capped) {
+void DivideByLocalMean(std::span<float> rows, int32_t num_rows, int32_t n, int32_t radius) {
   if (radius <= 0) return;
   std::vector<double> prefix(static_cast<size_t>(n) + 1);
   for (int32_t r = 0; r < num_rows; ++r) {
@@ -217,9 +216,8 @@ void DivideByLocalMean(std::span<float> rows, int32_t num_rows, int32_t n, int32
     for (int32_t j = 0; j < n; ++j) {
       const int32_t lo = std::max(0, j - radius);
       const int32_t hi = std::min(n, j + radius + 1);
-      double mean = (prefix[hi] - prefix[lo]) / (hi - lo);
-      if (capped) mean = std::min(mean, prefix[n] / n);
-      row[j] = mean > 0.0 ? static_cast<float>(row[j] / std::pow(mean, power)) : 0.0f;
+      const double mean = (prefix[hi] - prefix[lo]) / (hi - lo);
+      row[j] = mean > 0.0 ? static_cast<float>(row[j] / mean) : 0.0f;
     }
   }
 }
