@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <numeric>
 #include <optional>
 #include <span>
 #include <vector>
@@ -22,11 +21,6 @@ struct KvzipOptions {
   GroupAggregation aggregation = GroupAggregation::kMax;
   Allocation allocation = Allocation::kNeediest;
   int32_t neighbours = 0;
-  // Experimental, off by default: the radius of a second ranking, the maxima divided by their
-  // local mean (DivideByLocalMean), hedged with the first (HedgeRankings). On the default model
-  // the repeat's maxima rise along the document and the two rankings keep different ends of it
-  // (docs/compression.md, "kvzip").
-  int32_t hedge = 0;
 };
 
 absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
@@ -39,7 +33,6 @@ absl::StatusOr<KvzipOptions> ParseKvzipOptions(const PolicyConfig& config) {
        {"neediest", Allocation::kNeediest},
        {"uniform", Allocation::kUniform}}));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("neighbours", &options.neighbours, 0, 64));
-  WINNOW_RETURN_IF_ERROR(config.ReadInt("hedge", &options.hedge, 0, 1 << 16));
   WINNOW_RETURN_IF_ERROR(config.CheckAllUsed("kvzip"));
   return options;
 }
@@ -92,27 +85,6 @@ std::vector<int32_t> NeediestLayerBudgets(const std::vector<std::vector<float>>&
                     n, window, total);
 }
 
-// Each KV head's keys rescored by their better rank in its two rankings, `scores` and `other`
-// (1 / (1 + rank), ties to the lower slot), so that a top-k takes the two rankings' picks in
-// turn.
-void HedgeRankings(std::vector<float>& scores, const std::vector<float>& other,
-                   int32_t num_kv_heads, int32_t n) {
-  std::vector<int32_t> order(n);
-  std::vector<int32_t> best(n);
-  for (int32_t g = 0; g < num_kv_heads; ++g) {
-    const std::span<float> row(scores.data() + int64_t{g} * n, n);
-    const std::span<const float> other_row(other.data() + int64_t{g} * n, n);
-    std::fill(best.begin(), best.end(), n);
-    for (const std::span<const float> ranking : {std::span<const float>(row), other_row}) {
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(),
-                       [&ranking](int32_t a, int32_t b) { return ranking[a] > ranking[b]; });
-      for (int32_t r = 0; r < n; ++r) best[order[r]] = std::min(best[order[r]], r);
-    }
-    for (int32_t j = 0; j < n; ++j) row[j] = 1.0f / (1.0f + static_cast<float>(best[j]));
-  }
-}
-
 class KvzipPolicy : public CompressionPolicy {
  public:
   KvzipPolicy(const PolicyConfig& config, const PolicyContext& context,
@@ -156,19 +128,11 @@ class KvzipPolicy : public CompressionPolicy {
     }
     if (keep_ >= n) return KeepPlan{};
     const int64_t total = int64_t{layers} * keep_;
-    std::vector<int32_t> budgets = LayerBudgets(scores_, total);
-    if (options_.hedge > 0) {
-      // The second ranking: each head's maxima over their local mean. The layers' counts are
-      // the two rankings' mean; each head's keys alternate between the two.
-      std::vector<std::vector<float>> divided = scores_;
-      for (std::vector<float>& layer : divided) {
-        DivideByLocalMean(layer, dims().num_kv_heads, n, options_.hedge);
-      }
-      const std::vector<int32_t> other = LayerBudgets(divided, total);
-      for (int32_t l = 0; l < layers; ++l) {
-        budgets[l] = (budgets[l] + other[l]) / 2;
-        HedgeRankings(scores_[l], divided[l], dims().num_kv_heads, n);
-      }
+    std::vector<int32_t> budgets(layers, keep_);
+    if (options_.allocation == Allocation::kGlobal) {
+      budgets = GlobalLayerBudgets(scores_, dims().num_kv_heads, n, window_, total);
+    } else if (options_.allocation == Allocation::kNeediest) {
+      budgets = NeediestLayerBudgets(scores_, dims().num_kv_heads, n, window_, total);
     }
     budgets = SpillPastWindows(std::move(budgets), dims(), n, window_);
     const std::vector<int32_t> window = SinksAndWindow(n, 0, window_);
@@ -181,19 +145,6 @@ class KvzipPolicy : public CompressionPolicy {
   }
 
  private:
-  // Per-layer counts for one set of scores (the `allocation`), summing to at most `total`.
-  std::vector<int32_t> LayerBudgets(const std::vector<std::vector<float>>& scores,
-                                    int64_t total) const {
-    const int32_t n = layout().num_tokens;
-    if (options_.allocation == Allocation::kGlobal) {
-      return GlobalLayerBudgets(scores, dims().num_kv_heads, n, window_, total);
-    }
-    if (options_.allocation == Allocation::kNeediest) {
-      return NeediestLayerBudgets(scores, dims().num_kv_heads, n, window_, total);
-    }
-    return std::vector<int32_t>(dims().num_layers, keep_);
-  }
-
   KvzipOptions options_;
   int32_t keep_ = 1;    // mean slots per layer and KV head
   int32_t window_ = 1;  // the last prompt tokens every layer keeps

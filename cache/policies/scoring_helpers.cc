@@ -206,22 +206,6 @@ void NormalizeSum(std::span<float> scores) {
   for (float& v : scores) v *= inv;
 }
 
-void DivideByLocalMean(std::span<float> rows, int32_t num_rows, int32_t n, int32_t radius) {
-  if (radius <= 0) return;
-  std::vector<double> prefix(static_cast<size_t>(n) + 1);
-  for (int32_t r = 0; r < num_rows; ++r) {
-    const std::span<float> row = rows.subspan(static_cast<size_t>(r) * n, n);
-    prefix[0] = 0.0;
-    for (int32_t j = 0; j < n; ++j) prefix[j + 1] = prefix[j] + row[j];
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t lo = std::max(0, j - radius);
-      const int32_t hi = std::min(n, j + radius + 1);
-      const double mean = (prefix[hi] - prefix[lo]) / (hi - lo);
-      row[j] = mean > 0.0 ? static_cast<float>(row[j] / mean) : 0.0f;
-    }
-  }
-}
-
 std::vector<int32_t> TopK(std::span<const float> scores, std::span<const int32_t> candidates,
                           int32_t k) {
   std::vector<int32_t> picked(candidates.begin(), candidates.end());

@@ -71,12 +71,6 @@ std::vector<float> PoolRowPrefixes(std::span<const float> rows, int32_t num_rows
 // Scales a non-negative row to sum 1 (all-zero rows stay zero).
 void NormalizeSum(std::span<float> scores);
 
-// Divides each score of every row ([num_rows][n]) by the mean of its row's scores within
-// `radius` slots of it (itself included): how far a key stands out from its surroundings, any
-// trend along the positions taken out. radius 0 leaves the rows as they are; a neighbourhood of
-// zeros leaves its scores at zero.
-void DivideByLocalMean(std::span<float> rows, int32_t num_rows, int32_t n, int32_t radius);
-
 // The `k` best slots among `candidates` (ascending slot ids) by `scores` (indexed by slot),
 // ties to the lower slot; returned ascending. k >= candidates.size() returns them all.
 std::vector<int32_t> TopK(std::span<const float> scores, std::span<const int32_t> candidates,

@@ -155,22 +155,6 @@ TEST(ScoringHelpersTest, NeighbourShareWidensOnlyThatPartOfTheBudget) {
   EXPECT_EQ(TopKWithNeighbours(s, 16, sink, 7, 1, 0.0), TopKWithForced(s, 16, sink, 7));
 }
 
-TEST(ScoringHelpersTest, LocalMeanTakesOutATrendAlongThePositions) {
-  // Two rows of 40: a rising ramp with a bump at slot 5 that is lower than every score from slot
-  // 20 on, and zeros. Over a radius of 4 the bump stands out most; a ramp's scores stay near 1.
-  std::vector<float> rows(80, 0.0f);
-  for (int32_t j = 0; j < 40; ++j) rows[j] = 0.1f + 0.01f * j;
-  rows[5] = 0.25f;
-  std::vector<float> unchanged = rows;
-  DivideByLocalMean(unchanged, 2, 40, 0);
-  EXPECT_EQ(unchanged, rows);
-  DivideByLocalMean(rows, 2, 40, 4);
-  EXPECT_EQ(std::max_element(rows.begin(), rows.begin() + 40) - rows.begin(), 5);
-  EXPECT_NEAR(rows[30], 1.0f, 1e-5f);  // (a ramp's mean over a symmetric window is its middle)
-  EXPECT_GT(rows[5], 1.5f);
-  for (int32_t j = 40; j < 80; ++j) EXPECT_EQ(rows[j], 0.0f);
-}
-
 TEST(ScoringHelpersTest, GroupAggregation) {
   const std::vector<float> heads = {1, 4, 3, 2, 0, 0, 5, 5};  // 4 heads x 2 slots
   EXPECT_EQ(AggregateGroups(heads, 4, 2, 2, GroupAggregation::kSum),
