@@ -37,7 +37,9 @@ length), so the comparison with the full cache is paired: the "kept" column aver
 over the kept tasks, and its ratio to the full cache's average gets a paired bootstrap interval
 (samples resampled within each task). Cells are saved to --json as they finish and skipped when
 the file already has them (a cell with fewer samples is extended; cells are saved every few
-samples), so a long table can be built over several runs.
+samples), so a long table can be built over several runs. `--by-depth` adds each cell's
+accuracy by the stated value's depth, `--digits` how many of a single number's leading digits
+the replies got; both read the saved cells, so a run whose cells are all saved starts no daemon.
 
     .venv/bin/python bench/quality/ruler.py --tasks number --lengths 4000 --samples 100 \
         --policies none,winnowkv --budgets 0.1 --modes aware --json ruler.json --by-depth
@@ -328,6 +330,33 @@ def depth_table(cells: dict, tasks: list[str], lengths: list[int], modes: list[s
     return "\n".join(out)
 
 
+def digits_table(cells: dict, samples: dict, tasks: list[str], lengths: list[int],
+                 modes: list[str], entries: list[tuple[str, float]]) -> str:
+    """For the tasks that ask one number (`samples`: (task, tokens) -> the cell's samples, in
+    order): how many of its leading digits a reply got (needle.correct_prefix), as a mean and
+    as counts of at least one and at least three: whether a compressed cache keeps a value's
+    first digits and loses the rest."""
+    out = ["| cell | mean leading digits | first digit right | >= 3 digits right | of |",
+           "|---|---:|---:|---:|---:|"]
+    for tokens in lengths:
+        for task in tasks:
+            wanted = samples.get((task, tokens), [])
+            if not wanted or wanted[0]["match"] != "number" or len(wanted[0]["answers"]) != 1:
+                continue
+            for mode in modes:
+                for policy, budget in entries:
+                    runs = cells.get(cell_key(task, tokens, mode, policy, budget))
+                    if not runs:
+                        continue
+                    got = [needle.correct_prefix(r["reply"], s["answers"][0])
+                           for r, s in zip(runs, wanted)]
+                    name = policy if policy == "none" else f"{policy} @ {budget:g}"
+                    out.append(f"| {task}, ~{tokens}, {mode}, {name} | "
+                               f"{sum(got) / len(got):.1f} | {sum(g >= 1 for g in got)} | "
+                               f"{sum(g >= 3 for g in got)} | {len(got)} |")
+    return "\n".join(out)
+
+
 def load_cells(path: pathlib.Path | None, setting: dict) -> dict:
     """The cells saved in `path` (none if it does not exist); an error if they were measured in
     another setting (seed, model, serve flags)."""
@@ -388,6 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=pathlib.Path, help="cells saved here; cells in it are reused")
     ap.add_argument("--by-depth", action="store_true",
                     help="also each cell's accuracy by the stated value's depth")
+    ap.add_argument("--digits", action="store_true",
+                    help="also how many of a single number's leading digits the replies got")
     args = ap.parse_args(argv)
 
     tasks, modes = args.tasks.split(","), args.modes.split(",")
@@ -414,6 +445,12 @@ def main(argv=None) -> int:
     if args.by_depth:
         print("\nBy depth of the (first) stated value:\n")
         print(depth_table(cells, tasks, lengths, modes, entries))
+    if args.digits:
+        paragraphs = needle.prose_paragraphs()
+        samples = {(t, n): make_samples(t, n, args.samples, args.seed, paragraphs)
+                   for t in tasks for n in lengths}
+        print("\nLeading digits of the asked number:\n")
+        print(digits_table(cells, samples, tasks, lengths, modes, entries))
     return 0
 
 

@@ -100,6 +100,19 @@ def test_the_tables_keep_tasks_the_full_cache_can_do():
     assert "| number, ~4000, aware, none | 2/2 | 2/2 | 2/2 | 2/2 | 1/2 |" in depth
 
 
+def test_the_digits_table_counts_each_replys_leading_digits():
+    samples = [{"match": "number", "answers": ["4829163"]},
+               {"match": "number", "answers": ["7051234"]}]
+    cells = {"number|4000|aware|snapkv|0.1": [{"reply": "The code is 4821."},
+                                               {"reply": "It is 9, or 7051234."}],
+             "multiquery|4000|aware|snapkv|0.1": [{"reply": "1"}]}
+    text = ruler.digits_table(cells, {("number", 4000): samples, ("multiquery", 4000): [
+        {"match": "number", "answers": ["1", "2"]}]}, ["number", "multiquery"], [4000],
+        ["aware"], [("snapkv", 0.1)])
+    assert "| number, ~4000, aware, snapkv @ 0.1 | 5.0 | 2 | 2 | 2 |" in text
+    assert "multiquery" not in text  # two numbers asked: no single value's digits
+
+
 def test_smoke_run_through_the_daemon_in_both_modes(tmp_path):
     if not binary_path().exists() or not model_path().exists():
         pytest.fail(f"need {binary_path()} and {model_path()} (make build model)")
