@@ -370,7 +370,7 @@ absl::StatusOr<std::unique_ptr<Run>> StartRun(model::CpuForward& forward,
   run->forced = forced;
   WINNOW_ASSIGN_OR_RETURN(run->kv, CloneKv(pre.kv, pool));
   pol::PolicyContext context;
-  context.dims = forward.model().PolicyDims(kBlockSize);
+  context.dims = forward.model().PolicyDims(kBlockSize, /*logit_bias=*/true);
   context.layout = task.layout;
   absl::StatusOr<std::unique_ptr<cache::CompressionSession>> session =
       CreateSession(policy, budget, context, opt);
@@ -502,7 +502,7 @@ absl::StatusOr<json> CheckReplay(model::CpuForward& forward, cache::BlockPool& p
                                  const std::string& policy, double budget, const Options& opt) {
   const model::ModelConfig& c = forward.model().config();
   pol::PolicyContext context;
-  context.dims = forward.model().PolicyDims(kBlockSize);
+  context.dims = forward.model().PolicyDims(kBlockSize, /*logit_bias=*/true);
   context.layout = task.layout;
   WINNOW_ASSIGN_OR_RETURN(std::unique_ptr<cache::CompressionSession> session,
                           CreateSession(policy, budget, context, opt));
@@ -644,7 +644,8 @@ absl::StatusOr<std::unique_ptr<cache::BlockPool>> CreatePool(model::Model& model
   int32_t max_tokens = 0;
   for (const Task& t : tasks) max_tokens = std::max(max_tokens, t.layout.num_tokens);
   const int32_t seqs = 2 + 2 * static_cast<int32_t>(opt.budgets.size()) + 1;
-  const cache::KvLayout layout = model.KvLayoutFor(kBlockSize, opt.kv_dtype);
+  const cache::KvLayout layout =
+      model.KvLayoutFor(kBlockSize, opt.kv_dtype, /*logit_bias=*/true);
   const int32_t per_seq =
       layout.num_layers * ((max_tokens + opt.gen_tokens + 1 + kBlockSize - 1) / kBlockSize + 1);
   return cache::BlockPool::Create(layout, seqs * per_seq);

@@ -73,6 +73,9 @@ bool BlockPool::Allocate(int32_t count, std::vector<int32_t>* out) {
     Unlink(block);
     meta_[block].refs = 1;
     ClearKey(block);
+    if (arena_ != nullptr && layout_.logit_bias) {
+      std::memset(Bias(block, 0), 0, layout_.bias_bytes_per_block());
+    }
     ++num_references_;
     out->push_back(block);
   }

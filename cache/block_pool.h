@@ -24,23 +24,35 @@ class KvDevice;
 // (kernels/cpu/kv_dtype.h: f32, f16, bf16, or q8_0 blocks of 32 values with an fp16 scale).
 // One head's keys for a block are contiguous (attention streams them) and each row is whole and
 // contiguous, so compaction moves a token by copying its row's bytes, whatever the dtype.
+// With `logit_bias` the block ends with Bias[kv_head][slot], one float per (KV head, slot)
+// added to every attention logit on that key: zero for a computed token, log(group mass / own
+// mass) for a slot that absorbed evicted ones (a mass-preserving merge, cache/compaction.h).
+// It lives in the block so that every block copy (copy-on-write, published prefixes) carries it.
 struct KvLayout {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;
   kernels::KvDtype dtype = kernels::KvDtype::kF32;
+  bool logit_bias = false;
 
   int64_t row_bytes() const { return kernels::KvRowBytes(dtype, head_dim); }
   int64_t bytes_per_head_block() const { return int64_t{block_size} * row_bytes(); }
-  int64_t bytes_per_block() const { return 2 * int64_t{num_kv_heads} * bytes_per_head_block(); }
-  // K and V bytes one token occupies across all layers (uncompressed).
+  // Where a block's Bias[kv_head][slot] starts (after K and V), and its size (0 without bias).
+  int64_t bias_offset() const { return 2 * int64_t{num_kv_heads} * bytes_per_head_block(); }
+  int64_t bias_bytes_per_block() const {
+    return logit_bias ? int64_t{num_kv_heads} * block_size * int64_t{sizeof(float)} : 0;
+  }
+  int64_t bytes_per_block() const { return bias_offset() + bias_bytes_per_block(); }
+  // K, V (and bias) bytes one token occupies across all layers (uncompressed).
   int64_t kv_bytes_per_token() const {
-    return int64_t{num_layers} * 2 * num_kv_heads * row_bytes();
+    return int64_t{num_layers} * (2 * num_kv_heads * row_bytes() +
+                                  bias_bytes_per_block() / block_size);
   }
   kernels::PagedKvView View(const std::byte* arena) const {
-    return kernels::PagedKvView{arena,     bytes_per_block(), block_size, num_kv_heads,
-                                head_dim,  dtype,             row_bytes()};
+    return kernels::PagedKvView{arena,    bytes_per_block(), block_size,
+                                num_kv_heads, head_dim,       dtype,
+                                row_bytes(),  logit_bias ? bias_offset() : 0};
   }
 };
 
@@ -77,7 +89,8 @@ class BlockPool {
   int32_t num_cached_free() const { return num_cached_free_; }
 
   // Appends `count` block ids, each with one reference, to `out`, or takes none and returns
-  // false when fewer are free. Reclaiming a cached block forgets its key.
+  // false when fewer are free. Reclaiming a cached block forgets its key. A host arena's
+  // logit biases of the blocks handed out are zeroed (the forwards write only K and V).
   bool Allocate(int32_t count, std::vector<int32_t>* out);
   // Drops one reference from each block. Freeing a block that has none aborts: it would corrupt
   // another sequence's cache, so it is a bug, not an input error.
@@ -117,6 +130,12 @@ class BlockPool {
   // Stores head_dim floats into a row (rounded or quantised to the dtype).
   void WriteRow(int32_t block, int32_t kv_head, int32_t slot, bool values, const float* src) {
     kernels::EncodeKv(layout_.dtype, src, layout_.head_dim, Row(block, kv_head, slot, values));
+  }
+  // A block's logit biases for one KV head (block_size floats); layouts with logit_bias only.
+  float* Bias(int32_t block, int32_t kv_head) {
+    return reinterpret_cast<float*>(arena_ + block * layout_.bytes_per_block() +
+                                    layout_.bias_offset()) +
+           int64_t{kv_head} * layout_.block_size;
   }
   // Reads a row back as head_dim floats.
   void ReadRow(int32_t block, int32_t kv_head, int32_t slot, bool values, float* dst) const {

@@ -1,12 +1,47 @@
 #include "cache/keep_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace winnow::cache::policies {
+namespace {
+
+// A mass-preserving merge's inputs: a mass per slot of every head, an absorbing range inside the
+// layer, and no mean-merge groups beside it.
+absl::Status ValidateMass(const LayerKeep& keep, int32_t num_kv_heads, int32_t n,
+                          const std::string& where) {
+  if (!keep.merges_mass()) return absl::OkStatus();
+  if (!keep.merge.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": both merge groups and masses"));
+  }
+  if (static_cast<int32_t>(keep.mass.size()) != num_kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": masses for ", keep.mass.size(), " heads"));
+  }
+  for (const std::vector<float>& mass : keep.mass) {
+    if (static_cast<int32_t>(mass.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", mass.size(), " masses for ", n, " slots"));
+    }
+    for (float m : mass) {
+      if (!(m >= 0.0f) || !std::isfinite(m)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": a mass is not finite >= 0"));
+      }
+    }
+  }
+  if (keep.absorb_begin < 0 || keep.absorb_end < keep.absorb_begin || keep.absorb_end > n) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": absorbing range [",
+                                                   keep.absorb_begin, ", ", keep.absorb_end,
+                                                   ") is not inside [0, ", n, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 bool KeepPlan::empty() const {
   for (const LayerKeep& layer : layers) {
@@ -37,6 +72,7 @@ absl::Status KeepPlan::Validate(const ModelDims& dims,
       return absl::InvalidArgumentError(absl::StrCat(where, ": merge lists for ",
                                                      keep.merge.size(), " heads"));
     }
+    if (absl::Status s = ValidateMass(keep, dims.num_kv_heads, n, where); !s.ok()) return s;
     for (int32_t h = 0; h < dims.num_kv_heads; ++h) {
       const std::vector<int32_t>& slots = keep.heads[h];
       if (slots.size() != count) {
@@ -90,6 +126,7 @@ void KeepSlidingWindow(LayerKeep& keep, int32_t num_slots, int32_t window) {
   std::iota(newest.begin(), newest.end(), num_slots - count);
   for (std::vector<int32_t>& slots : keep.heads) slots = newest;
   keep.merge.clear();
+  keep.mass.clear();
 }
 
 void KeepSlidingWindows(KeepPlan& plan, const ModelDims& dims,

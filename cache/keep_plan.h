@@ -24,6 +24,9 @@ struct ModelDims {
   float attention_scale = 0.0f;  // the model's softmax scale; 0: 1 / sqrt(head_dim)
   // [layer] the sliding window in slots (0: full attention); empty when no layer slides.
   std::vector<int32_t> windows = {};
+  // Whether the cache adds a per-slot logit bias (KvLayout::logit_bias), which a plan's
+  // mass-preserving merge (LayerKeep::mass) needs.
+  bool logit_bias = false;
 
   int32_t group_size() const { return num_heads / num_kv_heads; }
   int32_t WindowOf(int32_t layer) const { return windows.empty() ? 0 : windows[layer]; }
@@ -38,11 +41,24 @@ struct ModelDims {
 // Optional merging (Elastic Cache): when `merge` is non-empty for a head, kept entry i becomes
 // the mean of the K (and of the V) of slots merge[i] instead of a copy of heads[h][i]; the
 // sources of consecutive entries must be ascending and disjoint, each containing heads[h][i].
+// Optional mass-preserving merge (KeepKV): when `mass` is non-empty, mass[h][s] is the
+// attention the observed rows put on slot s of KV head h (any scale common to the head), for
+// every slot of the layer. Each evicted slot then joins the kept slot of [absorb_begin,
+// absorb_end) whose key is the most similar (cosine) if that cosine is at least
+// min_similarity (else it is dropped); that slot keeps its key, its value becomes its group's
+// mass-weighted mean and its logit bias gains log(group mass / own mass), so the observed
+// rows' attention mass and output are preserved (exactly, for one row, when every evicted
+// slot merges). Needs a pool with logit biases (KvLayout::logit_bias); not with `merge`.
 struct LayerKeep {
   std::vector<std::vector<int32_t>> heads;               // [kv_head][i] slot kept as entry i
   std::vector<std::vector<std::vector<int32_t>>> merge;  // [kv_head][i] source slots (optional)
+  std::vector<std::vector<float>> mass = {};             // [kv_head][slot] (optional)
+  int32_t absorb_begin = 0;  // with mass: the kept slots that may absorb evicted ones
+  int32_t absorb_end = 0;
+  float min_similarity = -1.0f;
 
   bool untouched() const { return heads.empty(); }
+  bool merges_mass() const { return !mass.empty(); }
   int32_t kept() const { return heads.empty() ? -1 : static_cast<int32_t>(heads[0].size()); }
 };
 
@@ -61,10 +77,10 @@ struct KeepPlan {
 // window - 1 slots: a plan that keeps at least that many keeps exactly those (the layer then
 // attends as the full cache does); one that keeps fewer keeps as many of the newest, so that
 // while decoding it never reads further back than its window and reads what the full cache's
-// layer reads once it holds window - 1 slots. Merges on such layers are dropped. Older slots
-// would be cut from the layer anyway (the blocks behind a window are given back), and while
-// they stay they show the layer distances its training never did: Gemma 3 270M's replies turn
-// to noise.
+// layer reads once it holds window - 1 slots. Merges (of either kind) on such layers are
+// dropped. Older slots would be cut from the layer anyway (the blocks behind a window are given
+// back), and while they stay they show the layer distances its training never did: Gemma 3
+// 270M's replies turn to noise.
 // num_slots(layer): the layer's slots before the plan. Applied by the compression session to
 // every plan, at prefill and while decoding; a policy that keeps per-slot state (h2o) applies
 // KeepSlidingWindow itself before updating it, so the session's pass changes nothing.

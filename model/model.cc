@@ -97,15 +97,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
   return model;
 }
 
-cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype) const {
+cache::KvLayout Model::KvLayoutFor(int32_t block_size, kernels::KvDtype dtype,
+                                   bool logit_bias) const {
   return cache::KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size,
-                         dtype};
+                         dtype, logit_bias};
 }
 
-cache::policies::ModelDims Model::PolicyDims(int32_t block_size) const {
+cache::policies::ModelDims Model::PolicyDims(int32_t block_size, bool logit_bias) const {
   const ModelConfig& c = config_;
   cache::policies::ModelDims dims{c.num_layers, c.num_heads,  c.num_kv_heads,
                                   c.head_dim,   block_size, c.AttentionScale()};
+  dims.logit_bias = logit_bias;
   if (!c.sliding_layers.empty()) {
     for (int32_t l = 0; l < c.num_layers; ++l) dims.windows.push_back(c.WindowOf(l));
   }

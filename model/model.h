@@ -102,12 +102,14 @@ class Model {
   }
   const ModelWeights& weights() const { return weights_; }
   const GenerationDefaults& generation_defaults() const { return generation_defaults_; }
-  // The KV pool geometry this model needs, with rows stored as `dtype`.
+  // The KV pool geometry this model needs, with rows stored as `dtype`, and with a per-slot
+  // logit bias when `logit_bias` (the CPU attention reads one; cache/block_pool.h).
   cache::KvLayout KvLayoutFor(int32_t block_size,
-                              kernels::KvDtype dtype = kernels::KvDtype::kF32) const;
+                              kernels::KvDtype dtype = kernels::KvDtype::kF32,
+                              bool logit_bias = false) const;
   // The shape the compression policies score in (cache/keep_plan.h), the attention's softmax
-  // scale included.
-  cache::policies::ModelDims PolicyDims(int32_t block_size) const;
+  // scale included; `logit_bias` as the pool's.
+  cache::policies::ModelDims PolicyDims(int32_t block_size, bool logit_bias = false) const;
 
   // What every forward (model/cpu_forward.h, model/cuda_model.h) requires of a batch: a pool
   // of this model's geometry, token ids in the vocabulary, embedding rows that match,

@@ -208,7 +208,7 @@ struct Engine::Impl {
       : model(m),
         limits(l),
         observer(obs),
-        dims(m.PolicyDims(l.block_size)),
+        dims(m.PolicyDims(l.block_size, l.kv_logit_bias)),
         pool(std::move(p)),
         contexts(l.prefix_caching ? std::make_unique<cache::CompressedPrefixCache>(*pool)
                                   : nullptr),
@@ -338,6 +338,7 @@ EngineLimits LimitsOf(const EngineOptions& options, const model::ModelConfig& co
   limits.probe_segment_tokens = options.probe_segment_tokens;
   limits.kv_cache_dtype = layout.dtype;
   limits.kv_bytes_per_token = layout.kv_bytes_per_token();
+  limits.kv_logit_bias = layout.logit_bias;
   limits.device = DescribeDevice(options.device);
   return limits;
 }
@@ -355,7 +356,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(model::Model* model,
   if (model == nullptr) return absl::InvalidArgumentError("engine: model is null");
   WINNOW_RETURN_IF_ERROR(ValidateOptions(options));
   const model::ModelConfig& config = model->config();
-  const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype);
+  // A host pool carries per-slot logit biases (mass-preserving merges); the CUDA attention does
+  // not read them yet, so a device pool has none.
+  const cache::KvLayout layout = model->KvLayoutFor(options.block_size, options.kv_cache_dtype,
+                                                    NeedsHostArena(options.device));
   WINNOW_RETURN_IF_ERROR(kernels::CheckKvDtype(layout.dtype, layout.head_dim));
   // Logits rows: one per sequence, and the rows of chunks whose logits all come back
   // (prompt_logprobs; the scheduler gives them at most kPromptLogprobsChunk per iteration).

@@ -103,7 +103,8 @@ struct EngineLimits {
   bool prefix_caching = false;
   int32_t probe_segment_tokens = 0;
   kernels::KvDtype kv_cache_dtype = kernels::KvDtype::kF32;
-  int64_t kv_bytes_per_token = 0;  // K and V of one token over all layers, in the pool's dtype
+  int64_t kv_bytes_per_token = 0;  // K, V (pool dtype) and logit biases of a token, all layers
+  bool kv_logit_bias = false;      // the pool has per-slot logit biases (host pools)
   // Tokens one sequence could hold if it had the whole pool (kv_blocks_total / layers * size).
   int64_t max_tokens_in_pool = 0;
   std::string device;  // DescribeDevice: "cpu" or "cuda:0 (<GPU name>)"

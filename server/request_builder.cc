@@ -351,7 +351,7 @@ absl::StatusOr<scheduler::CompressionSpec> BuildCompression(const v1::Compressio
         absl::StrCat("request limits: block_size must be >= 1, got ", limits.block_size));
   }
   cache::policies::PolicyContext context;
-  context.dims = model.PolicyDims(limits.block_size);
+  context.dims = model.PolicyDims(limits.block_size, limits.kv_logit_bias);
   context.layout.num_tokens = static_cast<int32_t>(prompt.tokens.size());
   context.layout.spans = prompt.spans;
   // As the engine builds it (MakeCompressionSession): over the context (or its first stage)
@@ -579,6 +579,7 @@ RequestLimits LimitsFor(const scheduler::EngineLimits& engine) {
   limits.max_tokens_limit = engine.max_tokens_limit;
   limits.context_length = engine.context_length;
   limits.block_size = engine.block_size;
+  limits.kv_logit_bias = engine.kv_logit_bias;
   return limits;
 }
 

@@ -46,6 +46,7 @@ struct RequestLimits {
   // The engine's KV block size: compression policies are built against it here, as the engine
   // builds them. The default is an engine's default.
   int32_t block_size = scheduler::EngineOptions{}.block_size;
+  bool kv_logit_bias = false;  // as the engine's pool (mass-preserving merges need it)
 };
 
 // The limits of a running engine: what the daemon and `winnow generate` pass.

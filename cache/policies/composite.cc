@@ -71,6 +71,7 @@ class CompositePolicy : public CompressionPolicy {
       sinks = std::clamp(sinks, 0, per_layer - 1);
       window_.begin = std::max(window_.begin, n - (per_layer - sinks));
     }
+    sinks_ = sinks;
     forced_.assign(n, 0);
     for (int32_t j = 0; j < sinks; ++j) forced_[j] = 1;
     for (int32_t j = window_.begin; j < n; ++j) forced_[j] = 1;
@@ -94,6 +95,7 @@ class CompositePolicy : public CompressionPolicy {
     candidate_budget_ = std::max<int64_t>(0, scored_total(full_layers_));
     compresses_ = per_layer < n;
     scores_.resize(layers);
+    if (options.mass_merge) masses_.resize(layers);
     normalised_.assign(static_cast<size_t>(layers) * candidates_.size(), 0.0f);
     sparsity_.assign(layers, 0.0);
     strength_.assign(layers, 0.0);
@@ -183,7 +185,7 @@ class CompositePolicy : public CompressionPolicy {
                                      -> std::optional<LayerKeep> {
       const int32_t keep_count = forced_count() + counts[l];
       if (keep_count >= n) return std::nullopt;
-      return KeepLayer(scores, keep_count);
+      return KeepLayer(l, scores, keep_count);
     });
   }
 
@@ -198,8 +200,9 @@ class CompositePolicy : public CompressionPolicy {
   int32_t forced_count() const { return static_cast<int32_t>(forced_list_.size()); }
 
   // One layer's keep set: the forced slots and the best candidates, keep_count per KV head;
-  // with `merge`, the evicted slots' groups; after a lookahead, the reply's tokens too.
-  LayerKeep KeepLayer(std::span<const float> scores, int32_t keep_count) const {
+  // with `merge`, the evicted slots' groups, with `mass_merge` the observed masses; after a
+  // lookahead, the reply's tokens too.
+  LayerKeep KeepLayer(int32_t layer, std::span<const float> scores, int32_t keep_count) const {
     const int32_t n = layout().num_tokens;
     LayerKeep keep = PerHeadTopK(scores, dims().num_kv_heads, n, forced_list_, keep_count,
                                  threads(), options_.neighbours, options_.neighbour_share);
@@ -215,7 +218,23 @@ class CompositePolicy : public CompressionPolicy {
         if (options_.merge) keep.merge[h].push_back({j});
       }
     }
+    if (options_.mass_merge) AddMasses(layer, keep);
     return keep;
+  }
+
+  // The observed rows' attention on every slot of the layer (the reply's slots after a
+  // lookahead: 0, they are kept), and the scored slots as the ones that absorb the evicted:
+  // the sinks and the window keep their own values.
+  void AddMasses(int32_t layer, LayerKeep& keep) const {
+    const int32_t n = layout().num_tokens;
+    for (int32_t h = 0; h < dims().num_kv_heads; ++h) {
+      const auto row = masses_[layer].begin() + int64_t{h} * n;
+      std::vector<float>& mass = keep.mass.emplace_back(row, row + n);
+      mass.resize(n + lookahead_seen_, 0.0f);
+    }
+    keep.absorb_begin = sinks_;
+    keep.absorb_end = window_.begin;
+    keep.min_similarity = static_cast<float>(options_.mass_merge_similarity);
   }
 
   // A layer's observation kept for the plan after the lookahead (the window rows only as their
@@ -257,6 +276,11 @@ class CompositePolicy : public CompressionPolicy {
     const std::vector<float> pooled = PooledScores(attention);
     const std::vector<float> layer_scores = CandidateLayerScores(pooled, attention.num_heads);
     RecordAllocationInputs(attention, layer_scores);
+    if (options_.mass_merge) {
+      masses_[attention.layer] = AggregateGroups(
+          SumObservedRows(attention, 0, attention.num_rows, /*mean=*/false, threads()),
+          attention.num_heads, attention.num_kv_heads, n, GroupAggregation::kMean);
+    }
     scores_[attention.layer] = AggregateGroups(pooled, attention.num_heads,
                                                attention.num_kv_heads, n, options_.aggregation);
   }
@@ -443,6 +467,8 @@ class CompositePolicy : public CompressionPolicy {
   int64_t candidate_budget_ = 0;       // candidates kept, summed over the compressed layers
   bool compresses_ = false;
   std::vector<std::vector<float>> scores_;  // [layer][kv_head][slot]
+  std::vector<std::vector<float>> masses_;  // [layer][kv_head][slot] (mass_merge)
+  int32_t sinks_ = 0;                       // forced leading slots
   std::vector<float> normalised_;           // [layer][candidate], each layer summing to 1
   std::vector<double> sparsity_;            // [layer] (allocation=sparsity)
   std::vector<double> strength_;            // [layer] (allocation=strength_skew)
@@ -475,6 +501,13 @@ absl::StatusOr<CompositeOptions> ParseCompositeOptions(const PolicyConfig& confi
   WINNOW_RETURN_IF_ERROR(config.ReadBool("normalize", &o.normalize));
   WINNOW_RETURN_IF_ERROR(config.ReadBool("evict_text", &o.evict_text));
   WINNOW_RETURN_IF_ERROR(config.ReadBool("merge", &o.merge));
+  WINNOW_RETURN_IF_ERROR(config.ReadBool("mass_merge", &o.mass_merge));
+  WINNOW_RETURN_IF_ERROR(
+      config.ReadDouble("mass_merge_similarity", &o.mass_merge_similarity, -1.0, 1.0));
+  if (o.merge && o.mass_merge) {
+    return absl::InvalidArgumentError(
+        "compression.params.mass_merge: not with merge (an evicted token joins one group)");
+  }
   WINNOW_RETURN_IF_ERROR(config.ReadBool("value_norm", &o.value_norm));
   WINNOW_RETURN_IF_ERROR(config.ReadInt("neighbours", &o.neighbours, 0, 64));
   WINNOW_RETURN_IF_ERROR(config.ReadDouble("neighbour_share", &o.neighbour_share, 0.0, 1.0));
@@ -493,6 +526,11 @@ absl::StatusOr<std::unique_ptr<CompressionPolicy>> CreateNamedComposite(
     const std::string& name, const PolicyConfig& config, const PolicyContext& context) {
   WINNOW_ASSIGN_OR_RETURN(const CompositeOptions options, ParseCompositeOptions(config));
   WINNOW_RETURN_IF_ERROR(config.CheckAllUsed(name));
+  if (options.mass_merge && !context.dims.logit_bias) {
+    return absl::InvalidArgumentError(
+        "compression.params.mass_merge: this worker's KV cache has no per-slot logit bias "
+        "(the CUDA attention does not read one yet; the CPU worker's does)");
+  }
   return std::make_unique<CompositePolicy>(name, config, context, options);
 }
 

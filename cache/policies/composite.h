@@ -34,6 +34,14 @@
 //   merge       false: evicted tokens are dropped; true: each joins the nearest kept scored
 //               token, whose K and V become the mean of its group (Elastic Cache's merge, with
 //               the sinks, window and kept text absorbing nothing).
+//   mass_merge  true: each evicted token whose key's cosine with a kept scored token's is at
+//               least mass_merge_similarity joins the most similar one, which keeps its key,
+//               takes the group's values weighted by the observed rows' attention and gains
+//               log(group mass / its own) as a logit bias, so those rows' attention mass and
+//               output survive the eviction (KeepKV-style; the compaction does it,
+//               cache/compaction.h); the other evicted tokens are dropped. Needs a pool with
+//               logit biases (the CPU worker's); not with merge. Lowers KL on documents and
+//               retrieval, but loses exact lookups (docs/experiments/mass-merge.md).
 //
 // What is always kept (counted in the budget): the first max(sinks, sink_frac x per-layer
 // budget) tokens and the observed rows (the window shrinks when they do not fit); in span mode
@@ -71,6 +79,8 @@ struct CompositeOptions {
   bool normalize = false;    // accumulated: divide a key's sum by the rows that saw it
   bool evict_text = true;    // with spans: false keeps every text token
   bool merge = false;
+  bool mass_merge = false;
+  double mass_merge_similarity = 0.8;  // the least key cosine at which an evicted token merges
   bool value_norm = false;   // weight each key's score by ||v|| of its KV head (VATP)
   int32_t neighbours = 0;    // each kept token brings this many on either side
   double neighbour_share = 1.0;  // of the candidate budget, what widened picks may take

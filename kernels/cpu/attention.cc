@@ -171,9 +171,8 @@ class TokenTile {
   float* Output(int32_t t, int32_t g) const {
     return out_ + t * q_stride_ + int64_t{g} * kv_.head_dim;
   }
-  const std::byte* KeyBlock(int32_t slot) const {
-    return kv_.Keys(seq_.block_table[slot / kv_.block_size], kv_head_);
-  }
+  int32_t BlockOf(int32_t slot) const { return seq_.block_table[slot / kv_.block_size]; }
+  const std::byte* KeyBlock(int32_t slot) const { return kv_.Keys(BlockOf(slot), kv_head_); }
   const std::byte* ValueBlock(int32_t slot) const {
     return kv_.Values(seq_.block_table[slot / kv_.block_size], kv_head_);
   }
@@ -190,7 +189,13 @@ class TokenTile {
         keys[k] = kv_.Row(KeyBlock(slot), slot % kv_.block_size, rows_ + int64_t{k} * head_dim);
       }
       for (int32_t g = 0; g < group_; ++g) {
-        ScaledDotsUpTo8(Query(0, g), keys, n, head_dim, scale, ScoreRow(0, g) + j);
+        float* logits = ScoreRow(0, g) + j;
+        ScaledDotsUpTo8(Query(0, g), keys, n, head_dim, scale, logits);
+        for (int32_t k = 0; k < n; ++k) {
+          const int32_t slot = (*slots_)[j + k];
+          kv_.AddBias(BlockOf(slot), kv_head_, slot % kv_.block_size,
+                      slot % kv_.block_size + 1, logits + k);
+        }
       }
     }
   }
@@ -209,6 +214,7 @@ class TokenTile {
         for (int32_t g = 0; g < group_; ++g) {
           ScaledDots(Query(t, g), keys + int64_t{lo - start} * kv_.head_dim, hi - lo,
                      kv_.head_dim, scale, ScoreRow(t, g) + lo);
+          kv_.AddBias(BlockOf(start), kv_head_, lo - start, hi - start, ScoreRow(t, g) + lo);
         }
       }
     }

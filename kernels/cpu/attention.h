@@ -12,7 +12,8 @@ namespace winnow::kernels {
 
 // A raw view of the block arena (see cache/block_pool.h for the layout): each block holds
 // K[kv_head][slot][row] then V[kv_head][slot][row], a row being head_dim values stored as
-// `dtype` in row_bytes bytes.
+// `dtype` in row_bytes bytes, then, when bias_offset > 0, Bias[kv_head][slot] floats that the
+// attention adds to each logit (a merged slot's share of evicted attention mass).
 struct PagedKvView {
   const std::byte* arena = nullptr;
   int64_t bytes_per_block = 0;
@@ -21,6 +22,20 @@ struct PagedKvView {
   int32_t head_dim = 0;
   KvDtype dtype = KvDtype::kF32;
   int64_t row_bytes = 0;  // KvRowBytes(dtype, head_dim)
+  int64_t bias_offset = 0;  // 0: no logit bias
+
+  // A block's logit biases for one KV head (block_size floats), or null without them.
+  const float* Bias(int32_t block, int32_t kv_head) const {
+    if (bias_offset == 0) return nullptr;
+    return reinterpret_cast<const float*>(arena + block * bytes_per_block + bias_offset) +
+           int64_t{kv_head} * block_size;
+  }
+  // Adds slots [lo, hi) of a head block's biases (lo, hi within the block) to logits[0, hi-lo).
+  void AddBias(int32_t block, int32_t kv_head, int32_t lo, int32_t hi, float* logits) const {
+    const float* bias = Bias(block, kv_head);
+    if (bias == nullptr) return;
+    for (int32_t j = lo; j < hi; ++j) logits[j - lo] += bias[j];
+  }
 
   const std::byte* Keys(int32_t block, int32_t kv_head) const {
     return arena + block * bytes_per_block + int64_t{kv_head} * block_size * row_bytes;

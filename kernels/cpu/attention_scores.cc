@@ -57,6 +57,7 @@ void ChunkLogits(const PagedKvView& kv, const ScoreInput& in, int32_t g, int32_t
         if (limit <= 0) continue;
         ScaledDots(in.q + (r0 + rr) * row_floats + int64_t{h} * d, keys, limit, d, in.scale,
                    out(hh, rr) + start);
+        kv.AddBias(in.block_table[start / kv.block_size], g, 0, limit, out(hh, rr) + start);
       }
     }
   }
@@ -149,6 +150,7 @@ void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
           const float row_lse = lse[int64_t{h} * in.num_rows + r];
           // One block's logits, then one vectorised exp over them.
           ScaledDots(q, keys, limit, d, in.scale, block_probs.data());
+          kv.AddBias(in.block_table[kb], g, 0, limit, block_probs.data());
           vec::ExpShifted(block_probs.data(), limit, row_lse);
           if (in.reduce == ColumnReduce::kMax) {
             for (int32_t j = 0; j < limit; ++j) col[j] = std::max(col[j], block_probs[j]);

@@ -216,6 +216,39 @@ def test_composite_and_its_presets_compress_through_the_daemon(daemon):
     assert "compression.options.allocation" in err.value.details()
 
 
+def test_a_mass_merge_keeps_the_same_slots_and_batches_like_one_request(daemon):
+    # mass_merge folds evicted tokens into kept ones (values and logit biases): what stays is
+    # the plain plan's, and two such requests at once (sharing decode batches once the first
+    # has freed its blocks) reply as one alone does.
+    prompt = token_prompt(240, 7)
+    _, _, plain = daemon.client.generate_text(
+        request=request(prompt, 8, "winnowkv_docs", 0.25), timeout=60)
+    merge = {"mass_merge": "true"}
+    _, alone, merged = daemon.client.generate_text(
+        request=request(prompt, 8, "winnowkv_docs", 0.25, options=merge), timeout=60)
+    assert len(alone) == 8
+    assert (list(merged.usage.kv_tokens_kept_per_layer)
+            == list(plain.usage.kv_tokens_kept_per_layer))
+    assert merged.usage.kv_blocks_freed_by_compression > 0
+    done_at: dict = {}
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run, daemon.target,
+                               request(prompt, 8, "winnowkv_docs", 0.25, options=merge),
+                               done_at, k) for k in range(2)]
+        assert [f.result()[0] for f in futures] == [alone, alone]
+    # With a lookahead the reply's first tokens join the kept slots and absorb nothing.
+    _, ids, final = daemon.client.generate_text(
+        request=request(prompt, 12, "winnowkv_docs", 0.25, {"lookahead": 4},
+                        {"allocation": "uniform", **merge}), timeout=60)
+    assert list(final.usage.kv_tokens_kept_per_layer) == [60 + 4] * LAYERS
+    with pytest.raises(grpc.RpcError) as err:
+        list(daemon.client.generate(request=request(prompt, 4, "winnowkv", 0.25,
+                                                    options={"merge": "true", **merge}),
+                                    timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "compression.params.mass_merge" in err.value.details()
+
+
 def test_a_lookahead_compresses_after_the_replys_first_tokens(daemon):
     # The first 8 + 1 tokens decode on the whole prompt, so they are the uncompressed reply's;
     # then the plan keeps 60 of the prompt's 240 tokens (uniform split) plus those 8.

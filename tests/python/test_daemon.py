@@ -211,7 +211,9 @@ def test_tokenize_model_info_status(daemon):
     assert info.block_size == 16
     # The default KV cache dtype is f16: 2 bytes a value.
     assert info.kv_cache_dtype == "f16"
-    assert info.kv_bytes_per_token == info.num_layers * 2 * info.num_kv_heads * info.head_dim * 2
+    # K and V at f16, and the CPU pool's logit bias (a float per layer and KV head).
+    assert info.kv_bytes_per_token == (info.num_layers * 2 * info.num_kv_heads * info.head_dim * 2
+                                       + info.num_layers * info.num_kv_heads * 4)
     ids = daemon.client.tokenize("Hello world", add_special_tokens=False)
     assert ids and daemon.client.detokenize(ids) == "Hello world"
     st = daemon.client.server_status()

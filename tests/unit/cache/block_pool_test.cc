@@ -35,6 +35,25 @@ TEST(BlockPoolTest, KeysAndValuesOfBlocksDoNotOverlap) {
   EXPECT_EQ(reinterpret_cast<std::byte*>(p.Values(1, 1)), p.Row(1, 1, 0, true));
 }
 
+TEST(BlockPoolTest, LogitBiasesFollowTheRowsAndStartAtZero) {
+  KvLayout layout = SmallLayout();
+  layout.logit_bias = true;
+  EXPECT_EQ(layout.bytes_per_block(), SmallLayout().bytes_per_block() + 2 * 4 * 4);
+  auto pool = *BlockPool::Create(layout, 1);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(pool->Allocate(1, &blocks));
+  float* bias = pool->Bias(blocks[0], 1);
+  // After the last V row; head 1's four floats after head 0's.
+  EXPECT_EQ(reinterpret_cast<std::byte*>(bias),
+            pool->Row(blocks[0], 1, 3, /*values=*/true) + layout.row_bytes() + 4 * 4);
+  bias[2] = 1.5f;
+  EXPECT_EQ(pool->View().Bias(blocks[0], 1)[2], 1.5f);
+  pool->Free(blocks);
+  blocks.clear();
+  ASSERT_TRUE(pool->Allocate(1, &blocks));  // the same block, handed out again: zeroed
+  EXPECT_EQ(pool->Bias(blocks[0], 1)[2], 0.0f);
+}
+
 TEST(BlockPoolTest, RejectsEmptyPool) { EXPECT_FALSE(BlockPool::Create(SmallLayout(), 0).ok()); }
 
 TEST(BlockPoolDeathTest, DoubleFreeAborts) {

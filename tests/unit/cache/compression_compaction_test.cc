@@ -1,9 +1,14 @@
 // Compaction: kept K/V move bit for bit, merges average, blocks return to the pool exactly.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
+
 #include "cache/block_pool.h"
 #include "cache/compaction.h"
 #include "cache/sequence_kv.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace winnow::cache {
 namespace {
@@ -182,6 +187,92 @@ TEST(CompactionTest, SlidingLayersKeepOnlyWhatTheirNextTokenReads) {
   untouched.layers.resize(kLayers);
   KeepSlidingWindows(untouched, dims, [](int32_t) { return 12; });
   EXPECT_TRUE(untouched.empty());
+}
+
+// KeepKV's merge keeps what the observed row reads: with that row's attention as the masses,
+// the row attends to the compacted cache as it did to the whole one (the same output), the
+// biases already there included, and the slots past the new end start at bias 0 again.
+TEST(CompactionTest, MassMergeKeepsTheObservedRowsOutput) {
+  constexpr int32_t kHeads = 2, kD = 8, kSlots = 18;
+  const KvLayout layout{1, kHeads, kD, kBlock, kernels::KvDtype::kF32, /*logit_bias=*/true};
+  auto pool = *BlockPool::Create(layout, 12);
+  SequenceKv kv(1, kBlock);
+  ASSERT_TRUE(kv.Reserve(*pool, kSlots));
+  kv.AppendSlots(0, kSlots);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto bias = [&](int32_t h, int32_t s) -> float& {
+    return pool->Bias(kv.block_table(0)[s / kBlock], h)[s % kBlock];
+  };
+  for (int32_t h = 0; h < kHeads; ++h) {
+    for (int32_t s = 0; s < kSlots; ++s) {
+      for (int32_t d = 0; d < kD; ++d) {
+        pool->Keys(kv.block_table(0)[s / kBlock], h)[(s % kBlock) * kD + d] = normal(rng);
+        pool->Values(kv.block_table(0)[s / kBlock], h)[(s % kBlock) * kD + d] = normal(rng);
+      }
+      bias(h, s) = 0.1f * normal(rng);  // earlier merges
+    }
+  }
+  std::vector<float> q(kHeads * kD);
+  for (float& x : q) x = 0.5f * normal(rng);
+  kernels::ThreadPool threads(1);
+  const float scale = 1.0f / std::sqrt(float{kD});
+  // The row of the last slot, reading all of them: its output and its attention.
+  auto attend = [&](int32_t slots, float* probs) {
+    std::vector<float> out(kHeads * kD);
+    kernels::AttentionSequence seq{kv.block_table(0).data(), slots, 1, 0};
+    seq.probs = probs;
+    kernels::PagedAttention(pool->View(), {&seq, 1}, q.data(), kHeads, scale, out.data(),
+                            threads);
+    return out;
+  };
+  std::vector<float> probs(kHeads * kSlots, 0.0f);
+  const std::vector<float> full = attend(kSlots, probs.data());
+
+  KeepPlan plan;
+  plan.layers.resize(1);
+  LayerKeep& keep = plan.layers[0];
+  keep.heads = {{0, 1, 5, 9, 12, 16, 17}, {0, 2, 6, 7, 13, 16, 17}};
+  for (int32_t h = 0; h < kHeads; ++h) {
+    keep.mass.emplace_back(probs.begin() + h * kSlots, probs.begin() + (h + 1) * kSlots);
+  }
+  keep.absorb_begin = 1;  // the sink and the window (16, 17) keep their own values
+  keep.absorb_end = 16;
+  const float sink_bias = bias(0, 0);
+  ASSERT_TRUE(ApplyKeepPlan(plan, kv, *pool).ok());
+  ASSERT_EQ(kv.num_slots(0), 7);
+  EXPECT_EQ(bias(0, 0), sink_bias);
+  EXPECT_EQ(bias(0, 7), 0.0f);  // past the new end of the last block
+  EXPECT_EQ(bias(1, 7), 0.0f);
+  std::vector<float> kept_probs(kHeads * 7, 0.0f);
+  const std::vector<float> merged = attend(7, kept_probs.data());
+  for (int32_t i = 0; i < kHeads * kD; ++i) EXPECT_NEAR(merged[i], full[i], 1e-5) << i;
+  // The slots that absorbed nothing keep their own attention (the total is preserved).
+  for (int32_t h = 0; h < kHeads; ++h) {
+    EXPECT_NEAR(kept_probs[h * 7 + 6], probs[h * kSlots + 17], 1e-6);
+    EXPECT_NEAR(kept_probs[h * 7], probs[h * kSlots], 1e-6);
+  }
+}
+
+TEST(CompactionTest, MassMergeNeedsAPoolWithLogitBiasesAndWellFormedMasses) {
+  auto pool = *BlockPool::Create(KvLayout{kLayers, kKvHeads, kDim, kBlock}, 40);
+  SequenceKv kv(kLayers, kBlock);
+  Fill(*pool, kv, 8);
+  KeepPlan plan;
+  plan.layers.resize(kLayers);
+  plan.layers[0].heads = {{0, 5}, {0, 5}};
+  plan.layers[0].mass.assign(kKvHeads, std::vector<float>(8, 0.1f));
+  plan.layers[0].absorb_end = 8;
+  EXPECT_EQ(ApplyKeepPlan(plan, kv, *pool).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  plan.layers[0].mass[1].resize(7);
+  EXPECT_EQ(ApplyKeepPlan(plan, kv, *pool).status().code(), absl::StatusCode::kInvalidArgument);
+  plan.layers[0].mass[1].assign(8, -1.0f);
+  EXPECT_EQ(ApplyKeepPlan(plan, kv, *pool).status().code(), absl::StatusCode::kInvalidArgument);
+  plan.layers[0].mass[1].assign(8, 0.1f);
+  plan.layers[0].absorb_end = 9;
+  EXPECT_EQ(ApplyKeepPlan(plan, kv, *pool).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.num_slots(0), 8);
 }
 
 }  // namespace

@@ -134,6 +134,45 @@ TEST(CompositePolicy, MergeGroupsJoinTheNearestKeptScoredToken) {
   }
 }
 
+// mass_merge hands the compaction the window's attention on every slot (its query heads'
+// mean, summed over the rows) and the scored range as the one that absorbs; it needs a cache
+// with logit biases and refuses to be combined with the mean merge.
+TEST(CompositePolicy, MassMergeCarriesTheWindowsAttentionToTheCompaction) {
+  const int32_t n = 100;
+  PolicyContext c = Context(2, 4, 2, n, {});
+  const PolicyParams params = {{"mass_merge", "true"}, {"window", 8.0}, {"sinks", 2.0}};
+  absl::StatusOr<std::unique_ptr<CompressionPolicy>> refused =
+      CreatePolicy("composite", PolicyConfig(0.2, params), c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("mass_merge"), std::string::npos);
+  c.dims.logit_bias = true;
+  auto policy = Make("composite", 0.2, c, params);
+  policy_testing::LogitFn peaks = [](int32_t h, int32_t, int32_t j) {
+    return (j == 30 || j == 60) ? 4.0 + h : 0.0;
+  };
+  const KeepPlan plan = RunPolicy(*policy, c, {peaks, peaks});
+  policy_testing::FakeLayer window =
+      policy_testing::MakeLayer(0, 4, 2, n, policy->Observation().window_begin, peaks);
+  for (const LayerKeep& layer : plan.layers) {
+    ASSERT_EQ(layer.mass.size(), 2u);
+    EXPECT_EQ(layer.absorb_begin, 2);
+    EXPECT_EQ(layer.absorb_end, n - 8);
+    EXPECT_FLOAT_EQ(layer.min_similarity, 0.8f);
+    for (int32_t g = 0; g < 2; ++g) {
+      for (int32_t j : {0, 30, 45, 99}) {
+        double want = 0.0;
+        for (int32_t h = 2 * g; h < 2 * g + 2; ++h) {
+          for (int32_t r = 0; r < 8; ++r) want += window.probs[(h * 8 + r) * n + j] / 2.0;
+        }
+        EXPECT_NEAR(layer.mass[g][j], want, 1e-5) << g << " " << j;
+      }
+    }
+  }
+  EXPECT_FALSE(
+      CreatePolicy("composite", PolicyConfig(0.2, {{"mass_merge", "true"}, {"merge", "true"}}), c)
+          .ok());
+}
+
 class AllRowsScorer : public testing::TestWithParam<const char*> {};
 
 // The window rows attend uniformly, so the heavy columns of every prompt row decide, for the

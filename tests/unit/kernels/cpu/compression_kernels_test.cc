@@ -28,8 +28,10 @@ struct Fixture {
   std::vector<float> q;  // rows x heads x dim
   std::mt19937 rng{7};
 
-  explicit Fixture(int32_t rows) {
-    pool = *cache::BlockPool::Create(cache::KvLayout{1, kKvHeads, kDim, kBlock}, 16);
+  // With `logit_bias`, every (KV head, slot) gets a random bias that the attention adds.
+  explicit Fixture(int32_t rows, bool logit_bias = false) {
+    pool = *cache::BlockPool::Create(
+        cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF32, logit_bias}, 16);
     // Take blocks out of order so the table is not the identity.
     std::vector<int32_t> spare;
     pool->Allocate(3, &spare);
@@ -43,6 +45,7 @@ struct Fixture {
           Key(g, s)[d] = normal(rng);
           Value(g, s)[d] = normal(rng);
         }
+        if (logit_bias) Bias(g, s) = normal(rng);
       }
     }
     q.resize(static_cast<size_t>(rows) * kHeads * kDim);
@@ -53,6 +56,9 @@ struct Fixture {
   }
   float* Value(int32_t g, int32_t s) {
     return pool->Values(kv.block_table(0)[s / kBlock], g) + (s % kBlock) * kDim;
+  }
+  float& Bias(int32_t g, int32_t s) {
+    return pool->Bias(kv.block_table(0)[s / kBlock], g)[s % kBlock];
   }
   PagedKvView View() const { return pool->View(); }
   // Dense reference probabilities of row r, head h over the first `visible` slots.
@@ -65,6 +71,7 @@ struct Fixture {
         dot += double{q[(r * kHeads + h) * kDim + d]} * Key(h / (kHeads / kKvHeads), j)[d];
       }
       p[j] = dot * scale;
+      if (pool->layout().logit_bias) p[j] += Bias(h / (kHeads / kKvHeads), j);
       max_logit = std::max(max_logit, p[j]);
     }
     double sum = 0;
@@ -266,4 +273,57 @@ TEST(PagedAttentionTest, SlidingWindowSeesOnlyTheLastWindowSlots) {
 }
 
 }  // namespace
+// The per-slot logit bias (a merged slot's share of evicted mass) enters every logit: the
+// attention's dense and sparse paths and the scoring kernel's probabilities all match the
+// reference with the bias added.
+TEST(AttentionScoresTest, EveryKernelAddsTheSlotsLogitBias) {
+  constexpr int32_t kNew = 9;
+  Fixture f(kNew, /*logit_bias=*/true);
+  ThreadPool threads(2);
+  const float scale = 1.0f / std::sqrt(float{kDim});
+  std::vector<float> out(kNew * kHeads * kDim), probs(kNew * kHeads * kSlots, 0.0f);
+  AttentionSequence seq{f.kv.block_table(0).data(), kSlots, kNew, 0};
+  seq.probs = probs.data();
+  PagedAttention(f.View(), {&seq, 1}, f.q.data(), kHeads, scale, out.data(), threads);
+  std::vector<int32_t> visible;
+  for (int32_t i = 0; i < kNew; ++i) {
+    const int32_t last = kSlots - kNew + i;
+    visible.push_back(last + 1);
+    std::vector<int32_t> attended(last + 1);
+    for (int32_t j = 0; j <= last; ++j) attended[j] = j;
+    for (int32_t h = 0; h < kHeads; ++h) {
+      ExpectAttendsTo(f, i, h, attended, probs.data() + (i * kHeads + h) * kSlots,
+                      out.data() + i * kHeads * kDim, scale);
+    }
+  }
+  const std::vector<int32_t> selected = {0, 5, 6, 20};
+  std::vector<float> sparse_out(kHeads * kDim), sparse_probs(kHeads * kSlots, 0.0f);
+  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
+  sparse.selected = selected.data();
+  sparse.num_selected = 4;
+  sparse.probs = sparse_probs.data();
+  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, sparse_out.data(), threads);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    ExpectAttendsTo(f, 0, h, {0, 5, 6, 20, 22}, sparse_probs.data() + h * kSlots,
+                    sparse_out.data(), scale);
+  }
+  ScoreInput in{f.kv.block_table(0).data(), kSlots, f.q.data(), kNew, visible.data(), kHeads,
+                scale};
+  std::vector<float> scored(kHeads * kNew * kSlots, -1.0f), lse(kHeads * kNew);
+  AttentionProbabilities(f.View(), in, scored.data(), lse.data(), threads);
+  std::vector<float> columns(kHeads * kSlots, 0.0f);
+  AccumulateAttentionColumns(f.View(), in, columns.data(), threads);
+  for (int32_t h = 0; h < kHeads; ++h) {
+    std::vector<double> column(kSlots, 0.0);
+    for (int32_t r = 0; r < kNew; ++r) {
+      const std::vector<double> ref = f.Reference(r, h, visible[r], scale);
+      for (int32_t j = 0; j < visible[r]; ++j) {
+        EXPECT_NEAR(scored[(h * kNew + r) * kSlots + j], ref[j], 1e-5) << h << " " << r;
+        column[j] += ref[j];
+      }
+    }
+    for (int32_t j = 0; j < kSlots; ++j) EXPECT_NEAR(columns[h * kSlots + j], column[j], 1e-5);
+  }
+}
+
 }  // namespace winnow::kernels
