@@ -1,4 +1,5 @@
-// Compaction: kept K/V move bit for bit, merges average, blocks return to the pool exactly.
+// Compaction: kept K/V move bit for bit, merges average, mass merges keep the observed row's
+// output, blocks return to the pool exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
