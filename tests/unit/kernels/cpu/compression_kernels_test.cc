@@ -178,6 +178,22 @@ TEST(AttentionScoresTest, ValueNormsAreTheL2NormOfEachValueRow) {
   }
 }
 
+// The new token (slot 22) decoding over the past slots {0, 5, 6, 20} only (the sparse path):
+// its output (heads x dim) and probabilities (heads x slots).
+struct SparseResult {
+  std::vector<float> out, probs;
+};
+SparseResult SparseDecode(Fixture& f, ThreadPool& threads, float scale) {
+  const std::vector<int32_t> selected = {0, 5, 6, 20};
+  SparseResult r{std::vector<float>(kHeads * kDim), std::vector<float>(kHeads * kSlots, 0.0f)};
+  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
+  sparse.selected = selected.data();
+  sparse.num_selected = static_cast<int32_t>(selected.size());
+  sparse.probs = r.probs.data();
+  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, r.out.data(), threads);
+  return r;
+}
+
 TEST(PagedAttentionTest, ProbabilityOutputAndSparseSelectionMatchReference) {
   Fixture f(1);
   ThreadPool threads(2);
@@ -192,13 +208,7 @@ TEST(PagedAttentionTest, ProbabilityOutputAndSparseSelectionMatchReference) {
     for (int32_t j = 0; j < kSlots; ++j) EXPECT_NEAR(probs[h * kSlots + j], ref[j], 1e-5);
   }
   // Sparse: attend to slots {0, 5, 6, 20} of the past plus the new token (slot 22).
-  const std::vector<int32_t> selected = {0, 5, 6, 20};
-  std::vector<float> sparse_out(kHeads * kDim), sparse_probs(kHeads * kSlots, 0.0f);
-  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
-  sparse.selected = selected.data();
-  sparse.num_selected = 4;
-  sparse.probs = sparse_probs.data();
-  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, sparse_out.data(), threads);
+  const auto [sparse_out, sparse_probs] = SparseDecode(f, threads, scale);
   const std::vector<int32_t> attended = {0, 5, 6, 20, 22};
   for (int32_t h = 0; h < kHeads; ++h) {
     const std::vector<double> full = f.Reference(0, h, kSlots, scale);
@@ -296,13 +306,7 @@ TEST(AttentionScoresTest, EveryKernelAddsTheSlotsLogitBias) {
                       out.data() + i * kHeads * kDim, scale);
     }
   }
-  const std::vector<int32_t> selected = {0, 5, 6, 20};
-  std::vector<float> sparse_out(kHeads * kDim), sparse_probs(kHeads * kSlots, 0.0f);
-  AttentionSequence sparse{f.kv.block_table(0).data(), kSlots, 1, 0};
-  sparse.selected = selected.data();
-  sparse.num_selected = 4;
-  sparse.probs = sparse_probs.data();
-  PagedAttention(f.View(), {&sparse, 1}, f.q.data(), kHeads, scale, sparse_out.data(), threads);
+  const auto [sparse_out, sparse_probs] = SparseDecode(f, threads, scale);
   for (int32_t h = 0; h < kHeads; ++h) {
     ExpectAttendsTo(f, 0, h, {0, 5, 6, 20, 22}, sparse_probs.data() + h * kSlots,
                     sparse_out.data(), scale);
