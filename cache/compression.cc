@@ -81,8 +81,10 @@ QueryCapture* CompressionSession::PrefillCapture(int32_t start, int32_t count) {
     capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
       AccumulateLayer(layer, kv, scoring);
     };
+    capture_.fold = kernels::ColumnReduce::kSum;
   } else {
     capture_.layer_done = nullptr;
+    capture_.fold.reset();
   }
   // The device can plan while the forward runs when this chunk holds the whole window and
   // completes the prompt (every layer then holds every key when its attention is done).
@@ -205,10 +207,23 @@ void CompressionSession::AccumulateLayer(int32_t layer, const SequenceKv& kv,
   // Complete once the forward returns (a device backend waits once for every layer's), and
   // folded into the sums by AfterPrefillChunk. Called from inside the forward, which has no way
   // to take an error: the first one is kept for AfterPrefillChunk to return.
-  chunk_sums_.push_back({layer, in.num_slots, BaseSlots(layer), in.reduce,
-                         std::vector<float>(static_cast<size_t>(dims_.num_heads) * in.num_slots)});
-  capture_status_.Update(
-      scoring.ColumnSumsDeferred(in, chunk_sums_.back().sums.data(), capture_.device_rows));
+  const size_t sums_size = static_cast<size_t>(dims_.num_heads) * in.num_slots;
+  if (capture_.folded_layer == layer) {  // the forward's attention folded them already
+    if (capture_.folded.size() != sums_size || in.reduce != capture_.fold) {
+      capture_status_.Update(absl::InternalError(
+          absl::StrCat("compression: layer ", layer, "'s folded rows do not fit its slots")));
+      return;
+    }
+    chunk_sums_.push_back(
+        {layer, in.num_slots, BaseSlots(layer), in.reduce, std::move(capture_.folded)});
+    capture_.folded = {};
+    capture_.folded_layer = -1;
+  } else {
+    chunk_sums_.push_back(
+        {layer, in.num_slots, BaseSlots(layer), in.reduce, std::vector<float>(sums_size)});
+    capture_status_.Update(
+        scoring.ColumnSumsDeferred(in, chunk_sums_.back().sums.data(), capture_.device_rows));
+  }
   if (on_device) return;  // the host got the window rows only
   // Keep only the observation-window rows of this layer.
   int32_t before_window = 0;
@@ -379,6 +394,7 @@ QueryCapture* CompressionSession::ProbeCapture(int32_t start, int32_t count) {
   capture_.layer_done = [this](int32_t layer, const SequenceKv& kv, ScoringBackend& scoring) {
     AccumulateLayer(layer, kv, scoring);
   };
+  capture_.fold = observe_.window_reduce;
   return &capture_;
 }
 

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 
 namespace winnow::cache {
 
@@ -66,10 +68,22 @@ struct QueryCapture {
   // capture rows as usual.
   std::function<void(int32_t layer, const SequenceKv& kv, ScoringBackend& scoring)> device_plan;
 
+  // Optional, with layer_done: the fold (sum or maximum) of the captured rows' attention
+  // probabilities on each slot, which layer_done wants. A forward that computes its attention
+  // on the host (the CPU worker) folds them while that attention runs
+  // (kernels::AttentionSequence::column_fold), wherever it sees every slot before each row (no
+  // sliding window or selection cutting a row's view): `folded` then holds num_heads x the
+  // layer's slots and folded_layer is that layer when layer_done runs. Elsewhere folded_layer
+  // is -1 and layer_done asks the scoring backend, which takes two more passes over the keys.
+  std::optional<kernels::ColumnReduce> fold;
+  std::vector<float> folded;
+  int32_t folded_layer = -1;
+
   int32_t num_rows() const { return static_cast<int32_t>(positions.size()); }
   void Clear() {
     for (std::vector<float>& rows : per_layer) rows.clear();
     positions.clear();
+    folded_layer = -1;
   }
 };
 

@@ -296,6 +296,7 @@ absl::Status CpuForward::AttachAttentionHooks(const BatchEntry& entry, int32_t l
       attention->num_selected = static_cast<int32_t>(selected->size());
     }
   }
+  FoldCapturedRows(entry, layer, attention);
   if (entry.attention_probs != nullptr) {
     entry.attention_probs->resize(c.num_layers);
     std::vector<float>& probs = (*entry.attention_probs)[layer];
@@ -305,16 +306,36 @@ absl::Status CpuForward::AttachAttentionHooks(const BatchEntry& entry, int32_t l
   return absl::OkStatus();
 }
 
-// Query capture, the paged attention and the output projection (Gemma: normalised), added to
-// the residual.
+// Where the sequence's capture wants its rows' probabilities folded (QueryCapture::fold) and
+// this attention sees every slot before each row, the attention folds them into the capture's
+// `folded` for its layer_done; otherwise that hook asks the scoring backend.
+void CpuForward::FoldCapturedRows(const BatchEntry& entry, int32_t layer,
+                                  kernels::AttentionSequence* attention) {
+  cache::QueryCapture* capture = entry.capture;
+  if (capture == nullptr) return;
+  capture->folded_layer = -1;
+  const bool sees_every_slot = attention->selected == nullptr &&
+                               (attention->window == 0 || attention->window >= attention->num_slots);
+  if (!capture->fold || !capture->layer_done || !sees_every_slot) return;
+  const int32_t n = static_cast<int32_t>(entry.tokens.size());
+  capture->folded.resize(int64_t{model_.config().num_heads} * attention->num_slots);
+  attention->column_fold = capture->folded.data();
+  attention->fold_from = std::clamp(capture->first_position - entry.start_position, 0, n);
+  attention->fold_reduce = *capture->fold;
+  capture->folded_layer = layer;
+}
+
+// The paged attention, query capture (after it, so that a capture's layer_done finds the
+// attention's folded rows) and the output projection (Gemma: normalised), added to the
+// residual.
 absl::Status CpuForward::Attend(std::span<const BatchEntry> batch, int32_t layer,
                                 const cache::BlockPool& pool, const Pass& pass) {
   const ModelConfig& c = model_.config();
   Scratch& s = *scratch_;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  CaptureQueries(batch, pass.first_row, layer, s.q.data(), q_dim, pool);
   kernels::PagedAttention(pool.View(), pass.attention, s.q.data(), c.num_heads,
                           c.AttentionScale(), s.attn.data(), threads_);
+  CaptureQueries(batch, pass.first_row, layer, s.q.data(), q_dim, pool);
   const LayerWeights& L = model_.weights().layers[layer];
   MatMulInput attn(s.attn.data(), pass.rows, q_dim, activations_, &s.quantized, threads_);
   WINNOW_RETURN_IF_ERROR(attn.Multiply(L.wo, s.proj.data()));

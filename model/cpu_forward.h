@@ -52,6 +52,8 @@ class CpuForward : public ForwardBackend {
   absl::Status AttachAttentionHooks(const BatchEntry& entry, int32_t layer, int32_t first_row,
                                     kernels::AttentionSequence* attention,
                                     std::vector<int32_t>* selected);
+  void FoldCapturedRows(const BatchEntry& entry, int32_t layer,
+                        kernels::AttentionSequence* attention);
   absl::Status Attend(std::span<const BatchEntry> batch, int32_t layer,
                       const cache::BlockPool& pool, const Pass& pass);
   absl::Status PostAttention(int32_t layer, const Pass& pass);

@@ -129,9 +129,10 @@ class TokenTile {
  public:
   TokenTile(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0, int32_t count,
             int32_t kv_head, int32_t group, const float* q, int64_t q_stride, float* out,
-            const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows)
+            const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows,
+            float* fold)
       : kv_(kv), seq_(seq), token0_(token0), count_(count), kv_head_(kv_head), group_(group),
-        q_(q), q_stride_(q_stride), out_(out), slots_(slots), rows_(rows),
+        q_(q), q_stride_(q_stride), out_(out), slots_(slots), rows_(rows), fold_(fold),
         max_visible_(VisibleOf(count - 1)),
         stride_(int64_t{group} * max_visible_) {
     scores.resize(static_cast<size_t>(count * stride_));
@@ -151,6 +152,7 @@ class TokenTile {
       WeighBlocks();
     }
     if (seq_.probs != nullptr) RecordProbabilities(num_heads);
+    if (fold_ != nullptr) FoldProbabilities();
   }
 
  private:
@@ -278,6 +280,21 @@ class TokenTile {
     }
   }
 
+  // The weights of the tokens from seq_.fold_from on, added to (or maxed into) this tile's
+  // stripe of the sequence's column fold, token by token in order.
+  void FoldProbabilities() {
+    for (int32_t t = std::max(0, seq_.fold_from - token0_); t < count_; ++t) {
+      for (int32_t g = 0; g < group_; ++g) {
+        const float* s = ScoreRow(t, g);
+        float* column = fold_ + int64_t{kv_head_ * group_ + g} * seq_.num_slots;
+        for (int32_t j = FirstOf(t); j < VisibleOf(t); ++j) {
+          float& c = column[slots_ != nullptr ? (*slots_)[j] : j];
+          c = seq_.fold_reduce == ColumnReduce::kMax ? std::max(c, s[j]) : c + s[j];
+        }
+      }
+    }
+  }
+
   const PagedKvView& kv_;
   const AttentionSequence& seq_;
   const int32_t token0_, count_, kv_head_, group_;
@@ -286,17 +303,107 @@ class TokenTile {
   float* out_;
   const std::vector<int32_t>* slots_;
   float* rows_;
+  float* fold_;  // null, or the stripe of the column fold this tile adds to (head 0's column)
   const int32_t max_visible_;
   const int64_t stride_;  // the scores of token t start at t * stride_
   float* scores_ = nullptr;
 };
 
-void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t token0,
-                  int32_t count, int32_t kv_head, int32_t group, int32_t num_heads,
-                  const float* q, int64_t q_stride, float scale, float* out,
-                  const std::vector<int32_t>* slots, std::vector<float>& scores, float* rows) {
-  TokenTile(kv, seq, token0, count, kv_head, group, q, q_stride, out, slots, scores, rows)
+// Scratch of one thread of PagedAttention.
+struct AttendScratch {
+  std::vector<float> scores;
+  std::vector<int32_t> slots;
+  std::vector<float> rows;
+};
+
+// One work item: `count` tokens from `token` of one sequence, for one KV head's query heads;
+// `fold` as TokenTile's.
+void AttendItem(const PagedKvView& kv, const AttentionSequence& seq, const WorkItem& item,
+                int32_t num_heads, const float* q, float scale, float* out, float* fold,
+                AttendScratch& scratch) {
+  const int32_t group = num_heads / kv.num_kv_heads;
+  const int64_t row_floats = static_cast<int64_t>(num_heads) * kv.head_dim;
+  const int64_t row = seq.first_row + item.token;
+  const int64_t head_offset = static_cast<int64_t>(item.kv_head) * group * kv.head_dim;
+  const bool sparse = seq.selected != nullptr;
+  if (sparse) SparseVisible(seq, item.token, scratch.slots);
+  scratch.rows.resize(static_cast<size_t>(std::max(kv.block_size, 8)) * kv.head_dim);
+  TokenTile(kv, seq, item.token, item.count, item.kv_head, group,
+            q + row * row_floats + head_offset, row_floats, out + row * row_floats + head_offset,
+            sparse ? &scratch.slots : nullptr, scratch.scores, scratch.rows.data(), fold)
       .Attend(scale, num_heads);
+}
+
+// What PagedAttention runs on one thread at a time: a folding sequence's token tiles of one
+// stripe and KV head, in order (the stripe's only writer), or every T-th of the other items.
+struct Unit {
+  int32_t sequence = -1;  // >= 0: a fold unit of this sequence
+  int32_t stripe = 0;     // fold unit: its stripe; otherwise the lane
+  int32_t kv_head = 0;
+};
+
+// The sparse path has a slot list per token; it takes its tokens one at a time.
+int32_t TileOf(const AttentionSequence& seq) {
+  return seq.selected != nullptr ? 1 : kTokenTile;
+}
+
+// One PagedAttention call's work: the items of the sequences that do not fold, the units the
+// threads run, and each folding sequence's stripes (zeroed).
+struct Schedule {
+  std::vector<WorkItem> items;
+  int32_t lanes = 0;
+  std::vector<Unit> units;
+  std::vector<std::vector<float>> stripes;  // [sequence]
+
+  Schedule(std::span<const AttentionSequence> sequences, int32_t num_kv_heads,
+           int32_t num_heads, int32_t num_threads)
+      : stripes(sequences.size()) {
+    for (int32_t s = 0; s < static_cast<int32_t>(sequences.size()); ++s) {
+      const AttentionSequence& seq = sequences[s];
+      const int32_t tile = TileOf(seq);
+      if (seq.column_fold != nullptr) {
+        stripes[s].assign(int64_t{kFoldStripes} * num_heads * seq.num_slots, 0.0f);
+        const int32_t tiles = (seq.num_new + tile - 1) / tile;
+        for (int32_t stripe = 0; stripe < std::min(kFoldStripes, tiles); ++stripe) {
+          for (int32_t h = 0; h < num_kv_heads; ++h) units.push_back({s, stripe, h});
+        }
+        continue;
+      }
+      for (int32_t t = 0; t < seq.num_new; t += tile) {
+        for (int32_t h = 0; h < num_kv_heads; ++h) {
+          items.push_back({s, t, std::min(tile, seq.num_new - t), h});
+        }
+      }
+    }
+    // Later tokens of a prefill chunk see more keys, so contiguous chunks would leave the
+    // thread with the tail doing most of the work; each lane takes every T-th item instead,
+    // and the lanes are spread among the fold units (the pool gives each thread a contiguous
+    // range of units).
+    lanes = static_cast<int32_t>(std::min<int64_t>(num_threads, items.size()));
+    const int64_t fold_units = static_cast<int64_t>(units.size());
+    for (int32_t lane = 0; lane < lanes; ++lane) {
+      units.insert(units.begin() + lane * (fold_units + lanes) / lanes, Unit{-1, lane, 0});
+    }
+  }
+};
+
+// The column fold of a folding sequence from its stripes: per head, the stripes in order.
+void MergeStripes(const AttentionSequence& seq, const std::vector<float>& stripes,
+                  int32_t num_heads, ThreadPool& pool) {
+  const int64_t n = seq.num_slots;
+  pool.ParallelFor(num_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      float* column = seq.column_fold + h * n;
+      std::copy_n(stripes.data() + h * n, n, column);
+      for (int32_t stripe = 1; stripe < kFoldStripes; ++stripe) {
+        const float* part = stripes.data() + (stripe * num_heads + h) * n;
+        for (int64_t j = 0; j < n; ++j) {
+          column[j] = seq.fold_reduce == ColumnReduce::kMax ? std::max(column[j], part[j])
+                                                            : column[j] + part[j];
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -304,41 +411,35 @@ void AttendTokens(const PagedKvView& kv, const AttentionSequence& seq, int32_t t
 void PagedAttention(const PagedKvView& kv, std::span<const AttentionSequence> sequences,
                     const float* q, int32_t num_heads, float scale, float* out,
                     ThreadPool& pool) {
-  const int32_t group = num_heads / kv.num_kv_heads;
-  std::vector<WorkItem> items;
-  for (int32_t s = 0; s < static_cast<int32_t>(sequences.size()); ++s) {
-    // The sparse path has a slot list per token; it takes its tokens one at a time.
-    const int32_t tile = sequences[s].selected != nullptr ? 1 : kTokenTile;
-    for (int32_t t = 0; t < sequences[s].num_new; t += tile) {
-      const int32_t count = std::min(tile, sequences[s].num_new - t);
-      for (int32_t h = 0; h < kv.num_kv_heads; ++h) items.push_back({s, t, count, h});
-    }
-  }
-  // Later tokens of a prefill chunk see more keys, so contiguous chunks would leave the thread
-  // with the tail doing most of the work; each thread takes every T-th item instead.
-  const int64_t row_floats = static_cast<int64_t>(num_heads) * kv.head_dim;
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t stride = std::min<int64_t>(pool.num_threads(), num_items);
-  pool.ParallelFor(stride, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    thread_local std::vector<int32_t> slots;
-    thread_local std::vector<float> rows;
-    rows.resize(static_cast<size_t>(std::max(kv.block_size, 8)) * kv.head_dim);
-    for (int64_t lane = begin; lane < end; ++lane) {
-      for (int64_t i = lane; i < num_items; i += stride) {
-        const WorkItem& item = items[i];
-        const AttentionSequence& seq = sequences[item.sequence];
-        const int64_t row = seq.first_row + item.token;
-        const int64_t head_offset = static_cast<int64_t>(item.kv_head) * group * kv.head_dim;
-        const bool sparse = seq.selected != nullptr;
-        if (sparse) SparseVisible(seq, item.token, slots);
-        AttendTokens(kv, seq, item.token, item.count, item.kv_head, group, num_heads,
-                     q + row * row_floats + head_offset, row_floats, scale,
-                     out + row * row_floats + head_offset, sparse ? &slots : nullptr, scores,
-                     rows.data());
+  Schedule work(sequences, kv.num_kv_heads, num_heads, pool.num_threads());
+  const int64_t num_items = static_cast<int64_t>(work.items.size());
+  pool.ParallelFor(static_cast<int64_t>(work.units.size()), 1, [&](int64_t begin, int64_t end) {
+    thread_local AttendScratch scratch;
+    for (int64_t u = begin; u < end; ++u) {
+      const Unit& unit = work.units[u];
+      if (unit.sequence < 0) {
+        for (int64_t i = unit.stripe; i < num_items; i += work.lanes) {
+          const WorkItem& item = work.items[i];
+          AttendItem(kv, sequences[item.sequence], item, num_heads, q, scale, out, nullptr,
+                     scratch);
+        }
+        continue;
+      }
+      const AttentionSequence& seq = sequences[unit.sequence];
+      const int32_t tile = TileOf(seq);
+      float* fold = work.stripes[unit.sequence].data() +
+                    int64_t{unit.stripe} * num_heads * seq.num_slots;
+      for (int32_t t = unit.stripe * tile; t < seq.num_new; t += kFoldStripes * tile) {
+        const WorkItem item{unit.sequence, t, std::min(tile, seq.num_new - t), unit.kv_head};
+        AttendItem(kv, seq, item, num_heads, q, scale, out, fold, scratch);
       }
     }
   });
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    if (sequences[s].column_fold != nullptr) {
+      MergeStripes(sequences[s], work.stripes[s], num_heads, pool);
+    }
+  }
 }
 
 }  // namespace winnow::kernels

@@ -10,6 +10,12 @@
 
 namespace winnow::kernels {
 
+// How attention probabilities are folded onto each key over a set of query rows: their sum
+// (what a window of the prompt's own last rows gives SnapKV and H2O), or their maximum (KVzip's
+// reconstruction scoring: a key that one probe row needs scores what that row gives it, however
+// many other rows ignore it).
+enum class ColumnReduce { kSum, kMax };
+
 // A raw view of the block arena (see cache/block_pool.h for the layout): each block holds
 // K[kv_head][slot][row] then V[kv_head][slot][row], a row being head_dim values stored as
 // `dtype` in row_bytes bytes, then, when bias_offset > 0, Bias[kv_head][slot] floats that the
@@ -76,7 +82,22 @@ struct AttentionSequence {
   // Sliding-window attention when > 0: new token i sees slots [last - window + 1, last], last
   // being its own slot (transformers' kv_idx > q_idx - sliding_window, in slots).
   int32_t window = 0;
+  // Optional: the attention probabilities of new tokens [fold_from, num_new) folded onto each
+  // slot per query head, column_fold[h * num_slots + j] = their sum (or maximum: fold_reduce)
+  // on slot j, 0 where none of them sees it; overwritten, so the caller need not clear it.
+  // What the scoring kernels' AccumulateAttentionColumns computes for the same rows, from the
+  // probabilities this attention computes anyway instead of two more passes over the keys. The
+  // sum's order is fixed by the sequence alone (its token tiles summed in kFoldStripes
+  // interleaved stripes, then the stripes in order), so neither the thread count nor the rest
+  // of the batch changes it. Memory: kFoldStripes x num_heads x num_slots floats, transient.
+  float* column_fold = nullptr;
+  int32_t fold_from = 0;
+  ColumnReduce fold_reduce = ColumnReduce::kSum;
 };
+
+// Stripes of a sequence's column fold (AttentionSequence::column_fold): also how many of its
+// token tiles per KV head can run at once while it folds.
+inline constexpr int32_t kFoldStripes = 16;
 
 // q and out: rows x num_heads x head_dim. Query head h reads KV head h / (num_heads /
 // num_kv_heads) (grouped-query attention). Each (token, KV head) is computed the same way

@@ -12,12 +12,6 @@
 
 namespace winnow::kernels {
 
-// How AccumulateAttentionColumns folds the rows' probabilities on a key: their sum (what a
-// window of the prompt's own last rows gives SnapKV and H2O), or their maximum (KVzip's
-// reconstruction scoring: a key that one probe row needs scores what that row gives it, however
-// many other rows ignore it).
-enum class ColumnReduce { kSum, kMax };
-
 // One sequence's keys in one layer and the query rows to score against them.
 struct ScoreInput {
   const int32_t* block_table = nullptr;

@@ -780,6 +780,61 @@ TEST_F(EngineTest, AnAttachedCompressedContextGivesTheTokensOfCompressingItThere
   }
 }
 
+// A capture that asks for its rows' probabilities folded (QueryCapture::fold) gets them from
+// the CPU attention itself, in every layer and chunk, as the scoring kernel computes them from
+// the captured rows; the rows before first_position are not folded.
+TEST_F(EngineTest, TheCpuAttentionFoldsTheCapturedRowsAsTheScoringKernelDoes) {
+  const model::ModelConfig& c = model_->config();
+  constexpr int32_t kBlock = 16;
+  auto pool = *cache::BlockPool::Create(model_->KvLayoutFor(kBlock, kernels::KvDtype::kF16),
+                                        c.num_layers * 16);
+  kernels::ThreadPool threads(2);
+  model::CpuForward forward(*model_, threads);
+  const std::vector<int32_t> prompt = Prompt(100, 31);
+  for (const kernels::ColumnReduce reduce : {kernels::ColumnReduce::kSum,
+                                             kernels::ColumnReduce::kMax}) {
+    cache::SequenceKv kv(c.num_layers, kBlock);
+    cache::QueryCapture capture;
+    capture.first_position = 10;
+    capture.fold = reduce;
+    int32_t layers_folded = 0;
+    double worst = 0.0;
+    capture.layer_done = [&](int32_t layer, const cache::SequenceKv& seq,
+                             cache::ScoringBackend& scoring) {
+      if (capture.folded_layer != layer) return;
+      ++layers_folded;
+      const std::vector<float>& rows_q = capture.per_layer[layer];
+      const int32_t rows = static_cast<int32_t>(rows_q.size() / (c.num_heads * c.head_dim));
+      std::vector<int32_t> visible(rows);
+      for (int32_t r = 0; r < rows; ++r) {
+        visible[r] = capture.positions[capture.positions.size() - rows + r] + 1;
+      }
+      kernels::ScoreInput in{seq.block_table(layer).data(), seq.num_slots(layer), rows_q.data(),
+                             rows, visible.data(), c.num_heads, c.AttentionScale(), reduce};
+      std::vector<float> want(static_cast<size_t>(c.num_heads) * in.num_slots, 0.0f);
+      ASSERT_TRUE(scoring.AccumulateAttentionColumns(in, want.data(), {}).ok());
+      ASSERT_EQ(capture.folded.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::abs(double{capture.folded[i]} - want[i]) /
+                                    std::max(1.0, double{want[i]}));
+      }
+      capture.per_layer[layer].clear();
+    };
+    for (const auto& [start, count] : {std::pair{0, 60}, std::pair{60, 40}}) {
+      ASSERT_TRUE(kv.Reserve(*pool, count));
+      capture.positions.clear();
+      model::BatchEntry e{&kv, std::span<const int32_t>(prompt).subspan(start, count), {}, start,
+                          model::LogitsMode::kNone};
+      e.capture = &capture;
+      model::ForwardOutput out;
+      ASSERT_TRUE(forward.Forward({&e, 1}, *pool, &out).ok());
+    }
+    EXPECT_EQ(layers_folded, 2 * c.num_layers);
+    EXPECT_LT(worst, 1e-5);  // relative to sums of up to 90 rows
+    kv.Release(*pool);
+  }
+}
+
 // The repeat probe's segments cover the context in order, each scoring its own piece and ending
 // with it; a later one quotes the previous piece's last tokens so the model knows where to start.
 TEST_F(EngineTest, TheRepeatProbeScoresEachPieceOfTheContextOnce) {

@@ -29,17 +29,18 @@ struct Fixture {
   std::mt19937 rng{7};
 
   // With `logit_bias`, every (KV head, slot) gets a random bias that the attention adds.
-  explicit Fixture(int32_t rows, bool logit_bias = false) {
+  explicit Fixture(int32_t rows, bool logit_bias = false, int32_t slots = kSlots) {
     pool = *cache::BlockPool::Create(
-        cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF32, logit_bias}, 16);
+        cache::KvLayout{1, kKvHeads, kDim, kBlock, KvDtype::kF32, logit_bias},
+        slots / kBlock + 5);
     // Take blocks out of order so the table is not the identity.
     std::vector<int32_t> spare;
     pool->Allocate(3, &spare);
-    EXPECT_TRUE(kv.Reserve(*pool, kSlots));
+    EXPECT_TRUE(kv.Reserve(*pool, slots));
     pool->Free(spare);
-    kv.AppendSlots(0, kSlots);
+    kv.AppendSlots(0, slots);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (int32_t s = 0; s < kSlots; ++s) {
+    for (int32_t s = 0; s < slots; ++s) {
       for (int32_t g = 0; g < kKvHeads; ++g) {
         for (int32_t d = 0; d < kDim; ++d) {
           Key(g, s)[d] = normal(rng);
@@ -180,6 +181,51 @@ TEST(AttentionScoresTest, ValueNormsAreTheL2NormOfEachValueRow) {
 
 // The new token (slot 22) decoding over the past slots {0, 5, 6, 20} only (the sparse path):
 // its output (heads x dim) and probabilities (heads x slots).
+// A prefill chunk of 140 tokens over 150 slots (18 token tiles: the fold's stripes wrap) whose
+// attention folds the probabilities of its tokens from the 6th on.
+constexpr int32_t kFoldSlots = 150, kFoldNew = 140, kFoldFrom = 5;
+
+std::vector<float> FoldedPrefill(Fixture& f, ColumnReduce reduce, ThreadPool& threads,
+                                 bool behind_a_decode) {
+  std::vector<float> fold(kHeads * kFoldSlots, -7.0f);  // overwritten
+  AttentionSequence seq{f.kv.block_table(0).data(), kFoldSlots, kFoldNew, 0};
+  seq.column_fold = fold.data();
+  seq.fold_from = kFoldFrom;
+  seq.fold_reduce = reduce;
+  std::vector<AttentionSequence> batch = {seq};
+  if (behind_a_decode) {  // another sequence's token first in the batch (the same keys)
+    batch[0].first_row = 1;
+    batch.insert(batch.begin(), AttentionSequence{f.kv.block_table(0).data(), kFoldSlots, 1, 0});
+  }
+  std::vector<float> q(f.q.begin(), f.q.begin() + kFoldNew * kHeads * kDim);
+  if (behind_a_decode) q.insert(q.begin(), f.q.end() - kHeads * kDim, f.q.end());
+  std::vector<float> out(q.size());
+  PagedAttention(f.View(), batch, q.data(), kHeads, 1.0f / std::sqrt(float{kDim}), out.data(),
+                 threads);
+  return fold;
+}
+
+TEST(PagedAttentionTest, ColumnFoldIsTheScoringKernelsAndIgnoresThreadsAndBatch) {
+  Fixture f(kFoldNew + 1, /*logit_bias=*/true, kFoldSlots);
+  ThreadPool t1(1), t3(3);
+  for (const ColumnReduce reduce : {ColumnReduce::kSum, ColumnReduce::kMax}) {
+    const std::vector<float> one = FoldedPrefill(f, reduce, t1, false);
+    EXPECT_EQ(one, FoldedPrefill(f, reduce, t3, false));  // bit-identical: a fixed order
+    EXPECT_EQ(one, FoldedPrefill(f, reduce, t3, true));
+    // The scoring kernel over the same rows: token i sees the past and the new up to itself.
+    const int32_t rows = kFoldNew - kFoldFrom;
+    std::vector<int32_t> visible(rows);
+    for (int32_t r = 0; r < rows; ++r) visible[r] = kFoldSlots - kFoldNew + kFoldFrom + r + 1;
+    ScoreInput in{f.kv.block_table(0).data(), kFoldSlots, f.q.data() + kFoldFrom * kHeads * kDim,
+                  rows, visible.data(), kHeads, 1.0f / std::sqrt(float{kDim}), reduce};
+    std::vector<float> scored(kHeads * kFoldSlots, 0.0f);
+    AccumulateAttentionColumns(f.View(), in, scored.data(), t1);
+    for (int32_t i = 0; i < kHeads * kFoldSlots; ++i) {
+      EXPECT_NEAR(one[i], scored[i], 2e-6 * std::max(1.0f, scored[i])) << i;
+    }
+  }
+}
+
 struct SparseResult {
   std::vector<float> out, probs;
 };
