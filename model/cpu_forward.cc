@@ -314,8 +314,8 @@ void CpuForward::FoldCapturedRows(const BatchEntry& entry, int32_t layer,
   cache::QueryCapture* capture = entry.capture;
   if (capture == nullptr) return;
   capture->folded_layer = -1;
-  const bool sees_every_slot = attention->selected == nullptr &&
-                               (attention->window == 0 || attention->window >= attention->num_slots);
+  const bool window_cuts = attention->window > 0 && attention->window < attention->num_slots;
+  const bool sees_every_slot = attention->selected == nullptr && !window_cuts;
   if (!capture->fold || !capture->layer_done || !sees_every_slot) return;
   const int32_t n = static_cast<int32_t>(entry.tokens.size());
   capture->folded.resize(int64_t{model_.config().num_heads} * attention->num_slots);

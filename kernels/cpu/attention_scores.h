@@ -34,9 +34,11 @@ void AttentionProbabilities(const PagedKvView& kv, const ScoreInput& in, float* 
 
 // column_sums[h * num_slots + j] += sum over rows r with j < visible[r] of probs(h, r, j)
 // (with in.reduce kMax: column_sums[...] = max(column_sums[...], max over those rows), the
-// buffer holding maxima, or zeros, already), without materialising probs: pass 1 computes each row's log-normaliser, pass 2 recomputes the
-// logits per key block (threads own disjoint key ranges, so no atomics and a fixed summation
-// order). Costs two QK passes over the visible keys.
+// buffer holding maxima, or zeros, already), without materialising probs: pass 1 computes each
+// row's log-normaliser, pass 2 recomputes the logits per key block (threads own disjoint key
+// ranges, so no atomics and a fixed summation order). Costs two QK passes over the visible
+// keys; a CPU attention that computes the same rows can fold them itself for free
+// (AttentionSequence::column_fold).
 void AccumulateAttentionColumns(const PagedKvView& kv, const ScoreInput& in,
                                 float* column_sums, ThreadPool& pool);
 
