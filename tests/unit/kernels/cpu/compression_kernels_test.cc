@@ -179,8 +179,6 @@ TEST(AttentionScoresTest, ValueNormsAreTheL2NormOfEachValueRow) {
   }
 }
 
-// The new token (slot 22) decoding over the past slots {0, 5, 6, 20} only (the sparse path):
-// its output (heads x dim) and probabilities (heads x slots).
 // A prefill chunk of 140 tokens over 150 slots (18 token tiles: the fold's stripes wrap) whose
 // attention folds the probabilities of its tokens from the 6th on.
 constexpr int32_t kFoldSlots = 150, kFoldNew = 140, kFoldFrom = 5;
@@ -226,6 +224,8 @@ TEST(PagedAttentionTest, ColumnFoldIsTheScoringKernelsAndIgnoresThreadsAndBatch)
   }
 }
 
+// The new token (slot 22) decoding over the past slots {0, 5, 6, 20} only (the sparse path):
+// its output (heads x dim) and probabilities (heads x slots).
 struct SparseResult {
   std::vector<float> out, probs;
 };
