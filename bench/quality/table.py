@@ -18,9 +18,14 @@ and the cost a user pays for it on this machine.
 
 Every measurement is saved under --dir as it finishes (ruler.json, kl.json, cost.json) and
 reused, so the table grows over several runs; --parts picks what to measure this run, and
---write replaces the table between the markers in docs/compression.md.
+--write replaces the table between the markers in docs/compression.md. Another model keeps its
+own --dir and its own markers (--marker), a base model asked as a completion (--format):
 
     .venv/bin/python bench/quality/table.py --write docs/compression.md
+    .venv/bin/python bench/quality/table.py --model models/gemma-3-270m-q4_k_m.gguf \
+        --format completion --tasks number,word \
+        --policies none,winnowkv,snapkv,kvzip+probe=repeat+neighbours=8 \
+        --dir bench/quality/results/gemma3 --marker gemma3 --write docs/compression.md
 """
 
 from __future__ import annotations
@@ -51,9 +56,17 @@ import tasks as taskgen  # noqa: E402
 # vl_cache trail every table (docs/compression.md, "Current results").
 POLICIES = ("none,winnowkv,kvzip+probe=repeat+neighbours=8,snapkv,h2o,streaming_llm,pyramidkv,"
             "xkv,aircache,winnowkv_docs")
-BEGIN = "<!-- table.py: begin -->"
-END = "<!-- table.py: end -->"
 COST_SEED = 0  # other documents than the accuracy cells' (seed 1)
+
+
+def markers(name: str = "") -> tuple[str, str]:
+    """The comments the table is written between: "<!-- table.py: begin -->", or with a name
+    ("<!-- table.py gemma3: begin -->") for another model's table in the same document."""
+    tag = f"table.py {name}" if name else "table.py"
+    return f"<!-- {tag}: begin -->", f"<!-- {tag}: end -->"
+
+
+BEGIN, END = markers()
 
 
 def entry_key(policy: str, budget: float) -> str:
@@ -90,15 +103,20 @@ def measure_kl(entries, bench: str, model: str, path: pathlib.Path,
     save(path, results)
 
 
-def timed_request(client, sample: dict, compression: dict | None) -> dict:
+def timed_request(client, sample: dict, compression: dict | None, form: str = "chat") -> dict:
     t0 = time.perf_counter()
-    _, _, final = client.generate_text(chat=ruler.chat_for(sample, "aware"), max_tokens=2,
-                                       compression=compression)
+    if form == "completion":
+        compression = ruler.completion_compression(client, sample, compression, "aware")
+        _, _, final = client.generate_text(ruler.completion_for(sample), max_tokens=2,
+                                           compression=compression)
+    else:
+        _, _, final = client.generate_text(chat=ruler.chat_for(sample, "aware"), max_tokens=2,
+                                           compression=compression)
     return {"seconds": time.perf_counter() - t0, "prompt_tokens": final.usage.prompt_tokens}
 
 
 def measure_cost(entries, tokens: int, count: int, binary: str, model: str,
-                 path: pathlib.Path) -> None:
+                 path: pathlib.Path, form: str = "chat") -> None:
     """Wall seconds per request, one at a time, no prefix cache, `count` documents."""
     results = load(path)
     todo = [(p, b) for p, b in entries if entry_key(p, b) not in results.get(str(tokens), {})]
@@ -109,10 +127,10 @@ def measure_cost(entries, tokens: int, count: int, binary: str, model: str,
         daemon = capacity.Daemon(binary, model, ["--enable-prefix-caching", "false"],
                                  pathlib.Path(tmp) / "daemon.log")
         try:
-            timed_request(daemon.client, samples[0], None)  # warms the thread pools
+            timed_request(daemon.client, samples[0], None, form)  # warms the thread pools
             for policy, budget in todo:
                 compression = ruler.compression_for(policy, budget, "aware")
-                runs = [timed_request(daemon.client, s, compression) for s in samples]
+                runs = [timed_request(daemon.client, s, compression, form) for s in samples]
                 results.setdefault(str(tokens), {})[entry_key(policy, budget)] = runs
                 save(path, results)
                 print(f"table: cost of {entry_key(policy, budget)} measured", file=sys.stderr)
@@ -168,12 +186,13 @@ def render(entries, tokens: int, tasks: list[str], cells: dict, kl: dict, cost: 
     return "\n".join(rows)
 
 
-def write_between_markers(doc: pathlib.Path, table: str, note: str) -> None:
+def write_between_markers(doc: pathlib.Path, table: str, note: str, name: str = "") -> None:
+    begin, end = markers(name)
     text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"table: {doc} has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    doc.write_text(f"{head}{BEGIN}\n{note}\n\n{table}\n{END}{rest.split(END, 1)[1]}")
+    if begin not in text or end not in text:
+        raise SystemExit(f"table: {doc} has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    doc.write_text(f"{head}{begin}\n{note}\n\n{table}\n{end}{rest.split(end, 1)[1]}")
 
 
 def main(argv=None) -> int:
@@ -186,12 +205,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=4000, help="document length, about")
     ap.add_argument("--tasks", default="number",
                     help="ruler tasks (on the default model only `number` reaches 80%%)")
+    ap.add_argument("--format", choices=("chat", "completion"), default="chat",
+                    help="chat messages (instruct models) or a completion (base models)")
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--cost-samples", type=int, default=3)
     ap.add_argument("--parts", default="accuracy,kl,cost")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--dir", type=pathlib.Path, default=HERE / "results")
     ap.add_argument("--write", type=pathlib.Path, help="replace the table in this document")
+    ap.add_argument("--marker", default="", help="the table's name in that document's markers")
     args = ap.parse_args(argv)
 
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -199,6 +221,8 @@ def main(argv=None) -> int:
     tasks, parts = args.tasks.split(","), set(args.parts.split(","))
     args.dir.mkdir(parents=True, exist_ok=True)
     setting = {"seed": 1, "model": pathlib.Path(args.model).name, "serve_args": ""}
+    if args.format != "chat":  # as ruler.py saves it
+        setting["format"] = args.format
     cells = ruler.load_cells(args.dir / "ruler.json", setting)
     started = time.monotonic()
     if "accuracy" in parts:
@@ -211,16 +235,16 @@ def main(argv=None) -> int:
         measure_kl(entries, args.bench, args.model, args.dir / "kl.json")
     if "cost" in parts:
         measure_cost(entries, args.tokens, args.cost_samples, args.bin, args.model,
-                     args.dir / "cost.json")
+                     args.dir / "cost.json", args.format)
     cells = {key: runs[:args.samples] for key, runs in cells.items()}
     table = render(entries, args.tokens, tasks, cells, load(args.dir / "kl.json"),
                    load(args.dir / "cost.json"), args.samples)
     note = (f"<!-- regenerated by bench/quality/table.py on "
             f"{datetime.date.today().isoformat()}; ~{args.tokens} tokens, {args.samples} "
-            f"samples per cell, tasks {args.tasks} -->")
+            f"samples per cell, tasks {args.tasks}, {setting['model']} -->")
     print(f"{time.monotonic() - started:.0f} s\n\n{table}")
     if args.write:
-        write_between_markers(args.write, table, note)
+        write_between_markers(args.write, table, note, args.marker)
     return 0
 
 

@@ -68,9 +68,20 @@ def test_the_table_goes_between_the_markers(tmp_path):
         table.write_between_markers(bare, "", "")
 
 
+def test_a_named_table_has_its_own_markers(tmp_path):
+    begin, end = table.markers("gemma3")
+    assert (begin, end) == ("<!-- table.py gemma3: begin -->", "<!-- table.py gemma3: end -->")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{table.BEGIN}\nfirst\n{table.END}\n{begin}\nold\n{end}\n")
+    table.write_between_markers(doc, "| second |", "<!-- note -->", "gemma3")
+    assert doc.read_text() == (f"{table.BEGIN}\nfirst\n{table.END}\n"
+                               f"{begin}\n<!-- note -->\n\n| second |\n{end}\n")
+
+
 def test_the_docs_carry_the_markers():
     text = (REPO / "docs" / "compression.md").read_text()
-    assert text.count(table.BEGIN) == 1 and text.count(table.END) == 1
+    for begin, end in (table.markers(), table.markers("gemma3")):
+        assert text.count(begin) == 1 and text.count(end) == 1
 
 
 def test_cost_and_kl_measured_with_the_real_binaries(tmp_path):
@@ -83,6 +94,12 @@ def test_cost_and_kl_measured_with_the_real_binaries(tmp_path):
     cost = json.loads((tmp_path / "cost.json").read_text())["300"]
     assert set(cost) == {"none", "snapkv|0.5", "kvzip+probe=repeat|0.5"}
     assert all(r["seconds"] > 0 and r["prompt_tokens"] > 200 for rs in cost.values() for r in rs)
+    # A base model's prompt: a completion, the probe's context the document and its question.
+    table.measure_cost(entries[1:], 300, 1, str(binary_path()), str(model_path()),
+                       tmp_path / "completion.json", "completion")
+    completion = json.loads((tmp_path / "completion.json").read_text())["300"]
+    assert set(completion) == {"snapkv|0.5", "kvzip+probe=repeat|0.5"}
+    assert all(r["prompt_tokens"] > 200 for rs in completion.values() for r in rs)
     # One task per kind (the table takes three); a probe is not replayed by quality_bench.
     table.measure_kl(entries, str(bench), str(model_path()), tmp_path / "kl.json", per_kind=1)
     kl = json.loads((tmp_path / "kl.json").read_text())
