@@ -185,21 +185,27 @@ def completion_compression(client, sample: dict, compression: dict | None,
     return compression
 
 
+def ask(client, sample: dict, compression: dict | None, mode: str, form: str,
+        max_tokens: int) -> tuple[str, str, object]:
+    """One sample asked as a chat (instruct models) or a completion (base models): the reply,
+    the part of it that answers, and the final response (its usage)."""
+    if form == "completion":
+        text, _, final = client.generate_text(
+            completion_for(sample), max_tokens=max_tokens,
+            compression=completion_compression(client, sample, compression, mode))
+        return text, completion_answer(text), final
+    text, _, final = client.generate_text(chat=chat_for(sample, mode), max_tokens=max_tokens,
+                                          compression=compression)
+    return text, text, final
+
+
 def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
              parallel: int, form: str = "chat") -> list[dict]:
     compression = compression_for(policy, budget, mode)
 
-    def ask(sample: dict) -> dict:
-        max_tokens = MAX_TOKENS.get(sample["task"], 24)
-        if form == "completion":
-            text, _, final = client.generate_text(
-                completion_for(sample), max_tokens=max_tokens,
-                compression=completion_compression(client, sample, compression, mode))
-            answer = completion_answer(text)
-        else:
-            text, _, final = client.generate_text(chat=chat_for(sample, mode),
-                                                  max_tokens=max_tokens, compression=compression)
-            answer = text
+    def score(sample: dict) -> dict:
+        text, answer, final = ask(client, sample, compression, mode, form,
+                                  MAX_TOKENS.get(sample["task"], 24))
         usage = final.usage
         return {"reply": text, "prompt_tokens": usage.prompt_tokens,
                 "kv_kept": sum(usage.kv_tokens_kept_per_layer),
@@ -207,7 +213,7 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
                 "depths": sample["depths"], "correct": is_correct(sample, answer)}
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(ask, samples))
+        return list(pool.map(score, samples))
 
 
 def policy_entries(policies: str, budgets: list[float]) -> list[tuple[str, float]]:
@@ -357,6 +363,14 @@ def digits_table(cells: dict, samples: dict, tasks: list[str], lengths: list[int
     return "\n".join(out)
 
 
+def setting_for(seed: int, model: str, serve_args: str = "", form: str = "chat") -> dict:
+    """What saved cells were measured under: a file's cells are reused only in the same one."""
+    setting = {"seed": seed, "model": pathlib.Path(model).name, "serve_args": serve_args}
+    if form != "chat":  # chat's cells were saved before there was a choice
+        setting["format"] = form
+    return setting
+
+
 def load_cells(path: pathlib.Path | None, setting: dict) -> dict:
     """The cells saved in `path` (none if it does not exist); an error if they were measured in
     another setting (seed, model, serve flags)."""
@@ -430,10 +444,7 @@ def main(argv=None) -> int:
     entries = policy_entries(args.policies, budgets)
     # The samples are one seeded sequence per (task, length), so a cell saved with fewer samples
     # is the start of a longer one: it is extended, never recomputed.
-    setting = {"seed": args.seed, "model": pathlib.Path(args.model).name,
-               "serve_args": args.serve_args}
-    if args.format != "chat":  # chat's cells were saved before there was a choice
-        setting["format"] = args.format
+    setting = setting_for(args.seed, args.model, args.serve_args, args.format)
     cells = load_cells(args.json, setting)
     started = time.monotonic()
     todo = [(t, n, m, p, b) for n in lengths for t in tasks for m in modes for p, b in entries]

@@ -105,13 +105,7 @@ def measure_kl(entries, bench: str, model: str, path: pathlib.Path,
 
 def timed_request(client, sample: dict, compression: dict | None, form: str = "chat") -> dict:
     t0 = time.perf_counter()
-    if form == "completion":
-        compression = ruler.completion_compression(client, sample, compression, "aware")
-        _, _, final = client.generate_text(ruler.completion_for(sample), max_tokens=2,
-                                           compression=compression)
-    else:
-        _, _, final = client.generate_text(chat=ruler.chat_for(sample, "aware"), max_tokens=2,
-                                           compression=compression)
+    _, _, final = ruler.ask(client, sample, compression, "aware", form, max_tokens=2)
     return {"seconds": time.perf_counter() - t0, "prompt_tokens": final.usage.prompt_tokens}
 
 
@@ -220,9 +214,7 @@ def main(argv=None) -> int:
     entries = ruler.policy_entries(args.policies, budgets)
     tasks, parts = args.tasks.split(","), set(args.parts.split(","))
     args.dir.mkdir(parents=True, exist_ok=True)
-    setting = {"seed": 1, "model": pathlib.Path(args.model).name, "serve_args": ""}
-    if args.format != "chat":  # as ruler.py saves it
-        setting["format"] = args.format
+    setting = ruler.setting_for(1, args.model, form=args.format)
     cells = ruler.load_cells(args.dir / "ruler.json", setting)
     started = time.monotonic()
     if "accuracy" in parts:
