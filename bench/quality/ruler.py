@@ -11,6 +11,8 @@ Tasks (RULER's families, sized for what the default model can do; a task ranks p
 where the full cache answers >= 80% of it at that length, the rest are reported as not kept):
   number      one sentence states a 7-digit access code; asked for it
   word        one sentence states a password, one of sixteen common words; asked for it
+  phrase      one sentence states a passphrase of three of those words; asked for it, and
+              right only with the three in order (a multi-word value)
   multikey    four offices' codes; asked for one (three distractors)
   multivalue  three codes stated for one office; asked for all three
   multiquery  two offices' codes; asked for both
@@ -18,7 +20,8 @@ where the full cache answers >= 80% of it at that length, the rest are reported 
               which variables hold the number; all three names are the answer
 
 A sample is correct when every expected value is in the reply: numbers as whole digit runs
-(needle.is_correct: a digit more or less is wrong), words and names as whole words in any case.
+(needle.is_correct: a digit more or less is wrong), words and names as whole words in any case,
+a phrase as its words in order with only spaces or punctuation between them.
 
 Modes: `aware`: the document and the question in one user message, the whole prompt compressed
 (what a user sends; a policy entry with `probe=repeat` compresses that message as its context);
@@ -52,6 +55,7 @@ import concurrent.futures
 import json
 import pathlib
 import random
+import re
 import string
 import sys
 import tempfile
@@ -63,7 +67,7 @@ import capacity  # noqa: E402  (its Daemon starts and stops one `winnow serve`)
 import documents  # noqa: E402
 import needle  # noqa: E402
 
-TASKS = ("number", "word", "multikey", "multivalue", "multiquery", "vartrack")
+TASKS = ("number", "word", "phrase", "multikey", "multivalue", "multiquery", "vartrack")
 MODES = ("aware", "agnostic")
 KEEP_THRESHOLD = 0.8  # the full cache's accuracy a task needs before it ranks policies
 MAX_TOKENS = {"multivalue": 64, "multiquery": 48, "vartrack": 48}  # others: 24
@@ -79,7 +83,12 @@ def _variable(rng: random.Random) -> str:
 
 def task_sentences(rng: random.Random, task: str) -> tuple[list[str], str, list[str], str]:
     """The sentences to hide, the question, the expected values and how they are matched
-    ("number" or "word")."""
+    ("number", "word" or "phrase")."""
+    if task == "phrase":
+        place, words = rng.choice(needle.PLACES), rng.sample(needle.WORDS, 3)
+        phrase = " ".join(words)
+        return ([f"The passphrase for the {place} office is {phrase}."],
+                f"What is the passphrase for the {place} office?", [phrase], "phrase")
     if task == "word":
         place, word = rng.choice(needle.PLACES), rng.choice(needle.WORDS)
         return ([f"The password for the {place} office is {word}."],
@@ -130,10 +139,20 @@ def make_samples(task: str, tokens: int, count: int, seed: int,
 
 
 def is_correct(sample: dict, reply: str) -> bool:
-    """Every expected value in the reply: numbers as whole digit runs, words as whole words."""
+    """Every expected value in the reply: numbers as whole digit runs, words as whole words, a
+    phrase as its words in order with nothing but spaces or punctuation between them."""
     if sample["match"] == "number":
         return all(needle.is_correct(reply, value) for value in sample["answers"])
+    if sample["match"] == "phrase":
+        return all(has_phrase(reply, value) for value in sample["answers"])
     return all(needle.has_word(reply, value) for value in sample["answers"])
+
+
+def has_phrase(reply: str, phrase: str) -> bool:
+    """The phrase's words in the reply as whole words, in order, any case, separated only by
+    spaces or punctuation ("Marigold, harbour and lantern" is wrong: a word between)."""
+    pattern = r"[\s\W]+".join(re.escape(word) for word in phrase.split())
+    return re.search(rf"\b{pattern}\b", reply, re.IGNORECASE) is not None
 
 
 def compression_for(policy: str, budget: float, mode: str) -> dict | None:
@@ -217,8 +236,14 @@ def run_cell(client, samples: list[dict], policy: str, budget: float, mode: str,
 
 
 def policy_entries(policies: str, budgets: list[float]) -> list[tuple[str, float]]:
-    """(policy, budget) per comma-separated policy and budget; the full cache once."""
-    return [(p, b) for p in policies.split(",") for b in ([1.0] if p == "none" else budgets)]
+    """(policy, budget) per comma-separated policy and budget; the full cache once. A policy
+    may name its own budgets after an @, separated by slashes (`winnowkv@0.05/0.1`)."""
+    entries = []
+    for entry in policies.split(","):
+        policy, _, own = entry.partition("@")
+        mine = [float(b) for b in own.split("/")] if own else budgets
+        entries += [(policy, b) for b in ([1.0] if policy == "none" else mine)]
+    return entries
 
 
 def cell_key(task: str, tokens: int, mode: str, policy: str, budget: float) -> str:
@@ -420,7 +445,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="1000,2000,4000",
                     help="document lengths in tokens, about (the model's context is 8192)")
     ap.add_argument("--samples", type=int, default=100, help="per (task, length)")
-    ap.add_argument("--policies", default="none,winnowkv")
+    ap.add_argument("--policies", default="none,winnowkv",
+                    help="entries, name+param=value; a policy's own budgets after @, 0.05/0.3")
     ap.add_argument("--budgets", default="0.1,0.2")
     ap.add_argument("--modes", default="aware")
     ap.add_argument("--parallel", type=int, default=4, help="requests in flight")

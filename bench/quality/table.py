@@ -52,10 +52,11 @@ import score  # noqa: E402
 import tasks as taskgen  # noqa: E402
 
 # The policies worth a row: the baselines, the paper policies that free KV, the presets, and
-# the query-agnostic policy with its probe. tokenselect frees nothing, elastic_cache and
-# vl_cache trail every table (docs/compression.md, "Current results").
-POLICIES = ("none,winnowkv,kvzip+probe=repeat+neighbours=8,snapkv,h2o,streaming_llm,pyramidkv,"
-            "xkv,aircache,winnowkv_docs")
+# the query-agnostic policy with its probe; the two recommended ones at more budgets than
+# --budgets. tokenselect frees nothing, elastic_cache and vl_cache trail every table
+# (docs/compression.md, "Current results").
+POLICIES = ("none,winnowkv@0.05/0.1/0.2/0.3/0.5,kvzip+probe=repeat+neighbours=8@0.1/0.2/0.3,"
+            "snapkv,h2o,streaming_llm,pyramidkv,xkv,aircache,winnowkv_docs")
 COST_SEED = 0  # other documents than the accuracy cells' (seed 1)
 
 
@@ -194,7 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bin", default=str(REPO / "build" / "winnow"))
     ap.add_argument("--bench", default=str(REPO / "build" / "quality_bench"))
     ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--policies", default=POLICIES)
+    ap.add_argument("--policies", default=POLICIES,
+                    help="entries, name+param=value; a policy's own budgets after @, 0.05/0.3")
     ap.add_argument("--budgets", default="0.1,0.2")
     ap.add_argument("--tokens", type=int, default=4000, help="document length, about")
     ap.add_argument("--tasks", default="number",

@@ -53,6 +53,21 @@ def test_samples_depend_only_on_seed_task_and_length(paragraphs):
     assert a != ruler.make_samples("multiquery", 1000, 3, 2, paragraphs)
 
 
+def test_a_policy_may_name_its_own_budgets():
+    assert ruler.policy_entries("none,snapkv,winnowkv@0.05/0.3", [0.1, 0.2]) == [
+        ("none", 1.0), ("snapkv", 0.1), ("snapkv", 0.2), ("winnowkv", 0.05), ("winnowkv", 0.3)]
+
+
+def test_a_phrase_is_correct_only_whole_and_in_order():
+    phrase = {"answers": ["meadow copper falcon"], "match": "phrase"}
+    assert ruler.is_correct(phrase, "The passphrase is Meadow, copper, falcon.")
+    assert ruler.is_correct(phrase, "It is meadow-copper-falcon")
+    assert not ruler.is_correct(phrase, "It is meadow copper.")
+    assert not ruler.is_correct(phrase, "It is copper meadow falcon.")
+    assert not ruler.is_correct(phrase, "It is meadow, copper and falcon.")
+    assert not ruler.is_correct(phrase, "It is meadowcopper falcon.")
+
+
 def test_a_sample_is_correct_only_with_every_value():
     codes = {"answers": ["1234567", "7654321"], "match": "number"}
     assert ruler.is_correct(codes, "They are 1,234,567 and 7654321.")
