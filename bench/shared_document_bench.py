@@ -12,7 +12,11 @@ and the question. Each configuration gets a fresh daemon with the same fixed KV 
   prefix    prefix caching on: a question finds its document's blocks if they are still cached;
   POLICY@B  prefix caching on and kv_compression {POLICY, B, scope "context", context_messages 1}:
             the document is compressed alone (query-agnostic) and published; later questions
-            attach it (docs/api.md, "Prefix caching").
+            attach it (docs/api.md, "Prefix caching");
+  aware:POLICY@B
+            prefix caching off and kv_compression {POLICY, B}: every question prefills its
+            document and compresses the whole prompt, the question in it (query-aware, nothing
+            to reuse): what the same budget keeps when the plan may read the question.
 
 Reports per configuration: TTFT p50/p99 (all questions, and those that hit a cached document),
 output tokens/s, the share of prompt tokens from a cache, the documents the pool keeps
@@ -67,13 +71,17 @@ def questions(docs: list[dict], per_document: int) -> list[dict]:
 
 
 def parse_config(entry: str) -> tuple[str, dict | None, bool]:
-    """'none' | 'prefix' | 'POLICY[+param=value...]@BUDGET' -> (label, compression, caching)."""
+    """'none' | 'prefix' | '[aware:]POLICY[+param=value...]@BUDGET' -> (label, compression,
+    caching)."""
     if entry == "none":
         return entry, None, False
     if entry == "prefix":
         return entry, None, True
-    policy, budget = entry.rsplit("@", 1)
+    aware = entry.startswith("aware:")
+    policy, budget = entry.removeprefix("aware:").rsplit("@", 1)
     compression = needle.compression_for(policy, float(budget))
+    if aware:
+        return entry, compression, False
     compression.update({"scope": "context", "context_messages": 1})
     return entry, compression, True
 
@@ -203,14 +211,16 @@ def main(argv=None) -> int:
             run = run_config(args, entry, docs, qs, pathlib.Path(tmp) / f"{entry}.log")
             runs.append(run)
             print(f"shared_document_bench: {entry} done in {run['wall']:.0f} s", file=sys.stderr)
+            if args.json_out:  # after every configuration, so a stopped run keeps the others
+                rows = [summarize(r, args.kv_blocks) for r in runs]
+                args.json_out.write_text(json.dumps(
+                    {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                     "runs": runs}, indent=1))
     doc_tokens = statistics.mean(r["prompt_tokens"] for r in runs[0]["results"])
     rows = [summarize(run, args.kv_blocks) for run in runs]
     print(f"{args.documents} documents x {args.questions} questions, prompts ~{doc_tokens:.0f} "
           f"tokens, pool {args.kv_blocks} blocks, {args.concurrency} clients\n")
     print(table(rows))
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                             "rows": rows, "runs": runs}, indent=1))
     return 0
 
 
