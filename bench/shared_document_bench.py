@@ -211,13 +211,12 @@ def main(argv=None) -> int:
             run = run_config(args, entry, docs, qs, pathlib.Path(tmp) / f"{entry}.log")
             runs.append(run)
             print(f"shared_document_bench: {entry} done in {run['wall']:.0f} s", file=sys.stderr)
+            rows = [summarize(r, args.kv_blocks) for r in runs]
             if args.json_out:  # after every configuration, so a stopped run keeps the others
-                rows = [summarize(r, args.kv_blocks) for r in runs]
                 args.json_out.write_text(json.dumps(
                     {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
                      "runs": runs}, indent=1))
     doc_tokens = statistics.mean(r["prompt_tokens"] for r in runs[0]["results"])
-    rows = [summarize(run, args.kv_blocks) for run in runs]
     print(f"{args.documents} documents x {args.questions} questions, prompts ~{doc_tokens:.0f} "
           f"tokens, pool {args.kv_blocks} blocks, {args.concurrency} clients\n")
     print(table(rows))

@@ -151,7 +151,7 @@ def is_correct(sample: dict, reply: str) -> bool:
 def has_phrase(reply: str, phrase: str) -> bool:
     """The phrase's words in the reply as whole words, in order, any case, separated only by
     spaces or punctuation ("Marigold, harbour and lantern" is wrong: a word between)."""
-    pattern = r"[\s\W]+".join(re.escape(word) for word in phrase.split())
+    pattern = r"\W+".join(re.escape(word) for word in phrase.split())
     return re.search(rf"\b{pattern}\b", reply, re.IGNORECASE) is not None
 
 
