@@ -13,6 +13,8 @@ where the full cache answers >= 80% of it at that length, the rest are reported 
   word        one sentence states a password, one of sixteen common words; asked for it
   phrase      one sentence states a passphrase of three of those words; asked for it, and
               right only with the three in order (a multi-word value)
+  name        one sentence names an office's manager, a first name and a surname; asked who,
+              and right only with both in order (a multi-word value of names, not words)
   multikey    four offices' codes; asked for one (three distractors)
   multivalue  three codes stated for one office; asked for all three
   multiquery  two offices' codes; asked for both
@@ -67,10 +69,15 @@ import capacity  # noqa: E402  (its Daemon starts and stops one `winnow serve`)
 import documents  # noqa: E402
 import needle  # noqa: E402
 
-TASKS = ("number", "word", "phrase", "multikey", "multivalue", "multiquery", "vartrack")
+TASKS = ("number", "word", "phrase", "name", "multikey", "multivalue", "multiquery", "vartrack")
 MODES = ("aware", "agnostic")
 KEEP_THRESHOLD = 0.8  # the full cache's accuracy a task needs before it ranks policies
 MAX_TOKENS = {"multivalue": 64, "multiquery": 48, "vartrack": 48}  # others: 24
+FIRST_NAMES = ["Amara", "Bruno", "Celeste", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ingrid",
+               "Jonas", "Keiko", "Lucien", "Mirela", "Nikolai", "Orla", "Pavel"]
+SURNAMES = ["Albescu", "Brandt", "Castellano", "Dervish", "Eklund", "Fontaine", "Galloway",
+            "Haraldsen", "Ivanova", "Jaramillo", "Kowalczyk", "Lindqvist", "Moreau", "Nakamura",
+            "Okonkwo", "Petrakis"]
 
 
 def _code(rng: random.Random) -> str:
@@ -89,6 +96,11 @@ def task_sentences(rng: random.Random, task: str) -> tuple[list[str], str, list[
         phrase = " ".join(words)
         return ([f"The passphrase for the {place} office is {phrase}."],
                 f"What is the passphrase for the {place} office?", [phrase], "phrase")
+    if task == "name":
+        place = rng.choice(needle.PLACES)
+        name = f"{rng.choice(FIRST_NAMES)} {rng.choice(SURNAMES)}"
+        return ([f"The manager of the {place} office is {name}."],
+                f"Who is the manager of the {place} office?", [name], "phrase")
     if task == "word":
         place, word = rng.choice(needle.PLACES), rng.choice(needle.WORDS)
         return ([f"The password for the {place} office is {word}."],

@@ -53,6 +53,15 @@ def test_samples_depend_only_on_seed_task_and_length(paragraphs):
     assert a != ruler.make_samples("multiquery", 1000, 3, 2, paragraphs)
 
 
+def test_a_name_is_right_only_with_its_first_name_and_surname_in_order(paragraphs):
+    sample = ruler.make_samples("name", 1000, 1, 4, paragraphs)[0]
+    first, surname = sample["answers"][0].split()
+    assert first in ruler.FIRST_NAMES and surname in ruler.SURNAMES
+    assert ruler.is_correct(sample, f"The manager is {first} {surname}.")
+    assert not ruler.is_correct(sample, f"The manager is {first}.")
+    assert not ruler.is_correct(sample, f"{surname} {first}")
+
+
 def test_a_policy_may_name_its_own_budgets():
     assert ruler.policy_entries("none,snapkv,winnowkv@0.05/0.3", [0.1, 0.2]) == [
         ("none", 1.0), ("snapkv", 0.1), ("snapkv", 0.2), ("winnowkv", 0.05), ("winnowkv", 0.3)]
