@@ -23,7 +23,7 @@ own --dir and its own markers (--marker), a base model asked as a completion (--
 
     .venv/bin/python bench/quality/table.py --write docs/compression.md
     .venv/bin/python bench/quality/table.py --model models/gemma-3-270m-q4_k_m.gguf \
-        --format completion --tasks number,word \
+        --format completion --tasks number,word,name \
         --policies none,winnowkv,snapkv,kvzip+probe=repeat+neighbours=8 \
         --dir bench/quality/results/gemma3 --marker gemma3 --write docs/compression.md
 """
